@@ -1,0 +1,27 @@
+"""Prometheus metrics of an actor process."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class ActorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        r = self.registry = registry or CollectorRegistry()
+        self.episodes = Counter("turnstream_actor_episodes_total", "Episodes finished, by outcome",
+                                ["outcome"], registry=r)
+        self.turns = Counter("turnstream_actor_turns_total", "Turns played", registry=r)
+        self.generated_tokens = Counter("turnstream_actor_generated_tokens_total", "Tokens sampled", registry=r)
+        self.chunks_sent = Counter("turnstream_actor_chunks_sent_total", "Turn chunks sent (first sends)",
+                                   registry=r)
+        self.resends = Counter("turnstream_actor_chunk_resends_total", "Chunks resent for lack of an ack",
+                               registry=r)
+        self.acks = Counter("turnstream_actor_acks_total", "Acks received, by status", ["status"], registry=r)
+        self.bad_messages = Counter("turnstream_actor_bad_messages_total", "Undecodable messages, by reason",
+                                    ["reason"], registry=r)
+        self.inference_errors = Counter("turnstream_actor_inference_errors_total", "Failed generate calls",
+                                        registry=r)
+        self.unacked = Gauge("turnstream_actor_unacked_chunks", "Chunks awaiting an ack", registry=r)
+        self.running = Gauge("turnstream_actor_running_episodes", "Episodes in flight", registry=r)
+        self.generate_seconds = Histogram("turnstream_actor_generate_seconds", "Latency of one generate call",
+                                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+                                          registry=r)

@@ -1,0 +1,1 @@
+"""Staleness-aware replay buffer role: ingest turn chunks, assemble episodes, serve batches."""

@@ -1,0 +1,78 @@
+"""Assembling turn chunks into episodes and flattening episodes into a learner batch."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from protocol.messages import Batch, TurnChunk
+
+
+@dataclass
+class Episode:
+    episode_id: str
+    actor_key: tuple[str, int]  # (actor_id, epoch)
+    prompt_key: str
+    turns: dict[int, TurnChunk] = field(default_factory=dict)
+    last_turn: int | None = None  # index of the turn that carried done=True
+    last_seen: float = field(default_factory=time.monotonic)
+
+    def add(self, chunk: TurnChunk) -> None:
+        self.turns[chunk.turn] = chunk
+        self.last_seen = time.monotonic()
+        if chunk.done:
+            self.last_turn = chunk.turn
+
+    @property
+    def complete(self) -> bool:
+        return self.last_turn is not None and len(self.turns) == self.last_turn + 1
+
+    @property
+    def min_version(self) -> int:
+        versions = [int(c.gen_versions.min()) for c in self.turns.values() if c.gen_versions.size]
+        return min(versions) if versions else 0
+
+    @property
+    def episode_return(self) -> float:
+        return float(sum(c.reward for c in self.turns.values()))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.obs_tokens.size + c.gen_tokens.size for c in self.turns.values())
+
+
+def flatten(episodes: list[Episode], request_id: int, learner_version: int, dropped_stale: int) -> Batch:
+    """Concatenate episodes turn by turn: [obs_0, gen_0, obs_1, gen_1, ...] per episode."""
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in
+                                         ("tokens", "action", "logp", "ver", "turn", "temp", "mask")}
+    allowed_sets: list[list[int]] = []
+    set_index: dict[tuple[int, ...], int] = {}
+    offsets = [0]
+    for ep in episodes:
+        for t in range(ep.last_turn + 1):  # type: ignore[operator]
+            c = ep.turns[t]
+            n_obs, n_gen = c.obs_tokens.size, c.gen_tokens.size
+            mask_id = -1
+            if c.allowed_tokens.size:
+                key = tuple(int(x) for x in c.allowed_tokens)
+                mask_id = set_index.setdefault(key, len(set_index))
+                if mask_id == len(allowed_sets):
+                    allowed_sets.append(list(key))
+            cols["tokens"] += [c.obs_tokens, c.gen_tokens]
+            cols["action"] += [np.zeros(n_obs, np.uint8), np.ones(n_gen, np.uint8)]
+            cols["logp"] += [np.zeros(n_obs, np.float32), c.gen_logprobs]
+            cols["ver"] += [np.full(n_obs, -1, np.int32), c.gen_versions]
+            cols["turn"].append(np.full(n_obs + n_gen, t, np.int32))
+            cols["temp"].append(np.full(n_obs + n_gen, c.temperature, np.float32))
+            cols["mask"].append(np.full(n_obs + n_gen, mask_id, np.int32))
+        offsets.append(offsets[-1] + ep.num_tokens)
+    cat = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in cols.items()}
+    return Batch(
+        request_id=request_id, learner_version=learner_version,
+        episode_ids=[e.episode_id for e in episodes], prompt_keys=[e.prompt_key for e in episodes],
+        returns=[e.episode_return for e in episodes],
+        tokens=cat["tokens"], action_mask=cat["action"], behav_logprobs=cat["logp"], versions=cat["ver"],
+        turn_index=cat["turn"], temperature=cat["temp"], mask_id=cat["mask"],
+        episode_offsets=np.asarray(offsets, np.int64), allowed_sets=allowed_sets, dropped_stale=dropped_stale,
+    )

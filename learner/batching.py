@@ -1,0 +1,86 @@
+"""Turn a wire Batch into padded tensors, and compute masked, temperature-scaled action log-probs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from protocol.messages import Batch
+
+
+@dataclass
+class TensorBatch:
+    input_ids: torch.Tensor  # [E, L] right-padded
+    attention_mask: torch.Tensor  # [E, L]
+    act_episode: torch.Tensor  # [N] episode row of each action token
+    act_pos: torch.Tensor  # [N] position of each action token
+    act_tokens: torch.Tensor  # [N]
+    behav_logp: torch.Tensor  # [N]
+    act_versions: torch.Tensor  # [N]
+    temperature: torch.Tensor  # [N]
+    mask_id: torch.Tensor  # [N], -1 = whole vocabulary
+    allowed: torch.Tensor  # [S, V] bool
+    tokens_per_episode: np.ndarray  # [E] action tokens per episode
+
+    @property
+    def num_episodes(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def to_tensors(batch: Batch, vocab_size: int, pad_id: int = 0) -> TensorBatch:
+    offsets = batch.episode_offsets
+    n_eps = len(offsets) - 1
+    lengths = np.diff(offsets)
+    if (batch.tokens >= vocab_size).any() or (batch.tokens < 0).any():
+        raise ValueError("batch holds token ids outside the model's vocabulary")
+    ids = np.full((n_eps, int(lengths.max())), pad_id, np.int64)
+    att = np.zeros_like(ids)
+    for e in range(n_eps):
+        ids[e, : lengths[e]] = batch.tokens[offsets[e]: offsets[e + 1]]
+        att[e, : lengths[e]] = 1
+    flat_act = np.nonzero(batch.action_mask)[0]
+    episode_of = np.searchsorted(offsets, flat_act, side="right") - 1
+    pos = flat_act - offsets[episode_of]
+    if (pos == 0).any():
+        raise ValueError("an episode starts with an action token; nothing conditions it")
+    allowed = torch.zeros((max(1, len(batch.allowed_sets)), vocab_size), dtype=torch.bool)
+    for s, token_ids in enumerate(batch.allowed_sets):
+        allowed[s, token_ids] = True
+    return TensorBatch(
+        input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(att),
+        act_episode=torch.from_numpy(episode_of.astype(np.int64)), act_pos=torch.from_numpy(pos.astype(np.int64)),
+        act_tokens=torch.from_numpy(batch.tokens[flat_act].astype(np.int64)),
+        behav_logp=torch.from_numpy(batch.behav_logprobs[flat_act].astype(np.float32)),
+        act_versions=torch.from_numpy(batch.versions[flat_act].astype(np.int64)),
+        temperature=torch.from_numpy(batch.temperature[flat_act].astype(np.float32)),
+        mask_id=torch.from_numpy(batch.mask_id[flat_act].astype(np.int64)),
+        allowed=allowed, tokens_per_episode=np.bincount(episode_of, minlength=n_eps),
+    )
+
+
+def action_logprobs(model, tb: TensorBatch, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropies of the action tokens under the sampling distribution the actor used.
+
+    The logits predicting position p sit at p - 1; they are divided by the sampling temperature and
+    restricted to the allowed-token set, exactly as vLLM's processed log-probs are.
+    `rows` selects a subset of episodes (a minibatch); results are for the action tokens of those rows.
+    """
+    if rows is None:
+        rows = torch.arange(tb.num_episodes)
+    select = torch.isin(tb.act_episode, rows)
+    row_index = torch.full((tb.num_episodes,), -1, dtype=torch.long)
+    row_index[rows] = torch.arange(len(rows))
+    logits = model(input_ids=tb.input_ids[rows], attention_mask=tb.attention_mask[rows]).logits
+    ep, pos = row_index[tb.act_episode[select]], tb.act_pos[select]
+    act_logits = logits[ep, pos - 1].float() / tb.temperature[select, None]
+    mid = tb.mask_id[select]
+    restricted = mid >= 0
+    if restricted.any():
+        keep = tb.allowed[mid.clamp(min=0)] | ~restricted[:, None]
+        act_logits = act_logits.masked_fill(~keep, float("-inf"))
+    logp_all = torch.log_softmax(act_logits, dim=-1)
+    logp = logp_all.gather(1, tb.act_tokens[select, None]).squeeze(1)
+    probs = logp_all.exp()
+    entropy = -(probs * torch.where(probs > 0, logp_all, torch.zeros_like(logp_all))).sum(-1)
+    return logp, entropy

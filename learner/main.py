@@ -1,0 +1,125 @@
+"""`turnstream learner`: request batches, train, push weights, announce versions."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import signal
+import time
+from pathlib import Path
+
+from turnstream.config import Config
+
+log = logging.getLogger("turnstream.learner")
+
+
+class BatchClient:
+    """DEALER to the buffer's serve socket; re-asks after a timeout (the buffer keeps one request per peer)."""
+
+    def __init__(self, ctx, addr: str, max_message_bytes: int):
+        import zmq
+
+        from protocol.sockets import configure
+
+        self.sock = configure(ctx.socket(zmq.DEALER), max_bytes=max_message_bytes)
+        self.sock.connect(addr)
+        self.max_message_bytes = max_message_bytes
+        self.ids = itertools.count(1)
+
+    async def get(self, version: int, episodes: int, retry_s: float = 5.0):
+        import zmq
+
+        from protocol.codec import DecodeError, decode, encode
+        from protocol.messages import Batch, BatchRequest
+
+        request_id = next(self.ids)
+        while True:
+            await self.sock.send_multipart(encode(BatchRequest(request_id, version, episodes)))
+            if await self.sock.poll(retry_s * 1000, zmq.POLLIN):
+                frames = await self.sock.recv_multipart(copy=False)
+                try:
+                    msg = decode(frames, self.max_message_bytes)
+                except DecodeError as exc:
+                    log.error("undecodable batch: %s", exc)
+                    continue
+                if isinstance(msg, Batch) and msg.request_id == request_id:
+                    return msg
+
+
+async def train(cfg: Config) -> None:
+    import torch
+    import zmq
+    import zmq.asyncio
+    from transformers import AutoModelForCausalLM
+
+    from learner.metrics import LearnerMetrics
+    from learner.trainer import Trainer
+    from learner.weight_sync import DiskWeightSync
+    from protocol.codec import encode
+    from protocol.http_metrics import start_metrics_server
+    from protocol.messages import VersionAnnouncement
+    from protocol.sockets import bind_address, configure
+
+    lc, net = cfg.learner, cfg.network
+    torch.set_num_threads(lc.torch_threads)
+    torch.manual_seed(cfg.run.seed)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
+    trainer = Trainer(model, lc, seed=cfg.run.seed)
+    metrics = LearnerMetrics()
+    run_dir = Path(cfg.run.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    sync = DiskWeightSync(cfg.vllm.urls, lc.weights_dir or run_dir / "weights", cfg.model.path,
+                          keep=lc.keep_weight_versions)
+    await sync.set_version(trainer.version)
+
+    ctx = zmq.asyncio.Context()
+    pub = configure(ctx.socket(zmq.PUB))
+    pub.bind(bind_address(net.host, net.learner_pub_port))
+    batches = BatchClient(ctx, bind_address(net.host, net.buffer_serve_port), net.max_message_bytes)
+    http, port = await start_metrics_server(metrics.registry, net.host, lc.metrics_port,
+                                            health=lambda: {"version": trainer.version})
+    log.info("learner: metrics port %d, %d vLLM server(s)", port, len(cfg.vllm.urls))
+    await pub.send_multipart(encode(VersionAnnouncement(trainer.version)))
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log_file = (run_dir / "learner.jsonl").open("a")
+    started = time.monotonic()
+    try:
+        while not stop.is_set() and not (lc.max_steps and trainer.version >= lc.max_steps):
+            waited = time.monotonic()
+            fetch = asyncio.create_task(batches.get(trainer.version, cfg.buffer.batch_episodes))
+            await asyncio.wait([fetch, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+            if stop.is_set():
+                fetch.cancel()
+                break
+            batch = fetch.result()
+            wait_s = time.monotonic() - waited
+            stats = await asyncio.to_thread(trainer.step, batch)
+            path = await asyncio.to_thread(sync.save, model.state_dict(), trainer.version)
+            push_s = await sync.push(path, trainer.version)
+            await pub.send_multipart(encode(VersionAnnouncement(trainer.version, str(path))))
+            stats.update(wait_s=wait_s, push_s=push_s, wall_s=time.monotonic() - started, time=time.time())
+            metrics.record(stats)
+            metrics.wait_seconds.observe(wait_s)
+            metrics.push_seconds.observe(push_s)
+            log_file.write(json.dumps(stats) + "\n")
+            log_file.flush()
+            log.info("step %d: return %.3f, loss %.4f, staleness max %d, step %.2fs, push %.2fs, wait %.2fs",
+                     stats["version"], stats["return_mean"], stats["policy_loss"], stats["staleness_max"],
+                     stats["step_s"], push_s, wait_s)
+    finally:
+        log_file.close()
+        ctx.destroy(linger=0)
+        await http.cleanup()
+
+
+def main(cfg: Config) -> None:
+    if not cfg.vllm.urls:
+        from turnstream.configtools import ConfigError
+
+        raise ConfigError("vllm.urls: the learner needs at least one vLLM server URL to push weights to")
+    asyncio.run(train(cfg))

@@ -1,0 +1,41 @@
+"""Prometheus metrics of the learner process."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class LearnerMetrics:
+    GAUGES = ("policy_loss", "approx_kl", "clip_fraction", "entropy", "is_weight_mean", "is_weight_max",
+              "is_weight_truncated_fraction", "return_mean", "grad_norm")
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        r = self.registry = registry or CollectorRegistry()
+        self.steps = Counter("turnstream_learner_steps_total", "Optimizer steps taken", registry=r)
+        self.version = Gauge("turnstream_learner_policy_version", "Current policy version", registry=r)
+        self.tokens = Counter("turnstream_learner_trained_tokens_total", "Action tokens trained on", registry=r)
+        self.episodes = Counter("turnstream_learner_trained_episodes_total", "Episodes trained on", registry=r)
+        self.step_seconds = Histogram("turnstream_learner_step_seconds", "Time of one training step", registry=r)
+        self.wait_seconds = Histogram("turnstream_learner_batch_wait_seconds", "Time waiting for a batch",
+                                      registry=r)
+        self.push_seconds = Histogram("turnstream_learner_weight_push_seconds",
+                                      "Pause-to-resume time of a weight push over all servers", registry=r)
+        self.push_failures = Counter("turnstream_learner_weight_push_failures_total", "Failed weight pushes",
+                                     registry=r)
+        # staleness is bounded by buffer.max_staleness, so it is a bounded label
+        self.staleness = Counter("turnstream_learner_trained_tokens_by_staleness_total",
+                                 "Action tokens trained on, by staleness in policy versions", ["staleness"],
+                                 registry=r)
+        self.stat = {name: Gauge(f"turnstream_learner_{name}", f"Last step's {name.replace('_', ' ')}", registry=r)
+                     for name in self.GAUGES}
+
+    def record(self, stats: dict) -> None:
+        self.steps.inc()
+        self.version.set(stats["version"])
+        self.tokens.inc(stats["action_tokens"])
+        self.episodes.inc(stats["episodes"])
+        self.step_seconds.observe(stats["step_s"])
+        for staleness, count in stats["staleness_hist"].items():
+            self.staleness.labels(str(staleness)).inc(count)
+        for name in self.GAUGES:
+            if name in stats:
+                self.stat[name].set(stats[name])

@@ -1,0 +1,121 @@
+"""msgpack header + numpy arrays as separate zero-copy frames. Never pickle.
+
+Frame 0 is a msgpack map {"v": major version, "t": type, "f": scalar fields, "a": {name: [dtype, shape]}};
+frames 1..n are the raw bytes of the arrays named in "a", in order. Every decode failure raises
+DecodeError with a short machine-readable reason, so receivers can count it and keep serving.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from protocol import PROTOCOL_VERSION
+from protocol.messages import MESSAGE_TYPES, Message
+
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class DecodeError(ValueError):
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason  # bounded vocabulary, usable as a metric label
+
+
+def encode(msg: Message) -> list[bytes | memoryview]:
+    scalars: dict[str, Any] = {}
+    arrays: dict[str, list] = {}
+    frames: list[bytes | memoryview] = []
+    for f in dataclasses.fields(msg):
+        value = getattr(msg, f.name)
+        if f.name in msg.ARRAYS:
+            arr = np.ascontiguousarray(value, dtype=msg.ARRAYS[f.name])
+            arrays[f.name] = [arr.dtype.str, list(arr.shape)]
+            frames.append(memoryview(arr).cast("B"))
+        else:
+            scalars[f.name] = value
+    header = msgpack.packb({"v": PROTOCOL_VERSION, "t": msg.TYPE, "f": scalars, "a": arrays})
+    return [header, *frames]
+
+
+_SCALAR_CHECKS = {
+    "str": lambda v: isinstance(v, str),
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "bool": lambda v: isinstance(v, bool),
+    "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "list[float]": lambda v: isinstance(v, list) and all(_SCALAR_CHECKS["float"](x) for x in v),
+    "list[list[int]]": lambda v: isinstance(v, list) and all(
+        isinstance(x, list) and all(_SCALAR_CHECKS["int"](y) for y in x) for x in v),
+}
+
+
+def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
+    """Decode a multipart message; raise DecodeError (never anything else) on bad input."""
+    if not frames:
+        raise DecodeError("empty")
+    buffers = [memoryview(f.buffer if hasattr(f, "buffer") else f) for f in frames]
+    total = sum(b.nbytes for b in buffers)
+    if total > max_bytes:
+        raise DecodeError("oversized", f"{total} bytes > limit {max_bytes}")
+    try:
+        header = msgpack.unpackb(buffers[0], raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise DecodeError("bad_header", type(exc).__name__) from None
+    if not isinstance(header, dict):
+        raise DecodeError("bad_header", "header is not a map")
+    if header.get("v") != PROTOCOL_VERSION:
+        raise DecodeError("unknown_version", f"got {header.get('v')!r}, speak {PROTOCOL_VERSION}")
+    cls = MESSAGE_TYPES.get(header.get("t"))  # type: ignore[arg-type]
+    if cls is None:
+        raise DecodeError("unknown_type", repr(header.get("t"))[:64])
+    scalars, arrays = header.get("f"), header.get("a")
+    if not isinstance(scalars, dict) or not isinstance(arrays, dict):
+        raise DecodeError("bad_header", "f and a must be maps")
+    if len(arrays) != len(buffers) - 1:
+        raise DecodeError("frame_count", f"{len(arrays)} arrays declared, {len(buffers) - 1} frames")
+
+    kwargs: dict[str, Any] = {}
+    for i, (name, spec) in enumerate(arrays.items(), start=1):
+        kwargs[name] = _decode_array(cls, name, spec, buffers[i])
+    for f in dataclasses.fields(cls):
+        if f.name in cls.ARRAYS:
+            continue
+        if f.name not in scalars:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise DecodeError("missing_field", f"{cls.TYPE}.{f.name}")
+            continue
+        value = scalars[f.name]
+        check = _SCALAR_CHECKS.get(str(f.type))
+        if check is not None and not check(value):
+            raise DecodeError("bad_field", f"{cls.TYPE}.{f.name} is not {f.type}")
+        kwargs[f.name] = float(value) if f.type == "float" else value
+    missing = [n for n in cls.ARRAYS if n not in kwargs and _required(cls, n)]
+    if missing:
+        raise DecodeError("missing_field", f"{cls.TYPE}.{missing[0]}")
+    return cls(**kwargs)
+
+
+def _required(cls, name: str) -> bool:
+    f = cls.__dataclass_fields__[name]
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def _decode_array(cls, name: str, spec, buf: memoryview) -> np.ndarray:
+    if name not in cls.ARRAYS:
+        raise DecodeError("unknown_array", f"{cls.TYPE}.{name}")
+    if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], str)
+            and isinstance(spec[1], list) and all(isinstance(d, int) and d >= 0 for d in spec[1])):
+        raise DecodeError("bad_array_spec", f"{cls.TYPE}.{name}")
+    try:
+        dtype = np.dtype(spec[0])
+    except TypeError:
+        raise DecodeError("bad_dtype", f"{cls.TYPE}.{name}") from None
+    if dtype != np.dtype(cls.ARRAYS[name]):
+        raise DecodeError("bad_dtype", f"{cls.TYPE}.{name} is {dtype}, want {cls.ARRAYS[name]}")
+    count = int(np.prod(spec[1], dtype=np.int64))
+    if count * dtype.itemsize != buf.nbytes:
+        raise DecodeError("truncated", f"{cls.TYPE}.{name}: {buf.nbytes} bytes for shape {spec[1]}")
+    return np.frombuffer(buf, dtype=dtype).reshape(spec[1])

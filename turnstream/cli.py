@@ -1,0 +1,92 @@
+"""The `turnstream` command. Heavy imports (torch, vLLM) happen only inside the chosen subcommand."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--config", required=required, help="TOML run configuration")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value (repeatable), e.g. --set buffer.eta=0")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="turnstream", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("demo", help="train the tiny model on the toy task with every role as a process")
+    _config_args(p, required=False)
+    p = sub.add_parser("up", help="start vLLM, buffer, learner and actors locally")
+    _config_args(p)
+    for role in ("buffer", "learner"):
+        _config_args(sub.add_parser(role, help=f"run the {role} process"))
+    p = sub.add_parser("actor", help="run one actor process")
+    _config_args(p)
+    p.add_argument("--index", type=int, default=0, help="actor index (names it and offsets its metrics port)")
+    p = sub.add_parser("make-tiny-model", help="build the tiny local model (nothing is downloaded)")
+    p.add_argument("dir")
+    p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("report", help="plot a run directory's learning curve")
+    p.add_argument("run_dir")
+    sub.add_parser("envs", help="list the registered environments")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from turnstream.configtools import ConfigError
+
+    try:
+        return _dispatch(args)
+    except ConfigError as exc:
+        print(f"turnstream: config error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args) -> int:
+    if args.command == "make-tiny-model":
+        from turnstream.tiny_model import make_tiny_model
+
+        print(make_tiny_model(args.dir, seed=args.seed))
+        return 0
+    if args.command == "report":
+        from turnstream.report import plot_learning_curve
+
+        print(plot_learning_curve(args.run_dir))
+        return 0
+    if args.command == "envs":
+        from actors.env import known_envs
+
+        print("\n".join(known_envs()))
+        return 0
+
+    from turnstream.config import load_config
+
+    if args.command == "demo":
+        cfg = load_config(args.config, ["run.name=demo", "run.run_dir=runs/demo", *args.set]
+                          if not args.config else args.set)
+        from turnstream.demo import main as demo_main
+
+        return demo_main(cfg)
+    cfg = load_config(args.config, args.set)
+    if args.command == "up":
+        from turnstream.launcher import up
+
+        return up(cfg)
+    if args.command == "buffer":
+        from buffer.main import main as role_main
+    elif args.command == "learner":
+        from learner.main import main as role_main
+    else:
+        from actors.main import main as actor_main
+
+        actor_main(cfg, args.index)
+        return 0
+    role_main(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""`turnstream demo`: train the tiny model on the toy walk until it succeeds, then report one JSON line."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from turnstream.config import Config
+from turnstream.launcher import LocalStack
+from turnstream.report import plot_learning_curve, read_steps, rolling_success
+
+log = logging.getLogger("turnstream.demo")
+
+
+def run_demo(cfg: Config) -> dict:
+    started = time.monotonic()
+    t0 = time.time()
+    stop_reason = "time_limit"
+    with LocalStack(cfg) as stack:
+        run_dir = stack.run_dir
+        (run_dir / "learner.jsonl").unlink(missing_ok=True)
+        shown = 0
+        while time.monotonic() - started < cfg.run.time_limit_s:
+            stack.check_alive()
+            steps = read_steps(run_dir)
+            if len(steps) > shown:
+                shown = len(steps)
+                rolling = rolling_success(steps, cfg.run.rolling_episodes)
+                log.info("step %d  batch success %.3f  rolling %.3f  (%.0fs)", shown, steps[-1]["return_mean"],
+                         rolling, time.monotonic() - started)
+                episodes = sum(s["episodes"] for s in steps)
+                if episodes >= cfg.run.rolling_episodes and rolling >= cfg.run.target_success:
+                    stop_reason = "target_reached"
+                    break
+            time.sleep(0.5)
+    steps = read_steps(run_dir)
+    png = plot_learning_curve(run_dir, t0=t0)
+    return {
+        "success_start": steps[0]["return_mean"] if steps else None,
+        "success_end": rolling_success(steps, cfg.run.rolling_episodes) if steps else None,
+        "episodes": sum(s["episodes"] for s in steps),
+        "learner_steps": len(steps),
+        "weight_version": steps[-1]["version"] if steps else 0,
+        "max_staleness_seen": max((s["staleness_max"] for s in steps), default=0),
+        "wall_s": round(time.monotonic() - started, 1),
+        "stop_reason": stop_reason,
+        "learning_curve": str(png),
+        "run_dir": str(run_dir),
+    }
+
+
+def main(cfg: Config) -> int:
+    result = run_demo(cfg)
+    print(json.dumps(result), flush=True)
+    return 0 if result["stop_reason"] == "target_reached" else 1

