@@ -26,7 +26,7 @@ class Episode:
 
     @property
     def complete(self) -> bool:
-        return self.last_turn is not None and len(self.turns) == self.last_turn + 1
+        return self.last_turn is not None and all(t in self.turns for t in range(self.last_turn + 1))
 
     @property
     def min_version(self) -> int:

@@ -114,6 +114,8 @@ class ReplayStore:
         ep = self.in_progress.get(chunk.episode_id)
         if not reason and ep is not None and (ep.actor_key != key or chunk.turn in ep.turns):
             reason = "episode_conflict"
+        if not reason and ep is not None and _beyond_final_turn(ep, chunk):
+            reason = "turn_after_done"
         if reason:
             self.dedup.add(key, chunk.seq)  # a resend of a bad chunk is still bad: do not count it twice
             self.m.chunks.labels("rejected").inc()
@@ -210,10 +212,17 @@ class ReplayStore:
         self.m.actors.set(len(self.actors))
 
 
+def _beyond_final_turn(ep: Episode, c: TurnChunk) -> bool:
+    """A turn after the one marked done, or a done marker before turns already received."""
+    if ep.last_turn is not None and c.turn > ep.last_turn:
+        return True
+    return c.done and any(t > c.turn for t in ep.turns)
+
+
 def validate_chunk(c: TurnChunk) -> str:
     """Empty string if the chunk is well formed, else a short reason (a metric label)."""
     n = c.gen_tokens.size
-    if c.gen_tokens.ndim != 1 or c.obs_tokens.ndim != 1:
+    if c.gen_tokens.ndim != 1 or c.obs_tokens.ndim != 1 or c.allowed_tokens.ndim != 1:
         return "bad_shape"
     if c.gen_logprobs.shape != (n,) or c.gen_versions.shape != (n,):
         return "length_mismatch"

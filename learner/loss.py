@@ -10,6 +10,7 @@ def decoupled_ppo_loss(logp: torch.Tensor, prox_logp: torch.Tensor, behav_logp: 
     """All inputs are flat over action tokens; the loss is the token mean."""
     behaviour_weight = torch.exp(prox_logp - behav_logp).detach()
     truncated = behaviour_weight.clamp(max=weight_cap)
+    prox_logp = prox_logp.detach()
     ratio = torch.exp(logp - prox_logp)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)

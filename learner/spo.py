@@ -48,7 +48,7 @@ class SpoTracker:
         return rho
 
     def state_dict(self) -> dict:
-        return {"config": vars(self.cfg), "state": {k: list(v) for k, v in self.state.items()}}
+        return {"config": dict(vars(self.cfg)), "state": {k: list(v) for k, v in self.state.items()}}
 
     def load_state_dict(self, d: dict) -> None:
         self.cfg = SpoConfig(**d["config"])

@@ -20,6 +20,10 @@ class Trainer:
         self.vocab_size = model.config.vocab_size
         self.pad_id = model.config.pad_token_id or 0
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        # Early Adam steps are close to sign descent (one-sample second moments); a warm-up keeps those
+        # noisy steps small, which matters for RL where the first batches' gradients are mostly noise.
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / max(1, cfg.warmup_steps)))
         self.tracker = SpoTracker(SpoConfig(cfg.spo.rho_min, cfg.spo.rho_max, cfg.spo.d_half))
         self.generator = torch.Generator().manual_seed(seed)
         self.version = 0
@@ -44,10 +48,13 @@ class Trainer:
                 loss, s = decoupled_ppo_loss(logp, prox_logp[select], tb.behav_logp[select], token_adv[select],
                                              clip_low=self.cfg.clip_low, clip_high=self.cfg.clip_high,
                                              weight_cap=self.cfg.behaviour_weight_cap)
+                if self.cfg.entropy_coef:
+                    loss = loss - self.cfg.entropy_coef * entropy.mean()
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 s["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm))
                 self.optimizer.step()
+                self.scheduler.step()
                 s["entropy"] = entropy.mean().item()
                 for k, v in s.items():
                     stats.setdefault(k, []).append(v)

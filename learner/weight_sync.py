@@ -46,13 +46,18 @@ class DiskWeightSync:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        self._prune()
+        self._prune(version)
         return final
 
-    def _prune(self) -> None:
-        versions = sorted(p for p in self.dir.glob("v*") if p.is_dir())
-        for old in versions[: -self.keep - 1]:  # keep one extra: a push may still be reading it
-            shutil.rmtree(old, ignore_errors=True)
+    def _prune(self, current: int) -> None:
+        """Keep versions current-keep..current; also drops leftovers of an earlier run numbered above."""
+        for path in self.dir.glob("v*"):
+            try:
+                v = int(path.name[1:])
+            except ValueError:
+                continue
+            if not current - self.keep <= v <= current:
+                shutil.rmtree(path, ignore_errors=True)
 
     async def push(self, path: Path, version: int) -> float:
         started = time.monotonic()

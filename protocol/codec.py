@@ -16,6 +16,7 @@ from protocol import PROTOCOL_VERSION
 from protocol.messages import MESSAGE_TYPES, Message
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_ARRAY_DIMS = 4
 
 
 class DecodeError(ValueError):
@@ -66,9 +67,10 @@ def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
         raise DecodeError("bad_header", type(exc).__name__) from None
     if not isinstance(header, dict):
         raise DecodeError("bad_header", "header is not a map")
-    if header.get("v") != PROTOCOL_VERSION:
-        raise DecodeError("unknown_version", f"got {header.get('v')!r}, speak {PROTOCOL_VERSION}")
-    cls = MESSAGE_TYPES.get(header.get("t"))  # type: ignore[arg-type]
+    version, type_name = header.get("v"), header.get("t")
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise DecodeError("unknown_version", f"got {version!r}, speak {PROTOCOL_VERSION}")
+    cls = MESSAGE_TYPES.get(type_name) if isinstance(type_name, str) else None
     if cls is None:
         raise DecodeError("unknown_type", repr(header.get("t"))[:64])
     scalars, arrays = header.get("f"), header.get("a")
@@ -107,7 +109,8 @@ def _decode_array(cls, name: str, spec, buf: memoryview) -> np.ndarray:
     if name not in cls.ARRAYS:
         raise DecodeError("unknown_array", f"{cls.TYPE}.{name}")
     if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], str)
-            and isinstance(spec[1], list) and all(isinstance(d, int) and d >= 0 for d in spec[1])):
+            and isinstance(spec[1], list) and len(spec[1]) <= MAX_ARRAY_DIMS
+            and all(type(d) is int and 0 <= d < 2**40 for d in spec[1])):
         raise DecodeError("bad_array_spec", f"{cls.TYPE}.{name}")
     try:
         dtype = np.dtype(spec[0])
@@ -115,7 +118,9 @@ def _decode_array(cls, name: str, spec, buf: memoryview) -> np.ndarray:
         raise DecodeError("bad_dtype", f"{cls.TYPE}.{name}") from None
     if dtype != np.dtype(cls.ARRAYS[name]):
         raise DecodeError("bad_dtype", f"{cls.TYPE}.{name} is {dtype}, want {cls.ARRAYS[name]}")
-    count = int(np.prod(spec[1], dtype=np.int64))
+    count = 1
+    for d in spec[1]:  # Python ints: no silent int64 overflow on hostile shapes
+        count *= d
     if count * dtype.itemsize != buf.nbytes:
         raise DecodeError("truncated", f"{cls.TYPE}.{name}: {buf.nbytes} bytes for shape {spec[1]}")
     return np.frombuffer(buf, dtype=dtype).reshape(spec[1])

@@ -55,7 +55,7 @@ class VllmSection:
 
 @dataclass
 class EnvSection:
-    name: str = "goal_walk"
+    name: str = "follow_signs"
     args: dict = field(default_factory=dict)  # passed to the environment's constructor
 
 
@@ -121,12 +121,14 @@ class SpoSection:
 @dataclass
 class LearnerSection:
     estimator: Literal["spo"] = "spo"
-    lr: float = 1e-3
+    lr: float = 3e-4
+    warmup_steps: int = 0  # optimizer steps of linear learning-rate warm-up
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     clip_low: float = 0.2
     clip_high: float = 0.28
     behaviour_weight_cap: float = 2.0  # truncated IS on pi_prox / mu
+    entropy_coef: float = 0.0  # bonus on the sampling distribution's entropy (allowed-token set)
     minibatches: int = 1
     epochs: int = 1
     max_steps: int = 0  # 0: run until stopped

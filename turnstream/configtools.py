@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 import typing
 from pathlib import Path
@@ -89,20 +90,24 @@ def dump_toml(data: dict) -> str:
     """Write the subset of TOML that configs use: nested tables of scalars and lists."""
     lines: list[str] = []
 
-    def emit(table: dict, prefix: str) -> None:
+    def emit(table: dict, prefix: list[str]) -> None:
         scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
         tables = {k: v for k, v in table.items() if isinstance(v, dict)}
         if prefix and (scalars or not tables):
-            lines.append(f"[{prefix}]")
+            lines.append("[" + ".".join(_toml_key(p) for p in prefix) + "]")
         for k, v in scalars.items():
-            lines.append(f"{k} = {_toml_value(v)}")
+            lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
         if scalars:
             lines.append("")
         for k, v in tables.items():
-            emit(v, f"{prefix}.{k}" if prefix else k)
+            emit(v, [*prefix, k])
 
-    emit(data, "")
+    emit(data, [])
     return "\n".join(lines) + "\n"
+
+
+def _toml_key(key: str) -> str:
+    return key if key and all(c.isascii() and (c.isalnum() or c in "_-") for c in key) else json.dumps(key)
 
 
 def _toml_value(v) -> str:
@@ -111,7 +116,7 @@ def _toml_value(v) -> str:
     if isinstance(v, (int, float)):
         return repr(v)
     if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return json.dumps(v)  # JSON string escapes are valid TOML basic-string escapes
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     raise ConfigError(f"cannot write {v!r} to TOML")

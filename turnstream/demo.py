@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 
 from turnstream.config import Config
@@ -16,9 +17,9 @@ def run_demo(cfg: Config) -> dict:
     started = time.monotonic()
     t0 = time.time()
     stop_reason = "time_limit"
+    shutil.rmtree(cfg.run.run_dir, ignore_errors=True)  # a demo always starts from scratch
     with LocalStack(cfg) as stack:
         run_dir = stack.run_dir
-        (run_dir / "learner.jsonl").unlink(missing_ok=True)
         shown = 0
         while time.monotonic() - started < cfg.run.time_limit_s:
             stack.check_alive()

@@ -46,7 +46,7 @@ class ProcessGroup:
 
     def start(self, name: str, argv: list[str], env: dict | None = None) -> Child:
         log_path = self.run_dir / "logs" / f"{name}.log"
-        log = log_path.open("ab")
+        log = log_path.open("wb")
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**os.environ, **(env or {})}, start_new_session=True,
                                 preexec_fn=_die_with_parent)

@@ -1,2 +1,2 @@
 """Environments shipped with turnstream; importing this package registers them."""
-from actors.envs import goal_walk  # noqa: F401
+from actors.envs import follow_signs, goal_walk  # noqa: F401

@@ -18,9 +18,11 @@ class GoalWalk(Environment):
     action_tokens = ["L", "R"]
     max_action_tokens = 1
 
-    def __init__(self, distances: list[int] | None = None, slack: int = 0):
+    def __init__(self, distances: list[int] | None = None, slack: int = 0, cue_every_turn: bool = False):
         self.distances = distances or [2, 3, 4]
         self.slack = slack
+        self.cue_every_turn = cue_every_turn  # repeat the direction in later observations (an easier task)
+        self.direction = "R"
         self.goal = 0
         self.pos = 0
         self.turns = 0
@@ -28,7 +30,7 @@ class GoalWalk(Environment):
 
     async def reset(self, seed: int) -> Reset:
         rng = random.Random(seed)
-        direction = rng.choice("LR")
+        direction = self.direction = rng.choice("LR")
         distance = rng.choice(self.distances)
         self.goal = distance if direction == "R" else -distance
         self.pos, self.turns, self.max_turns = 0, 0, distance + self.slack
@@ -40,8 +42,8 @@ class GoalWalk(Environment):
         if move is None:
             return Step(observation="invalid", reward=0.0, done=True, info={"success": False, "invalid": True})
         self.pos += move
+        observation = f"goal {self.direction} pos {self.pos}" if self.cue_every_turn else f"pos {self.pos}"
         if self.pos == self.goal:
-            return Step(observation=f"pos {self.pos}", reward=1.0, done=True, info={"success": True})
+            return Step(observation=observation, reward=1.0, done=True, info={"success": True})
         lost = self.pos == -self.goal or self.turns >= self.max_turns
-        return Step(observation=f"pos {self.pos}", reward=0.0, done=lost, truncated=False,
-                    info={"success": False})
+        return Step(observation=observation, reward=0.0, done=lost, info={"success": False})

@@ -1,0 +1,48 @@
+"""Follow the signs: the demo task. Multi-turn, reward only at the end.
+
+At each of `k` junctions the observation shows a sign ("junction 2 sign L") and the agent answers with
+one token, L or R. The episode always runs all k turns; the reward, 1 if every turn followed its sign
+and 0 otherwise, comes only after the last one, so the learner must assign credit across turns.
+
+Why this task and not a walk towards a goal named once: when success needs k consecutive right moves
+toward a fixed side, a policy that ignores the observation and always picks one side earns 50%, and
+the policy gradient at a near-uniform start points toward that constant policy (success is a product
+of per-turn probabilities, so consistency pays before conditioning does). Here the signs are drawn
+independently per turn, so any observation-blind policy succeeds with probability exactly 2^-k and the
+only way up is to read the observation.
+"""
+from __future__ import annotations
+
+import random
+
+from actors.env import Environment, Reset, Step, register
+
+
+@register("follow_signs")
+class FollowSigns(Environment):
+    action_tokens = ["L", "R"]
+    max_action_tokens = 1
+
+    def __init__(self, junctions: list[int] | None = None):
+        self.junctions = junctions or [2, 3, 4]
+        self.signs = ""
+        self.turn = 0
+        self.all_followed = True
+
+    async def reset(self, seed: int) -> Reset:
+        rng = random.Random(seed)
+        k = rng.choice(self.junctions)
+        self.signs = "".join(rng.choice("LR") for _ in range(k))
+        self.turn, self.all_followed = 0, True
+        return Reset(observation=self._observation(), prompt_key=f"follow_signs/{self.signs}")
+
+    def _observation(self) -> str:
+        return f"junction {self.turn + 1} sign {self.signs[self.turn]}"
+
+    async def step(self, action: str) -> Step:
+        self.all_followed &= action.strip() == self.signs[self.turn]
+        self.turn += 1
+        if self.turn == len(self.signs):
+            success = self.all_followed
+            return Step(observation="end", reward=1.0 if success else 0.0, done=True, info={"success": success})
+        return Step(observation=self._observation(), reward=0.0, done=False)

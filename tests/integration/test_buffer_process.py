@@ -1,0 +1,137 @@
+"""The buffer as a real process, driven over real ZeroMQ sockets on 127.0.0.1."""
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+import zmq
+
+from protocol.codec import decode, encode
+from protocol.messages import Ack, Batch, BatchRequest, CreditGrant, CreditRequest, VersionAnnouncement
+from tests.helpers import chunk, scrape
+from turnstream.config import Config
+from turnstream.processes import ProcessGroup, free_port
+
+
+@pytest.fixture
+def buffer_proc(tmp_path):
+    cfg = Config()
+    cfg.network.buffer_ingest_port = free_port()
+    cfg.network.buffer_serve_port = free_port()
+    cfg.network.learner_pub_port = free_port()
+    cfg.buffer.metrics_port = free_port()
+    cfg.buffer.batch_episodes = 2
+    cfg.buffer.eta = 1
+    cfg.buffer.max_staleness = 1
+    path = tmp_path / "config.toml"
+    path.write_text(cfg.dumps())
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)  # the test plays the learner's version publisher
+    pub.bind(f"tcp://127.0.0.1:{cfg.network.learner_pub_port}")
+    procs = ProcessGroup(tmp_path)
+    child = procs.start("buffer", [sys.executable, "-m", "turnstream.cli", "buffer", "--config", str(path)])
+    metrics_url = f"http://127.0.0.1:{cfg.buffer.metrics_port}/metrics"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            scrape(metrics_url)
+            break
+        except OSError:
+            assert child.proc.poll() is None, (tmp_path / "logs" / "buffer.log").read_text()
+            assert time.monotonic() < deadline, "buffer did not come up"
+            time.sleep(0.2)
+    yield cfg, ctx, pub, metrics_url, child
+    procs.stop_all()
+    ctx.destroy(linger=0)
+
+
+def _dealer(ctx, port):
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    return sock
+
+
+def _recv(sock, timeout_s=10.0):
+    assert sock.poll(timeout_s * 1000), "no reply"
+    return decode(sock.recv_multipart())
+
+
+def test_credits_acks_dedup_and_batch(buffer_proc):
+    cfg, ctx, _pub, metrics_url, _ = buffer_proc
+    actor = _dealer(ctx, cfg.network.buffer_ingest_port)
+    actor.send_multipart(encode(CreditRequest("actor-t", 1, slots=8)))
+    grant = _recv(actor)
+    # eta=1, B=2, version 0: (eta + v + 1) * B = 4 episodes may run before the learner moves on
+    assert isinstance(grant, CreditGrant) and grant.credits == 4
+
+    sent = {}
+    seq = 0
+    for ep in ("e1", "e2"):
+        for turn in range(3):
+            c = chunk(ep, turn, seq=seq, done=turn == 2, reward=1.0 if turn == 2 else 0.0,
+                      obs=(10 + turn, 11 + turn), gen=(20 + turn,))
+            sent[(ep, turn)] = c
+            actor.send_multipart(encode(c))
+            ack = _recv(actor)
+            assert isinstance(ack, Ack) and (ack.seq, ack.status) == (seq, "ok")
+            seq += 1
+    actor.send_multipart(encode(sent[("e1", 1)]))  # a resend after a lost ack
+    assert _recv(actor).status == "duplicate"
+
+    learner = _dealer(ctx, cfg.network.buffer_serve_port)
+    learner.send_multipart(encode(BatchRequest(request_id=1, learner_version=0, max_episodes=2)))
+    batch = _recv(learner)
+    assert isinstance(batch, Batch) and batch.episode_ids == ["e1", "e2"]
+    assert batch.returns == [1.0, 1.0]
+    # exactly the tokens that were sent, in turn order, with only generated tokens marked as actions
+    first = batch.tokens[batch.episode_offsets[0]:batch.episode_offsets[1]].tolist()
+    assert first == [10, 11, 20, 11, 12, 21, 12, 13, 22]
+    assert batch.action_mask[: len(first)].tolist() == [0, 0, 1, 0, 0, 1, 0, 0, 1]
+
+    m = scrape(metrics_url)
+    assert m['turnstream_buffer_chunks_total{outcome="ok"}'] == 6
+    assert m['turnstream_buffer_chunks_total{outcome="duplicate"}'] == 1
+
+
+def test_stale_episodes_never_reach_the_learner(buffer_proc):
+    cfg, ctx, pub, metrics_url, _ = buffer_proc
+    actor = _dealer(ctx, cfg.network.buffer_ingest_port)
+    actor.send_multipart(encode(CreditRequest("actor-t", 1, slots=4)))
+    _recv(actor)
+    for i, version in enumerate((0, 0, 5, 5)):
+        actor.send_multipart(encode(chunk(f"v{version}-{i}", 0, seq=i, done=True, version=version)))
+        assert _recv(actor).status == "ok"
+    time.sleep(0.3)  # PUB/SUB joins asynchronously
+    for _ in range(5):
+        pub.send_multipart(encode(VersionAnnouncement(version=6)))
+        time.sleep(0.1)
+    learner = _dealer(ctx, cfg.network.buffer_serve_port)
+    learner.send_multipart(encode(BatchRequest(request_id=7, learner_version=6, max_episodes=2)))
+    batch = _recv(learner)
+    # max_staleness=1: the two version-0 episodes are 6 versions old and are dropped, not served
+    assert batch.episode_ids == ["v5-2", "v5-3"]
+    assert int((batch.learner_version - batch.versions[batch.action_mask == 1]).max()) <= 1
+    m = scrape(metrics_url)
+    assert m['turnstream_buffer_dropped_episodes_total{reason="stale"}'] == 2
+
+
+def test_garbage_is_counted_and_the_buffer_keeps_serving(buffer_proc):
+    cfg, ctx, _pub, metrics_url, child = buffer_proc
+    actor = _dealer(ctx, cfg.network.buffer_ingest_port)
+    actor.send_multipart([b"\xff\x00garbage"])
+    actor.send_multipart([b"\x93\x01\x02", b"x" * 100])
+    actor.send_multipart(encode(CreditRequest("actor-t", 1, slots=1)))
+    assert isinstance(_recv(actor), CreditGrant)
+    bad = chunk("bad", 0, seq=0, done=True)
+    bad.gen_logprobs[:] = 3.0  # a positive log-probability is impossible
+    actor.send_multipart(encode(bad))
+    ack = _recv(actor)
+    assert (ack.status, ack.reason) == ("rejected", "bad_logprob")
+    actor.send_multipart(encode(chunk("good", 0, seq=1, done=True)))
+    assert _recv(actor).status == "ok"
+    assert child.proc.poll() is None
+    m = scrape(metrics_url)
+    assert m['turnstream_buffer_rejected_total{reason="bad_header"}'] >= 1
+    assert m['turnstream_buffer_rejected_total{reason="bad_logprob"}'] == 1
