@@ -70,8 +70,12 @@ class ProcessGroup:
             except subprocess.TimeoutExpired:
                 pass
         for child in self.children:
-            _signal_group(child.proc, signal.SIGKILL)  # also reaps grandchildren left in the group
+            _signal_group(child.proc, signal.SIGKILL)  # also takes grandchildren left in the group
             child.proc.wait()
+        # Return only once every group is empty, so nothing started here outlives the caller.
+        deadline = time.monotonic() + 10.0
+        while any(_group_alive(c.proc.pid) for c in self.children) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def _write_pids(self) -> None:
         pids = {c.name: c.proc.pid for c in self.children}
@@ -83,6 +87,16 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)  # the child leads its own session, so pgid == pid
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 def tail(path: Path, lines: int = 20) -> str:

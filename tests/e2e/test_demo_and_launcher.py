@@ -1,0 +1,67 @@
+"""Every role as a separate process: a short training run learns, and no process outlives the launcher."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+
+
+def _gone(pid: int) -> bool:
+    """True when neither the process nor anything in its process group is alive."""
+    try:
+        os.killpg(pid, 0)
+        return False
+    except ProcessLookupError:
+        return True
+
+
+def test_short_training_run_improves_success(tmp_path, tiny_model):
+    run_dir = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, "-m", "turnstream.cli", "demo", "--set", f'run.run_dir="{run_dir}"',
+         "--set", f'model.path="{tiny_model}"', "--set", "run.time_limit_s=400"],
+        capture_output=True, text=True, timeout=600,
+    )
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("success_start", "success_end", "episodes", "learner_steps", "weight_version",
+                "max_staleness_seen", "wall_s", "run_dir"):
+        assert key in result, key
+    assert result["success_end"] >= result["success_start"] + 0.3, result
+    assert result["weight_version"] == result["learner_steps"] > 0
+    assert result["max_staleness_seen"] <= 4  # buffer.max_staleness default
+    assert Path(result["learning_curve"]).stat().st_size > 0
+    pids = json.loads((run_dir / "pids.json").read_text())
+    assert set(pids) >= {"vllm-0", "buffer", "learner", "actor-0"}
+    assert all(_gone(pid) for pid in pids.values()), pids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_launcher_stops_every_role_on_signal(tmp_path, tiny_model, sig):
+    run_dir = tmp_path / "up"
+    config = tmp_path / "up.toml"
+    config.write_text(f'[run]\nrun_dir = "{run_dir}"\ntime_limit_s = 300.0\n\n[model]\npath = "{tiny_model}"\n')
+    launcher = subprocess.Popen([sys.executable, "-m", "turnstream.cli", "up", "--config", str(config)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        log = run_dir / "learner.jsonl"
+        while not (log.exists() and log.read_text().strip()):  # wait until the loop really turns
+            assert launcher.poll() is None, "launcher exited early"
+            assert time.monotonic() < deadline, "no learner step within the deadline"
+            time.sleep(1)
+        pids = json.loads((run_dir / "pids.json").read_text())
+        launcher.send_signal(sig)
+        assert launcher.wait(timeout=60) is not None
+        assert all(_gone(pid) for pid in pids.values()), pids
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
