@@ -85,6 +85,9 @@ class EpisodeRunner:
             self.m.inference_errors.inc()
             log.warning("episode %s abandoned: %s", episode_id, exc)
             return "abandoned"
+        except Exception:  # an environment bug must not take the actor down
+            log.exception("episode %s abandoned: environment error", episode_id)
+            return "env_error"
         finally:
             await env.close()
 

@@ -55,7 +55,7 @@ async def train(cfg: Config) -> None:
 
     from learner.metrics import LearnerMetrics
     from learner.trainer import Trainer
-    from learner.weight_sync import DiskWeightSync
+    from learner.weight_sync import DiskWeightSync, WeightSyncError
     from protocol.codec import encode
     from protocol.http_metrics import start_metrics_server
     from protocol.messages import VersionAnnouncement
@@ -98,14 +98,27 @@ async def train(cfg: Config) -> None:
                 break
             batch = fetch.result()
             wait_s = time.monotonic() - waited
-            stats = await asyncio.to_thread(trainer.step, batch)
+            try:
+                stats = await asyncio.to_thread(trainer.step, batch)
+            except ValueError as exc:  # a batch the model cannot take (e.g. token ids beyond its vocabulary)
+                metrics.rejected_batches.inc()
+                log.error("skipped a batch: %s", exc)
+                continue
             path = await asyncio.to_thread(sync.save, model.state_dict(), trainer.version)
-            push_s = await sync.push(path, trainer.version)
+            try:
+                push_s = await sync.push(path, trainer.version)
+            except WeightSyncError as exc:
+                # Servers keep generating with older weights; their tokens carry the older version, so the
+                # staleness bound still holds. The next push carries everything learned so far.
+                metrics.push_failures.inc()
+                log.error("weight push of version %d failed: %s", trainer.version, exc)
+                push_s = float("nan")
             await pub.send_multipart(encode(VersionAnnouncement(trainer.version, str(path))))
             stats.update(wait_s=wait_s, push_s=push_s, wall_s=time.monotonic() - started, time=time.time())
             metrics.record(stats)
             metrics.wait_seconds.observe(wait_s)
-            metrics.push_seconds.observe(push_s)
+            if push_s == push_s:  # not NaN
+                metrics.push_seconds.observe(push_s)
             log_file.write(json.dumps(stats) + "\n")
             log_file.flush()
             log.info("step %d: return %.3f, loss %.4f, staleness max %d, step %.2fs, push %.2fs, wait %.2fs",

@@ -22,6 +22,8 @@ class LearnerMetrics:
         self.push_failures = Counter("turnstream_learner_weight_push_failures_total", "Failed weight pushes",
                                      registry=r)
         # staleness is bounded by buffer.max_staleness, so it is a bounded label
+        self.rejected_batches = Counter("turnstream_learner_rejected_batches_total",
+                                        "Batches skipped because the model cannot take them", registry=r)
         self.staleness = Counter("turnstream_learner_trained_tokens_by_staleness_total",
                                  "Action tokens trained on, by staleness in policy versions", ["staleness"],
                                  registry=r)

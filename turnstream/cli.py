@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="plot a run directory's learning curve")
     p.add_argument("run_dir")
     sub.add_parser("envs", help="list the registered environments")
+    p = sub.add_parser("bench", help="run a benchmark from bench/ (prints one JSON line last)")
+    p.add_argument("name", help="benchmark name, e.g. dataplane")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     return parser
 
 
@@ -46,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args) -> int:
+    from turnstream.configtools import ConfigError
+
     if args.command == "make-tiny-model":
         from turnstream.tiny_model import make_tiny_model
 
@@ -56,6 +61,17 @@ def _dispatch(args) -> int:
 
         print(plot_learning_curve(args.run_dir))
         return 0
+    if args.command == "bench":
+        import importlib
+
+        module_name = f"bench.{args.name.replace('-', '_')}"
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            raise ConfigError(f"bench: no benchmark named {args.name!r} (see bench/)") from None
+        return module.main(args.args)
     if args.command == "envs":
         from actors.env import known_envs
 

@@ -58,6 +58,16 @@ class EnvSection:
     name: str = "follow_signs"
     args: dict = field(default_factory=dict)  # passed to the environment's constructor
 
+    def validate(self, path: str) -> None:
+        from actors.env import known_envs, make_env
+
+        check(self.name in known_envs(), f"{path}.name",
+              f"unknown environment {self.name!r}; known: {', '.join(known_envs())}")
+        try:
+            make_env(self.name, **self.args)
+        except TypeError as exc:
+            raise ConfigError(f"{path}.args: {exc}") from None
+
 
 @dataclass
 class NetworkSection:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from actors.env import Environment, register
+
 from turnstream.config import (BufferSection, Config, ConfigError, LearnerSection, SpoSection, load_config)
 from turnstream.configtools import dump_toml, from_dict, to_dict
 
@@ -48,7 +50,7 @@ def test_override_integer():
 def test_overrides_of_every_kind():
     cfg = load_config(None, [
         "learner.lr=1e-4", "learner.max_grad_norm=2", "learner.spo.normalize=sequence", 'run.name="my run"',
-        "vllm.urls=['http://h:1', 'http://h:2']", "model.build_tiny_if_missing=false", "env.args.size=7",
+        "vllm.urls=['http://h:1', 'http://h:2']", "model.build_tiny_if_missing=false", "env.args.size=7", "env.name=test_free_args",
         "run.run_dir=runs/x",
     ])
     assert cfg.learner.lr == 1e-4
@@ -161,7 +163,7 @@ def test_non_default_config_dump_reloads_equal():
         'run.name="quote \\" backslash \\\\ tab\\t é"', "learner.lr=1e-6", "run.time_limit_s=inf",
         "vllm.urls=['http://a:1', 'http://b:2']", "vllm.extra_args=['--x', '--y=1']", "buffer.eta=0",
         "learner.spo.normalize=sequence", "env.args.size=5", "env.args.walls=[[1, 2], [3, 4]]",
-        "env.args.reward.goal=1.0", "env.args.reward.step=-0.01", "network.max_message_bytes=1024",
+        "env.args.reward.goal=1.0", "env.args.reward.step=-0.01", "network.max_message_bytes=1024", "env.name=test_free_args",
     ])
     again = from_dict(Config, tomllib.loads(cfg.dumps()))
     assert again == cfg
@@ -179,6 +181,7 @@ def test_dump_of_a_string_with_a_newline_reloads_equal():
 def test_dump_of_env_args_with_keys_that_need_quoting_reloads_equal(key):
     """env.args is a free-form table; TOML allows any key when quoted, so the dump must quote such keys."""
     cfg = Config()
+    cfg.env.name = "test_free_args"
     cfg.env.args = {key: 5}
     assert from_dict(Config, tomllib.loads(cfg.dumps())) == cfg
 
@@ -244,3 +247,17 @@ def test_build_parser_imports_neither_torch_nor_vllm():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+# An environment that takes any constructor arguments, so tests can exercise free-form env.args.
+@register("test_free_args")
+class _FreeArgs(Environment):
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+
+def test_unknown_environment_or_bad_env_args_name_the_field():
+    with pytest.raises(ConfigError, match=r"^env\.name: unknown environment 'nope'"):
+        load_config(None, ["env.name=nope"])
+    with pytest.raises(ConfigError, match=r"^env\.args: .*bogus"):
+        load_config(None, ["env.args.bogus=1"])
