@@ -1,28 +1,48 @@
-"""The environment interface and a name registry.
+"""The environment interface and the name registry (built-ins plus entry points).
 
 An environment speaks text; the actor owns tokenisation so that the conversation's token ids are
 built incrementally and never re-tokenised. `action_tokens`, when set, restricts sampling to those
 tokens (vLLM `allowed_token_ids`); the learner applies the same mask.
+
+Several agents: an environment with `num_agents > 1` says in every `Reset`/`Step` which agent acts next
+(`agent`) and may hand rewards to any agent (`rewards`). Each agent keeps its own conversation, so the
+runner streams one token stream per agent (agent id on every chunk); all agents sample from the same
+policy server fleet (a shared policy).
+
+Registry: `@register("name")` for environments shipped here; a user package adds environments without
+touching turnstream through the entry-point group `turnstream.environments`, e.g. in its pyproject.toml:
+
+    [project.entry-points."turnstream.environments"]
+    my_maze = "my_pkg.envs:MyMaze"
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Callable
+
+log = logging.getLogger("turnstream.actor")
+
+ENTRY_POINT_GROUP = "turnstream.environments"
 
 
 @dataclass
 class Reset:
     observation: str
     prompt_key: str  # identifies the task instance for per-prompt baselines (SPO) and grouping
+    agent: int = 0  # who acts first
 
 
 @dataclass
 class Step:
-    observation: str
-    reward: float
+    observation: str  # what the next acting agent (`agent`) sees
+    reward: float  # reward for the agent that just acted
     done: bool
-    truncated: bool = False
+    truncated: bool = False  # ended by a limit, not by the task (a time limit, a turn budget)
     info: dict | None = None
+    agent: int | None = None  # who acts next; None: the same agent again
+    rewards: dict[int, float] | None = None  # rewards for other agents too (e.g. the loser of a game)
 
 
 class Environment:
@@ -30,6 +50,7 @@ class Environment:
 
     action_tokens: list[str] | None = None  # restrict sampling to these single-token strings
     max_action_tokens: int = 16
+    num_agents: int = 1
 
     async def reset(self, seed: int) -> Reset:
         raise NotImplementedError
@@ -39,6 +60,14 @@ class Environment:
 
     async def close(self) -> None:
         return None
+
+
+class EnvError(RuntimeError):
+    """An environment failed in a way that abandons the episode but not the actor (e.g. its server died)."""
+
+    def __init__(self, message: str, kind: str = "error"):
+        super().__init__(message)
+        self.kind = kind  # metric label: timeout, http_status, malformed, connection, ...
 
 
 _REGISTRY: dict[str, Callable[..., Environment]] = {}
@@ -52,15 +81,32 @@ def register(name: str):
     return deco
 
 
-def make_env(name: str, **kwargs) -> Environment:
+def _entry_points() -> dict[str, object]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def resolve(name: str) -> Callable[..., Environment]:
+    """The factory for `name`: built-ins first (a plugin cannot shadow a shipped environment)."""
     import actors.envs  # noqa: F401  (registers the shipped environments)
 
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown environment {name!r}; known: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name](**kwargs)
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    ep = _entry_points().get(name)
+    if ep is None:
+        raise KeyError(f"unknown environment {name!r}; known: {', '.join(known_envs())}")
+    try:
+        factory = ep.load()  # type: ignore[attr-defined]
+    except Exception as exc:  # a broken plugin must say which one
+        raise KeyError(f"environment {name!r} from entry point {ep.value!r} failed to load: {exc!r}") from None
+    _REGISTRY[name] = factory
+    return factory
+
+
+def make_env(name: str, /, **kwargs) -> Environment:
+    return resolve(name)(**kwargs)
 
 
 def known_envs() -> list[str]:
     import actors.envs  # noqa: F401
 
-    return sorted(_REGISTRY)
+    return sorted(set(_REGISTRY) | set(_entry_points()))

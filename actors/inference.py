@@ -1,7 +1,10 @@
-"""Token-in/token-out client for vLLM's /inference/v1/generate, over one shared aiohttp session."""
+"""Token-in/token-out requests to vLLM's /inference/v1/generate and strict parsing of the reply.
+
+The fleet of servers (balancing, health, retries) is `actors.fleet.InferenceFleet`.
+"""
 from __future__ import annotations
 
-import itertools
+import asyncio
 from dataclasses import dataclass
 
 import aiohttp
@@ -11,6 +14,10 @@ INITIAL_VERSION_LABEL = "default"  # what vLLM calls the weights it loaded at st
 
 class InferenceError(RuntimeError):
     pass
+
+
+class ServerFailure(InferenceError):
+    """The server failed (down, 5xx, timeout, garbage); the same request may succeed on another one."""
 
 
 @dataclass
@@ -48,40 +55,36 @@ def parse_generation(body: dict) -> Generation:
     return Generation(tokens, logprobs, versions, str(choice.get("finish_reason")))
 
 
-class VllmClient:
-    """Round-robin over servers (the fleet with health checks and balancing is a later step)."""
+async def post_generate(session: aiohttp.ClientSession, url: str, token_ids: list[int], *, max_tokens: int,
+                        temperature: float, allowed_token_ids: list[int] | None = None,
+                        cache_salt: str | None = None) -> Generation:
+    """One token-in/token-out request to one server. ServerFailure: try another server; InferenceError: don't."""
+    params: dict = {"max_tokens": max_tokens, "temperature": temperature, "logprobs": 0}
+    if allowed_token_ids:
+        params["allowed_token_ids"] = allowed_token_ids
+    body: dict = {"token_ids": token_ids, "sampling_params": params}
+    if cache_salt:
+        body["cache_salt"] = cache_salt
+    endpoint = url + "/inference/v1/generate"
+    try:
+        async with session.post(endpoint, json=body) as resp:
+            if 400 <= resp.status < 500:  # our request is wrong (e.g. too long): another server will agree
+                raise InferenceError(f"{endpoint}: HTTP {resp.status}: {(await resp.text())[:200]}")
+            if resp.status != 200:
+                raise ServerFailure(f"{endpoint}: HTTP {resp.status}: {(await resp.text())[:200]}")
+            payload = await resp.json()
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        raise ServerFailure(f"{endpoint}: {exc!r}") from None
+    try:
+        return parse_generation(payload)
+    except InferenceError as exc:
+        raise ServerFailure(str(exc)) from None  # a server answering garbage is treated as failing
 
-    def __init__(self, urls: list[str], timeout_s: float = 60.0):
-        if not urls:
-            raise ValueError("no vLLM server URLs")
-        self.urls = urls
-        self._next = itertools.cycle(range(len(urls)))
-        self._session: aiohttp.ClientSession | None = None
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
 
-    async def __aenter__(self) -> "VllmClient":
-        self._session = aiohttp.ClientSession(timeout=self.timeout,
-                                              connector=aiohttp.TCPConnector(limit=0))
-        return self
+def __getattr__(name: str):
+    # `VllmClient` was the round-robin client; the fleet replaces it with the same constructor and generate().
+    if name == "VllmClient":
+        from actors.fleet import InferenceFleet
 
-    async def __aexit__(self, *exc) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-    async def generate(self, token_ids: list[int], *, max_tokens: int, temperature: float,
-                       allowed_token_ids: list[int] | None = None, cache_salt: str | None = None) -> Generation:
-        assert self._session is not None, "use `async with VllmClient(...)`"
-        params: dict = {"max_tokens": max_tokens, "temperature": temperature, "logprobs": 0}
-        if allowed_token_ids:
-            params["allowed_token_ids"] = allowed_token_ids
-        body: dict = {"token_ids": token_ids, "sampling_params": params}
-        if cache_salt:
-            body["cache_salt"] = cache_salt
-        url = self.urls[next(self._next)] + "/inference/v1/generate"
-        try:
-            async with self._session.post(url, json=body) as resp:
-                if resp.status != 200:
-                    raise InferenceError(f"{url}: HTTP {resp.status}: {(await resp.text())[:200]}")
-                return parse_generation(await resp.json())
-        except aiohttp.ClientError as exc:
-            raise InferenceError(f"{url}: {exc!r}") from None
+        return InferenceFleet
+    raise AttributeError(name)

@@ -3,6 +3,12 @@
 Every chunk gets the next seq of this actor epoch and stays in `unacked` until the buffer acks it; it is
 resent when no ack came within `resend_after_s` (the buffer drops the duplicate by (actor, epoch, seq)).
 When the window is full, `send` waits: backpressure reaches the episodes instead of memory growing.
+
+The credit request, sent every `heartbeat_s`, is also the actor's hello and heartbeat: a restarted buffer
+learns the actor from it, and its answer (a CreditGrant, possibly of 0 credits) carries the buffer's
+`server_id`. A new server_id means the buffer restarted: credits granted by the old one are void, and
+the whole unacked window is resent at once (the buffer's write-ahead log answers "duplicate" for chunks
+it had already acked).
 """
 from __future__ import annotations
 
@@ -35,7 +41,11 @@ class BufferLink:
         self.unacked: dict[int, tuple[float, TurnChunk]] = {}
         self.credits = 0
         self.learner_version = 0
+        self.server_id = ""
+        self.buffer_restarts = 0
         self._changed = asyncio.Condition()
+        self._resend_all = False
+        self._wake_sender = asyncio.Event()
 
     async def run(self) -> None:
         await asyncio.gather(self._recv_loop(), self._heartbeat_loop())
@@ -70,21 +80,43 @@ class BufferLink:
                         if msg.status == "rejected":
                             log.error("buffer rejected chunk %d: %s", msg.seq, msg.reason)
                 elif isinstance(msg, CreditGrant):
-                    self.credits += msg.credits
+                    restarted = bool(msg.server_id and self.server_id and msg.server_id != self.server_id)
+                    if msg.server_id:
+                        self.server_id = msg.server_id
+                    if restarted:
+                        self.buffer_restarts += 1
+                        log.warning("buffer restarted (server %s): resending %d unacked chunks",
+                                    msg.server_id, len(self.unacked))
+                        self.credits = msg.credits  # the old buffer's unused credits died with it
+                        self._resend_all = True
+                    else:
+                        self.credits += msg.credits
                     self.learner_version = max(self.learner_version, msg.learner_version)
                 else:
                     self.m.bad_messages.labels("unexpected_type").inc()
                 self._changed.notify_all()
             self.m.unacked.set(len(self.unacked))
+            if self._resend_all:
+                self._wake_sender.set()
 
     async def _heartbeat_loop(self) -> None:
         """The credit request doubles as heartbeat; resend what waited too long for an ack."""
         while True:
             await self.sock.send_multipart(encode(CreditRequest(self.actor_id, self.epoch, self.slots)))
-            now = time.monotonic()
-            for seq, (sent, chunk) in list(self.unacked.items()):
-                if now - sent > self.resend_after_s:
-                    self.unacked[seq] = (now, chunk)
-                    await self.sock.send_multipart(encode(chunk), copy=False)
-                    self.m.resends.inc()
-            await asyncio.sleep(self.heartbeat_s)
+            await self._resend(everything=self._resend_all)
+            self._resend_all = False
+            self._wake_sender.clear()
+            try:
+                await asyncio.wait_for(self._wake_sender.wait(), self.heartbeat_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _resend(self, everything: bool) -> None:
+        now = time.monotonic()
+        for seq, (sent, chunk) in sorted(self.unacked.items()):
+            if seq not in self.unacked:
+                continue  # acked while an earlier resend was awaiting the socket
+            if everything or now - sent > self.resend_after_s:
+                self.unacked[seq] = (now, chunk)
+                await self.sock.send_multipart(encode(chunk), copy=False)
+                self.m.resends.inc()

@@ -5,6 +5,7 @@ import asyncio
 import logging
 import signal
 import time
+from pathlib import Path
 
 from turnstream.config import Config
 
@@ -16,7 +17,8 @@ async def serve(cfg: Config, actor_index: int) -> None:
 
     from actors.chat import ChatTokens
     from actors.env import make_env
-    from actors.inference import VllmClient
+    from actors.envs.http_env import close_sessions
+    from actors.fleet import InferenceFleet
     from actors.link import BufferLink
     from actors.metrics import ActorMetrics
     from actors.runner import EpisodeRunner, Sampling
@@ -40,16 +42,24 @@ async def serve(cfg: Config, actor_index: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with VllmClient(cfg.vllm.urls, timeout_s=a.request_timeout_s) as client:
+    v = cfg.vllm
+    fleet = InferenceFleet(v.urls, timeout_s=a.request_timeout_s, retries=v.retries,
+                           health_interval_s=v.health_interval_s, wait_for_server_s=v.wait_for_server_s,
+                           max_staleness=cfg.buffer.max_staleness, learner_version=lambda: link.learner_version,
+                           metrics=metrics)
+    async with fleet as client:
         runner = EpisodeRunner(actor_id=actor_id, epoch=epoch, env_factory=lambda: make_env(cfg.env.name, **env_args),
                                chat=chat, client=client, link=link,
-                               sampling=Sampling(a.temperature, a.max_new_tokens, cfg.vllm.max_model_len),
+                               sampling=Sampling(a.temperature, a.max_new_tokens, v.max_model_len, a.max_turns),
                                metrics=metrics, seed=hash((cfg.run.seed, actor_index, epoch)) % 2**31)
         tasks = [asyncio.create_task(link.run()), asyncio.create_task(runner.run(a.concurrent_episodes))]
+        if v.urls_file:
+            tasks.append(asyncio.create_task(watch_urls_file(Path(v.urls_file), fleet, v.health_interval_s)))
         stopper = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
         for t in [*tasks, stopper]:
             t.cancel()
+    await close_sessions()
     ctx.destroy(linger=0)
     await runner_http.cleanup()
     for t in done:
@@ -57,9 +67,34 @@ async def serve(cfg: Config, actor_index: int) -> None:
             raise t.exception()  # type: ignore[misc]
 
 
+def read_urls_file(path: Path) -> list[str] | None:
+    """Server URLs, one a line (# comments allowed); None if the file cannot be read or names no server."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    urls = [ln.split("#", 1)[0].strip() for ln in lines]
+    urls = [u for u in urls if u.startswith(("http://", "https://"))]
+    return urls or None
+
+
+async def watch_urls_file(path: Path, fleet, interval_s: float) -> None:
+    """Servers join or leave the fleet when the file changes (an operator or a scheduler edits it)."""
+    last: list[str] | None = None
+    while True:
+        urls = read_urls_file(path)
+        if urls is not None and urls != last:  # an unreadable or empty file keeps the current fleet
+            fleet.set_urls(urls)
+            last = urls
+        await asyncio.sleep(interval_s)
+
+
 def main(cfg: Config, actor_index: int) -> None:
     if not cfg.vllm.urls:
         from turnstream.configtools import ConfigError
 
-        raise ConfigError("vllm.urls: an actor needs at least one vLLM server URL")
+        urls = read_urls_file(Path(cfg.vllm.urls_file)) if cfg.vllm.urls_file else None
+        if not urls:
+            raise ConfigError("vllm.urls: an actor needs at least one vLLM server URL (or a vllm.urls_file naming one)")
+        cfg.vllm.urls = urls
     asyncio.run(serve(cfg, actor_index))

@@ -20,6 +20,18 @@ class ActorMetrics:
                                     ["reason"], registry=r)
         self.inference_errors = Counter("turnstream_actor_inference_errors_total", "Failed generate calls",
                                         registry=r)
+        self.env_errors = Counter("turnstream_actor_env_errors_total",
+                                  "Episodes abandoned because the environment failed, by kind", ["kind"], registry=r)
+        # the inference fleet
+        self.inference_retries = Counter("turnstream_actor_inference_retries_total",
+                                         "Generate calls retried on another server after a failure", registry=r)
+        self.server_failures = Counter("turnstream_actor_server_failures_total",
+                                       "Failed generate calls or health checks, by server", ["server"], registry=r)
+        self.server_usable = Gauge("turnstream_actor_server_usable",
+                                   "1 if a server gets requests (healthy, version within the staleness bound)",
+                                   ["server"], registry=r)
+        self.server_outstanding = Gauge("turnstream_actor_server_outstanding_requests",
+                                        "Requests in flight, by server", ["server"], registry=r)
         self.unacked = Gauge("turnstream_actor_unacked_chunks", "Chunks awaiting an ack", registry=r)
         self.running = Gauge("turnstream_actor_running_episodes", "Episodes in flight", registry=r)
         self.generate_seconds = Histogram("turnstream_actor_generate_seconds", "Latency of one generate call",

@@ -1,18 +1,24 @@
-"""Plays episodes: K concurrent loops, each waits for a credit, plays one episode, streams each turn."""
+"""Plays episodes: K concurrent loops, each waits for a credit, plays one episode, streams each turn.
+
+An episode with several agents is streamed as one token stream per agent (episode id `<id>/a<k>`, agent
+id on every chunk): each agent has its own conversation, and the buffer assembles each stream as an
+episode of its own, so the learner sees exactly the tokens that agent's context held. When the episode
+ends, every other agent's stream is closed with a chunk that has no generated tokens and carries that
+agent's outstanding reward (e.g. the loser's -1).
+"""
 from __future__ import annotations
 
 import asyncio
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from actors.chat import ChatTokens
-from actors.env import Environment
-from actors.inference import InferenceError, VllmClient
-from actors.link import BufferLink
+from actors.env import EnvError, Environment, Step
+from actors.inference import Generation, InferenceError
 from actors.metrics import ActorMetrics
 from protocol.messages import TurnChunk
 
@@ -24,11 +30,25 @@ class Sampling:
     temperature: float
     max_new_tokens: int
     max_context_tokens: int
+    max_turns: int = 0  # 0: no limit; otherwise the episode is truncated after this many turns
+
+
+@dataclass
+class _Stream:
+    """One agent's side of an episode."""
+
+    episode_id: str
+    prompt_key: str
+    agent: int
+    context: list[int] = field(default_factory=list)
+    last_gen: list[int] | None = None  # None until the agent has acted once
+    turn: int = 0  # chunks sent on this stream
+    pending_reward: float = 0.0  # rewards given to this agent since its last chunk
 
 
 class EpisodeRunner:
-    def __init__(self, *, actor_id: str, epoch: int, env_factory, chat: ChatTokens, client: VllmClient,
-                 link: BufferLink, sampling: Sampling, metrics: ActorMetrics, seed: int):
+    def __init__(self, *, actor_id: str, epoch: int, env_factory, chat: ChatTokens, client, link,
+                 sampling: Sampling, metrics: ActorMetrics, seed: int):
         self.actor_id, self.epoch = actor_id, epoch
         self.env_factory, self.chat, self.client, self.link = env_factory, chat, client, link
         self.sampling, self.m = sampling, metrics
@@ -51,56 +71,105 @@ class EpisodeRunner:
 
     async def play(self, episode_id: str, seed: int) -> str:
         env: Environment = self.env_factory()
-        allowed = [self.chat.single_token_id(a) for a in env.action_tokens] if env.action_tokens else []
-        max_tokens = min(self.sampling.max_new_tokens, env.max_action_tokens)
         try:
-            reset = await env.reset(seed)
-            obs_tokens = self.chat.first_turn(reset.observation)
-            context: list[int] = []
-            for turn in itertools.count():
-                context += obs_tokens
-                if len(context) + max_tokens > self.sampling.max_context_tokens:
-                    # Cannot sample this turn; close the episode as truncated with no new tokens.
-                    await self._send(episode_id, turn, reset.prompt_key, obs_tokens, None, allowed, 0.0,
-                                     done=True, truncated=True, t_start=time.time())
-                    return "truncated"
-                t_start = time.time()
-                started = time.monotonic()
-                gen = await self.client.generate(context, max_tokens=max_tokens,
-                                                 temperature=self.sampling.temperature,
-                                                 allowed_token_ids=allowed or None,
-                                                 cache_salt=f"v{self.link.learner_version}")
-                self.m.generate_seconds.observe(time.monotonic() - started)
-                self.m.generated_tokens.inc(len(gen.tokens))
-                step = await env.step(self.chat.decode(gen.tokens))
-                self.m.turns.inc()
-                await self._send(episode_id, turn, reset.prompt_key, obs_tokens, gen, allowed, step.reward,
-                                 done=step.done, truncated=step.truncated, t_start=t_start)
-                if step.done:
-                    return "success" if (step.info or {}).get("success") else "done"
-                context += gen.tokens
-                obs_tokens = self.chat.next_turn(step.observation, gen.tokens)
+            return await self._play(env, episode_id, seed)
         except InferenceError as exc:
             # The buffer expires the partial episode after its timeout and counts it as abandoned.
             self.m.inference_errors.inc()
             log.warning("episode %s abandoned: %s", episode_id, exc)
             return "abandoned"
+        except EnvError as exc:
+            self.m.env_errors.labels(exc.kind).inc()
+            log.warning("episode %s abandoned: environment failed (%s): %s", episode_id, exc.kind, exc)
+            return "env_error"
         except Exception:  # an environment bug must not take the actor down
+            self.m.env_errors.labels("exception").inc()
             log.exception("episode %s abandoned: environment error", episode_id)
             return "env_error"
         finally:
-            await env.close()
+            try:
+                await env.close()
+            except Exception as exc:  # closing a dead remote environment must not fail the slot
+                log.warning("episode %s: environment close failed: %r", episode_id, exc)
 
-    async def _send(self, episode_id, turn, prompt_key, obs_tokens, gen, allowed, reward, *, done, truncated,
+    async def _play(self, env: Environment, episode_id: str, seed: int) -> str:
+        reset = await env.reset(seed)
+        # read after reset: a remote environment learns its action tokens when it is created
+        allowed = [self.chat.single_token_id(a) for a in env.action_tokens] if env.action_tokens else []
+        max_tokens = min(self.sampling.max_new_tokens, env.max_action_tokens)
+        n_agents = max(1, int(env.num_agents))
+        streams: dict[int, _Stream] = {}
+        agent, observation = reset.agent, reset.observation
+        for turn in itertools.count():
+            if agent not in range(n_agents):
+                raise EnvError(f"environment named agent {agent}, it has {n_agents}", "bad_agent")
+            s = streams.get(agent)
+            if s is None:
+                suffix = f"/a{agent}" if n_agents > 1 else ""
+                s = streams[agent] = _Stream(episode_id + suffix, reset.prompt_key + suffix, agent)
+            obs_tokens = (self.chat.first_turn(observation) if s.last_gen is None
+                          else self.chat.next_turn(observation, s.last_gen))
+            s.context += obs_tokens
+            over_budget = self.sampling.max_turns and turn >= self.sampling.max_turns
+            if over_budget or len(s.context) + max_tokens > self.sampling.max_context_tokens:
+                # Cannot sample this turn; close every stream as truncated with no new tokens.
+                await self._send(s, obs_tokens, None, allowed, s.pending_reward, done=True, truncated=True,
+                                 t_start=time.time())
+                await self._close_others(streams, s, allowed, truncated=True)
+                return "truncated"
+            t_start = time.time()
+            started = time.monotonic()
+            gen = await self.client.generate(s.context, max_tokens=max_tokens,
+                                             temperature=self.sampling.temperature,
+                                             allowed_token_ids=allowed or None,
+                                             cache_salt=f"v{self.link.learner_version}")
+            self.m.generate_seconds.observe(time.monotonic() - started)
+            self.m.generated_tokens.inc(len(gen.tokens))
+            step = await env.step(self.chat.decode(gen.tokens))
+            self.m.turns.inc()
+            reward = self._distribute(step, agent, streams) + s.pending_reward
+            s.pending_reward = 0.0
+            await self._send(s, obs_tokens, gen, allowed, reward, done=step.done, truncated=step.truncated,
+                             t_start=t_start)
+            if step.done:
+                await self._close_others(streams, s, allowed, truncated=step.truncated)
+                if step.truncated:
+                    return "truncated"
+                return "success" if (step.info or {}).get("success") else "done"
+            s.context += gen.tokens
+            s.last_gen = gen.tokens
+            agent = agent if step.agent is None else int(step.agent)
+            observation = step.observation
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _distribute(step: Step, acting: int, streams: dict[int, _Stream]) -> float:
+        """The acting agent's reward now; other agents' rewards wait for their next (or closing) chunk."""
+        if not step.rewards:
+            return float(step.reward)
+        for agent, r in step.rewards.items():
+            if int(agent) != acting and int(agent) in streams:
+                streams[int(agent)].pending_reward += float(r)
+        return float(step.rewards.get(acting, step.reward))
+
+    async def _close_others(self, streams: dict[int, _Stream], current: _Stream, allowed, *, truncated) -> None:
+        for other in streams.values():
+            if other is not current and other.turn > 0:
+                await self._send(other, [], None, allowed, other.pending_reward, done=True, truncated=truncated,
+                                 t_start=time.time())
+
+    async def _send(self, s: _Stream, obs_tokens, gen: Generation | None, allowed, reward, *, done, truncated,
                     t_start) -> None:
         empty_i, empty_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
         chunk = TurnChunk(
-            actor_id=self.actor_id, epoch=self.epoch, seq=-1, episode_id=episode_id, turn=turn,
-            prompt_key=prompt_key, obs_tokens=np.asarray(obs_tokens, np.int32),
+            actor_id=self.actor_id, epoch=self.epoch, seq=-1, episode_id=s.episode_id, turn=s.turn,
+            prompt_key=s.prompt_key, obs_tokens=np.asarray(obs_tokens, np.int32),
             gen_tokens=np.asarray(gen.tokens, np.int32) if gen else empty_i,
             gen_logprobs=np.asarray(gen.logprobs, np.float32) if gen else empty_f,
             gen_versions=np.asarray(gen.versions, np.int32) if gen else empty_i,
-            reward=float(reward), done=done, truncated=truncated, temperature=self.sampling.temperature,
+            reward=float(reward), done=done, truncated=truncated, agent_id=s.agent,
+            temperature=self.sampling.temperature,
             allowed_tokens=np.asarray(allowed, np.int32), t_start=t_start, t_end=time.time(),
         )
+        s.turn += 1
         await self.link.send(chunk)

@@ -17,29 +17,34 @@ class Episode:
     turns: dict[int, TurnChunk] = field(default_factory=dict)
     last_turn: int | None = None  # index of the turn that carried done=True
     last_seen: float = field(default_factory=time.monotonic)
+    # kept up to date by add(), so staleness checks and token budgets cost O(1) per episode
+    num_tokens: int = 0
+    min_version: int = 2**31 - 1
+    nbytes: int = 0
 
     def add(self, chunk: TurnChunk) -> None:
         self.turns[chunk.turn] = chunk
         self.last_seen = time.monotonic()
+        self.num_tokens += chunk.obs_tokens.size + chunk.gen_tokens.size
+        self.nbytes += chunk.obs_tokens.nbytes + chunk.gen_tokens.nbytes * 3 + chunk.allowed_tokens.nbytes
+        if chunk.gen_versions.size:
+            self.min_version = min(self.min_version, int(chunk.gen_versions.min()))
         if chunk.done:
             self.last_turn = chunk.turn
 
     @property
     def complete(self) -> bool:
-        return self.last_turn is not None and all(t in self.turns for t in range(self.last_turn + 1))
+        return self.last_turn is not None and len(self.turns) == self.last_turn + 1 and all(
+            t in self.turns for t in range(self.last_turn + 1))
 
     @property
-    def min_version(self) -> int:
-        versions = [int(c.gen_versions.min()) for c in self.turns.values() if c.gen_versions.size]
-        return min(versions) if versions else 0
+    def behaviour_version(self) -> int:
+        """The oldest version that produced a token of this episode (0 if nothing was generated)."""
+        return self.min_version if self.min_version != 2**31 - 1 else 0
 
     @property
     def episode_return(self) -> float:
         return float(sum(c.reward for c in self.turns.values()))
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(c.obs_tokens.size + c.gen_tokens.size for c in self.turns.values())
 
 
 def flatten(episodes: list[Episode], request_id: int, learner_version: int, dropped_stale: int) -> Batch:

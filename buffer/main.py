@@ -12,6 +12,7 @@ log = logging.getLogger("turnstream.buffer")
 
 async def serve(cfg: Config) -> None:
     from buffer.metrics import BufferMetrics
+    from buffer.ratelimit import RateLimiter
     from buffer.server import BufferServer
     from buffer.store import ReplayStore
     from protocol.http_metrics import start_metrics_server
@@ -19,13 +20,16 @@ async def serve(cfg: Config) -> None:
 
     b, net = cfg.buffer, cfg.network
     metrics = BufferMetrics()
+    limiter = RateLimiter(b.samples_per_insert, b.min_size_to_sample, b.error_buffer or float("inf"))
     store = ReplayStore(batch_episodes=b.batch_episodes, eta=b.eta, max_staleness=b.max_staleness,
                         max_running=b.max_running, max_items=b.max_items, episode_timeout_s=b.episode_timeout_s,
-                        actor_timeout_s=b.actor_timeout_s, metrics=metrics)
+                        actor_timeout_s=b.actor_timeout_s, metrics=metrics, policy=b.sampling,
+                        group_size=b.group_size, limiter=limiter)
+    journal = open_journal(cfg, store, metrics) if b.wal else None
     version_addr = bind_address(net.host, net.learner_pub_port) if net.learner_pub_port else None
     server = BufferServer(store, metrics, ingest_addr=bind_address(net.host, net.buffer_ingest_port),
                           serve_addr=bind_address(net.host, net.buffer_serve_port), version_addr=version_addr,
-                          max_message_bytes=net.max_message_bytes)
+                          max_message_bytes=net.max_message_bytes, journal=journal)
     runner, port = await start_metrics_server(metrics.registry, net.host, b.metrics_port,
                                               health=lambda: {"learner_version": store.learner_version})
     log.info("buffer: ingest port %d, serve port %d, metrics port %d", server.ingest_port, server.serve_port, port)
@@ -35,11 +39,30 @@ async def serve(cfg: Config) -> None:
         loop.add_signal_handler(sig, stop.set)
     task = asyncio.create_task(server.run())
     await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    await server.shutdown()
     task.cancel()
     server.close()
     await runner.cleanup()
     if task.done() and not task.cancelled() and task.exception():
         raise task.exception()  # type: ignore[misc]
+
+
+def open_journal(cfg: Config, store, metrics):
+    """Open the write-ahead log, rebuild the store from it, and compact away what was consumed."""
+    from pathlib import Path
+
+    from buffer.journal import WalJournal
+    from buffer.wal import WalFile
+
+    b = cfg.buffer
+    wal_dir = Path(b.wal_dir) if b.wal_dir else Path(cfg.run.run_dir) / "buffer-wal"
+    wal = WalFile(wal_dir / "wal.log", fsync=b.wal_fsync, fsync_interval_s=b.wal_fsync_interval_s)
+    journal = WalJournal(wal, metrics, compact_bytes=b.wal_compact_bytes)
+    records = journal.replay(store)
+    journal.compact(store)
+    log.info("buffer: write-ahead log %s: replayed %d records (%d ready, %d running episodes), fsync %s",
+             wal.path, records, len(store.ready), len(store.in_progress), b.wal_fsync)
+    return journal
 
 
 def main(cfg: Config) -> None:

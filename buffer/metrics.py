@@ -32,3 +32,26 @@ class BufferMetrics:
         self.learner_version = Gauge("turnstream_buffer_learner_version", "Latest learner version seen",
                                      registry=r)
         self.actors = Gauge("turnstream_buffer_actors", "Actors known to the buffer", registry=r)
+        self.connected_actors = Gauge("turnstream_buffer_connected_actors",
+                                      "Actors heard from within buffer.actor_timeout_s", registry=r)
+        self.items = Gauge("turnstream_buffer_items", "Episodes held, by state (memory bound: max_items)",
+                           ["state"], registry=r)
+        self.inserts = Counter("turnstream_buffer_inserts_total", "Complete episodes inserted into the table",
+                               registry=r)
+        self.samples = Counter("turnstream_buffer_samples_total", "Episodes handed to the learner", registry=r)
+        self.insert_blocked = Counter("turnstream_buffer_insert_blocked_seconds_total",
+                                      "Seconds actors wanted credit but admission, memory or the rate limiter "
+                                      "said no", registry=r)
+        self.sample_blocked = Counter("turnstream_buffer_sample_blocked_seconds_total",
+                                      "Seconds a learner request waited for data or the rate limiter", registry=r)
+        self.batch_requests = Counter("turnstream_buffer_batch_requests_total", "Batch requests, by outcome",
+                                      ["outcome"], registry=r)
+        self.wal_bytes = Gauge("turnstream_buffer_wal_bytes", "Size of the write-ahead log", registry=r)
+        self.wal_appended = Counter("turnstream_buffer_wal_appended_bytes_total", "Bytes appended to the log",
+                                    registry=r)
+        self.wal_fsyncs = Counter("turnstream_buffer_wal_fsyncs_total", "fsync calls on the log", registry=r)
+        self.wal_compactions = Counter("turnstream_buffer_wal_compactions_total", "Log compactions", registry=r)
+        self.wal_replayed = Counter("turnstream_buffer_wal_replayed_records_total",
+                                    "Log records replayed at start-up", registry=r)
+        self.wal_torn = Counter("turnstream_buffer_wal_torn_bytes_total",
+                                "Bytes of an unfinished last record cut off at start-up", registry=r)

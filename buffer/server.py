@@ -1,17 +1,26 @@
-"""The buffer process: two ROUTER sockets (actors, learner), one SUB for versions, one event loop."""
+"""The buffer process: two ROUTER sockets (actors, learner), one SUB for versions, one event loop.
+
+Ingest drains every message already queued (up to `drain_max`), applies them to the store, commits the
+write-ahead log once for the lot (group commit), and only then sends the acks: an ack means "in the log
+per the fsync policy". Each batch request is a task waiting on a Gate that every state change notifies,
+so a request blocks until its batch exists, its timeout passes, or the buffer shuts down.
+"""
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+import uuid
 
 import zmq
 import zmq.asyncio
 
 from buffer.episodes import flatten
 from buffer.metrics import BufferMetrics
+from buffer.ratelimit import BlockedClock, Cancelled, Gate
 from buffer.store import ReplayStore
 from protocol.codec import DecodeError, decode, encode
-from protocol.messages import Ack, BatchRequest, CreditGrant, CreditRequest, TurnChunk, VersionAnnouncement
+from protocol.messages import Ack, Batch, BatchRequest, CreditGrant, CreditRequest, TurnChunk, VersionAnnouncement
 from protocol.sockets import configure
 
 log = logging.getLogger("turnstream.buffer")
@@ -19,8 +28,10 @@ log = logging.getLogger("turnstream.buffer")
 
 class BufferServer:
     def __init__(self, store: ReplayStore, metrics: BufferMetrics, *, ingest_addr: str, serve_addr: str,
-                 version_addr: str | None, max_message_bytes: int):
-        self.store, self.m = store, metrics
+                 version_addr: str | None, max_message_bytes: int, journal=None, drain_max: int = 256,
+                 housekeeping_s: float = 0.5):
+        self.store, self.m, self.journal = store, metrics, journal
+        self.server_id = uuid.uuid4().hex[:16]  # a new one per start tells actors to resend their window
         self.ctx = zmq.asyncio.Context()
         self.ingest = configure(self.ctx.socket(zmq.ROUTER), max_bytes=max_message_bytes)
         self.serve = configure(self.ctx.socket(zmq.ROUTER), max_bytes=max_message_bytes)
@@ -31,8 +42,12 @@ class BufferServer:
             self.versions = configure(self.ctx.socket(zmq.SUB))
             self.versions.setsockopt(zmq.SUBSCRIBE, b"")
             self.versions.connect(version_addr)
-        self.max_message_bytes = max_message_bytes
-        self.pending: dict[bytes, BatchRequest] = {}  # learner identity -> request waiting for data
+        self.max_message_bytes, self.drain_max, self.housekeeping_s = max_message_bytes, drain_max, housekeeping_s
+        self.gate = Gate()
+        self.requests: dict[bytes, asyncio.Task] = {}  # learner identity -> task answering its request
+        self.insert_clock = BlockedClock(metrics.insert_blocked)
+        self.sample_clock = BlockedClock(metrics.sample_blocked)
+        self.waiting_requests = 0
 
     async def run(self) -> None:
         tasks = [self._ingest_loop(), self._serve_loop(), self._housekeeping_loop()]
@@ -40,12 +55,37 @@ class BufferServer:
             tasks.append(self._version_loop())
         await asyncio.gather(*tasks)
 
+    async def shutdown(self) -> None:
+        """Answer every waiting batch request with status "cancelled" instead of leaving it hanging."""
+        self.gate.cancel()
+        if self.requests:
+            await asyncio.wait(list(self.requests.values()), timeout=1.0)
+
     def close(self) -> None:
         self.ctx.destroy(linger=0)
+        if self.journal is not None:
+            self.journal.close()
 
+    # ---- actors ------------------------------------------------------------------------------------
     async def _ingest_loop(self) -> None:
         while True:
-            identity, *frames = await self.ingest.recv_multipart(copy=False)
+            batch = [await self.ingest.recv_multipart(copy=False)]
+            while len(batch) < self.drain_max:
+                try:
+                    batch.append(self.ingest.recv_multipart(flags=zmq.NOBLOCK, copy=False).result())
+                except zmq.Again:
+                    break
+            acks, heartbeats = self._apply_ingest(batch)
+            if self.journal is not None:
+                self.journal.commit()  # before any ack leaves
+            for reply in acks:
+                await self.ingest.send_multipart(reply, copy=False)
+            await self._after_change(heartbeats)
+
+    def _apply_ingest(self, batch: list) -> tuple[list, set[bytes]]:
+        acks: list = []
+        heartbeats: set[bytes] = set()  # actors whose credit request gets an answer, even of 0 credits
+        for identity, *frames in batch:
             identity = bytes(identity)
             try:
                 msg = decode(frames, self.max_message_bytes)
@@ -54,17 +94,18 @@ class BufferServer:
                 log.warning("bad message from an actor: %s", exc)
                 continue
             if isinstance(msg, TurnChunk):
-                status, reason = self.store.ingest(identity, msg)
-                await self.ingest.send_multipart([identity, *encode(Ack(msg.seq, status, reason))])
+                status, reason = self.store.ingest(identity, msg, raw=frames)
+                acks.append([identity, *encode(Ack(msg.seq, status, reason))])
                 if reason:
                     log.warning("rejected chunk %s/%s/%s: %s", msg.actor_id, msg.epoch, msg.seq, reason)
             elif isinstance(msg, CreditRequest):
                 self.store.on_credit_request(identity, msg.actor_id, msg.epoch, msg.slots)
+                heartbeats.add(identity)
             else:
                 self.m.rejected.labels("unexpected_type").inc()
-                continue
-            await self._after_change()
+        return acks, heartbeats
 
+    # ---- learner -----------------------------------------------------------------------------------
     async def _serve_loop(self) -> None:
         while True:
             identity, *frames = await self.serve.recv_multipart(copy=False)
@@ -73,11 +114,46 @@ class BufferServer:
             except DecodeError as exc:
                 self.m.rejected.labels(exc.reason).inc()
                 continue
-            if not isinstance(msg, BatchRequest) or msg.max_episodes < 1:
-                self.m.rejected.labels("unexpected_type").inc()
+            if not isinstance(msg, BatchRequest) or msg.max_episodes < 1 or msg.max_tokens < 0 \
+                    or not msg.timeout_s >= 0:
+                self.m.rejected.labels("unexpected_type" if not isinstance(msg, BatchRequest)
+                                       else "bad_request").inc()
                 continue
-            self.pending[bytes(identity)] = msg
-            await self._after_change()
+            identity = bytes(identity)
+            old = self.requests.pop(identity, None)
+            if old is not None:
+                old.cancel()  # a peer re-asking replaces its earlier request (one per peer)
+            self.requests[identity] = asyncio.create_task(self._answer(identity, msg))
+
+    async def _answer(self, identity: bytes, req: BatchRequest) -> None:
+        self.waiting_requests += 1
+        self._update_clocks()
+        status, got = "ok", None
+        try:
+            got = await self.gate.wait_for(
+                lambda: self.store.take_batch(req.learner_version, req.max_episodes, req.max_tokens),
+                req.timeout_s or None)
+        except TimeoutError:
+            status = "timeout"
+        except Cancelled:
+            status = "cancelled"
+        finally:
+            self.waiting_requests -= 1
+            self._update_clocks()
+            if self.requests.get(identity) is asyncio.current_task():
+                del self.requests[identity]
+        self.m.batch_requests.labels(status).inc()
+        if got is not None:
+            episodes, dropped = got
+            if self.journal is not None:
+                self.journal.commit()  # "consumed" is durable before the batch leaves
+            batch = flatten(episodes, req.request_id, self.store.learner_version, dropped)
+            self.m.batches.inc()
+        else:
+            batch = flatten([], req.request_id, self.store.learner_version, 0)
+            batch.status = status
+        await self.serve.send_multipart([identity, *encode(batch)], copy=False)
+        await self._after_change()  # serving freed admission room
 
     async def _version_loop(self) -> None:
         while True:
@@ -93,25 +169,30 @@ class BufferServer:
 
     async def _housekeeping_loop(self) -> None:
         while True:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(self.housekeeping_s)
             self.store.expire()
+            if self.journal is not None:
+                self.journal.maybe_compact(self.store)
+                self.journal.wal.commit()  # the "interval" policy syncs here when traffic stops
+                self.m.wal_bytes.set(self.journal.wal.size)
             await self._after_change()
 
-    async def _after_change(self) -> None:
-        """Serve waiting learners first (that frees admission room), then grant credits."""
-        for identity, req in list(self.pending.items()):
-            got = self.store.take_batch(req.learner_version, req.max_episodes)
-            if got is None:
-                continue
-            episodes, dropped = got
-            del self.pending[identity]
-            batch = flatten(episodes, req.request_id, self.store.learner_version, dropped)
-            await self.serve.send_multipart([identity, *encode(batch)], copy=False)
-            self.m.batches.inc()
-        for identity, n in self.store.grant_credits():
-            grant = CreditGrant(credits=n, learner_version=self.store.learner_version)
+    async def _after_change(self, heartbeats: set[bytes] = frozenset()) -> None:
+        """Wake waiting learners first (serving frees admission room), then grant credits."""
+        self.gate.notify()
+        await asyncio.sleep(0)  # let woken requests take their batches before credits are computed
+        grants = dict(self.store.grant_credits())
+        for identity in set(grants) | set(heartbeats):
+            grant = CreditGrant(credits=grants.get(identity, 0), learner_version=self.store.learner_version,
+                                server_id=self.server_id)
             await self.ingest.send_multipart([identity, *encode(grant)])
+        self._update_clocks()
         self.store.update_gauges()
+
+    def _update_clocks(self) -> None:
+        now = time.monotonic()
+        self.insert_clock.update(self.store.wanted_credits() > 0 and self.store.capacity() == 0, now)
+        self.sample_clock.update(self.waiting_requests > 0, now)
 
 
 def _bind(sock: zmq.Socket, addr: str) -> int:

@@ -1,28 +1,39 @@
 """Replay store: idempotent ingest, episode assembly, AReaL admission control and the staleness bound.
 
 Pure logic without sockets, so every rule here is unit-testable. The server (buffer/server.py) feeds it
-decoded messages and sends what it returns.
+decoded messages and sends what it returns; a journal (buffer/journal.py), when attached, is told every
+state change before it takes effect, so a restarted buffer can rebuild exactly this state.
 
 Invariants:
 - a chunk is ingested at most once per (actor_id, epoch, seq);
-- an episode reaches the learner only when complete and only if
+- an episode reaches the learner only when complete, at most once, and only if
   learner_version - min(token versions) <= max_staleness at the moment it is served;
-- memory is bounded by max_items episodes: beyond it no credit is granted, so actors wait.
+- memory is bounded by max_items episodes: beyond it no credit is granted, so actors wait;
+- episodes leave only by being served or by a counted drop (stale, abandoned).
 """
 from __future__ import annotations
 
-import math
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Protocol
 
-import numpy as np
-
+from buffer.dedup import SeqDeduper
 from buffer.episodes import Episode
 from buffer.metrics import BufferMetrics
+from buffer.ratelimit import RateLimiter
+from buffer.sampling import select
+from buffer.validate import beyond_final_turn, validate_chunk
 from protocol.messages import TurnChunk
 
 MAX_CLOSED_IDS = 200_000
+
+
+class Journal(Protocol):
+    def chunk(self, chunk: TurnChunk, raw: list | None) -> None: ...
+    def consumed(self, episode_ids: list[str]) -> None: ...
+    def closed(self, episode_ids: list[str], reason: str) -> None: ...
+    def version(self, version: int) -> None: ...
 
 
 @dataclass
@@ -34,28 +45,10 @@ class ActorState:
     last_seen: float = field(default_factory=time.monotonic)
 
 
-class SeqDeduper:
-    """Per (actor, epoch): a watermark below which every seq was seen, plus the seen seqs above it."""
-
-    def __init__(self) -> None:
-        self._state: dict[tuple[str, int], tuple[int, set[int]]] = {}
-
-    def seen(self, key: tuple[str, int], seq: int) -> bool:
-        mark, above = self._state.get(key, (-1, set()))
-        return seq <= mark or seq in above
-
-    def add(self, key: tuple[str, int], seq: int) -> None:
-        mark, above = self._state.get(key, (-1, set()))
-        above.add(seq)
-        while mark + 1 in above:
-            mark += 1
-            above.discard(mark)
-        self._state[key] = (mark, above)
-
-
 class ReplayStore:
     def __init__(self, *, batch_episodes: int, eta: int, max_staleness: int, max_running: int,
-                 max_items: int, episode_timeout_s: float, actor_timeout_s: float, metrics: BufferMetrics):
+                 max_items: int, episode_timeout_s: float, actor_timeout_s: float, metrics: BufferMetrics,
+                 policy: str = "fifo", group_size: int = 1, limiter: RateLimiter | None = None):
         self.batch_episodes = batch_episodes
         self.eta = eta
         self.max_staleness = max_staleness
@@ -63,12 +56,16 @@ class ReplayStore:
         self.max_items = max_items
         self.episode_timeout_s = episode_timeout_s
         self.actor_timeout_s = actor_timeout_s
+        self.policy, self.group_size = policy, group_size
+        self.limiter = limiter or RateLimiter()
         self.m = metrics
+        self.journal: Journal | None = None
         self.learner_version = 0
         self.max_served_staleness = 0
         self.accepted = 0  # completed episodes that were not later dropped
+        self.dropped_since_batch = 0  # stale drops reported with the next batch
         self.in_progress: dict[str, Episode] = {}
-        self.ready: deque[Episode] = deque()
+        self.ready: OrderedDict[str, Episode] = OrderedDict()  # completion order
         self.actors: dict[tuple[str, int], ActorState] = {}
         self.dedup = SeqDeduper()
         self.closed: OrderedDict[str, None] = OrderedDict()
@@ -79,20 +76,27 @@ class ReplayStore:
         return sum(a.outstanding for a in self.actors.values()) + len(self.in_progress)
 
     def capacity(self) -> int:
-        """AReaL: min(max_running - running, (eta + v + 1) * B - (accepted + running)), and memory."""
-        staleness_room = (self.eta + self.learner_version + 1) * self.batch_episodes - (self.accepted + self.running)
-        memory_room = self.max_items - (self.running + len(self.ready))
-        return max(0, min(self.max_running - self.running, staleness_room, memory_room))
+        """AReaL: min(max_running - running, (eta + v + 1) * B - (accepted + running)), memory, rate limit."""
+        running = self.running
+        staleness_room = (self.eta + self.learner_version + 1) * self.batch_episodes - (self.accepted + running)
+        memory_room = self.max_items - (running + len(self.ready))
+        return max(0, min(self.max_running - running, staleness_room, memory_room,
+                          self.limiter.insert_room(running)))
 
     def on_credit_request(self, identity: bytes, actor_id: str, epoch: int, slots: int) -> None:
         key = (actor_id, epoch)
         state = self.actors.setdefault(key, ActorState(identity=identity))
         state.identity, state.slots, state.last_seen = identity, max(0, slots), time.monotonic()
 
+    def wanted_credits(self) -> int:
+        return sum(max(0, a.slots - a.outstanding - a.running) for a in self.actors.values())
+
     def grant_credits(self) -> list[tuple[bytes, int]]:
         grants = []
         for state in self.actors.values():
             want = state.slots - state.outstanding - state.running
+            if want <= 0:
+                continue
             n = min(want, self.capacity())
             if n > 0:
                 state.outstanding += n
@@ -102,8 +106,10 @@ class ReplayStore:
         return grants
 
     # ---- ingest ----------------------------------------------------------------------------
-    def ingest(self, identity: bytes, chunk: TurnChunk) -> tuple[str, str]:
-        """Returns (status, reason): ("ok", ""), ("duplicate", "") or ("rejected", reason)."""
+    def ingest(self, identity: bytes, chunk: TurnChunk, raw: list | None = None) -> tuple[str, str]:
+        """Returns (status, reason): ("ok", ""), ("duplicate", "") or ("rejected", reason).
+
+        `raw` are the frames the chunk arrived in; the journal stores them as they are."""
         key = (chunk.actor_id, chunk.epoch)
         if self.dedup.seen(key, chunk.seq):
             self.m.chunks.labels("duplicate").inc()
@@ -114,34 +120,52 @@ class ReplayStore:
         ep = self.in_progress.get(chunk.episode_id)
         if not reason and ep is not None and (ep.actor_key != key or chunk.turn in ep.turns):
             reason = "episode_conflict"
-        if not reason and ep is not None and _beyond_final_turn(ep, chunk):
+        if not reason and ep is not None and beyond_final_turn(ep, chunk):
             reason = "turn_after_done"
         if reason:
             self.dedup.add(key, chunk.seq)  # a resend of a bad chunk is still bad: do not count it twice
             self.m.chunks.labels("rejected").inc()
             self.m.rejected.labels(reason).inc()
             return "rejected", reason
+        if self.journal is not None:
+            self.journal.chunk(chunk, raw)
         self.dedup.add(key, chunk.seq)
+        self._assemble(identity, chunk, counted=True)
+        self.m.chunks.labels("ok").inc()
+        self.m.tokens_ingested.inc(chunk.obs_tokens.size + chunk.gen_tokens.size)
+        return "ok", ""
+
+    def restore_chunk(self, chunk: TurnChunk) -> None:
+        """Put back a live chunk from a compacted log; counters come from the snapshot, not from here."""
+        self._assemble(b"", chunk, counted=False)
+
+    def _assemble(self, identity: bytes, chunk: TurnChunk, *, counted: bool) -> None:
+        key = (chunk.actor_id, chunk.epoch)
         actor = self.actors.setdefault(key, ActorState(identity=identity))
         actor.last_seen = time.monotonic()
+        ep = self.in_progress.get(chunk.episode_id)
         if ep is None:
             ep = Episode(chunk.episode_id, key, chunk.prompt_key)
             self.in_progress[chunk.episode_id] = ep
             if actor.outstanding > 0:
                 actor.outstanding -= 1
-            else:
+            elif counted:
                 self.m.episodes.labels("started_without_credit").inc()
             actor.running += 1
-            self.m.episodes.labels("started").inc()
+            if counted:
+                self.m.episodes.labels("started").inc()
         ep.add(chunk)
-        self.m.chunks.labels("ok").inc()
-        self.m.tokens_ingested.inc(chunk.obs_tokens.size + chunk.gen_tokens.size)
-        if ep.complete:
-            self._close(ep)
-            self.ready.append(ep)
+        if not ep.complete:
+            return
+        self._close(ep)
+        self.ready[ep.episode_id] = ep
+        if counted:
             self.accepted += 1
+            self.limiter.on_insert()
+            self.m.inserts.inc()
             self.m.episodes.labels("completed").inc()
-        return "ok", ""
+            if self.staleness(ep) > self.max_staleness:  # finished already too old to ever be served
+                self._drop_ready([ep.episode_id], "stale")
 
     def _close(self, ep: Episode) -> None:
         self.in_progress.pop(ep.episode_id, None)
@@ -154,50 +178,79 @@ class ReplayStore:
 
     # ---- serving ---------------------------------------------------------------------------
     def set_learner_version(self, version: int) -> None:
-        self.learner_version = max(self.learner_version, version)
+        if version <= self.learner_version:
+            return
+        if self.journal is not None:
+            self.journal.version(version)
+        self.learner_version = version
+        stale = [i for i, ep in self.ready.items() if self.staleness(ep) > self.max_staleness]
+        if stale:  # staleness grows only when the version moves, so this is the only scan needed
+            self._drop_ready(stale, "stale")
 
     def staleness(self, ep: Episode) -> int:
-        return self.learner_version - ep.min_version
+        return self.learner_version - ep.behaviour_version
 
-    def take_batch(self, learner_version: int, n: int) -> tuple[list[Episode], int] | None:
-        """FIFO batch of n complete, fresh-enough episodes, or None if not yet available."""
+    def take_batch(self, learner_version: int, n: int, max_tokens: int = 0) -> tuple[list[Episode], int] | None:
+        """A batch by the sampling policy (at most n episodes, at most max_tokens), or None if not yet."""
         self.set_learner_version(learner_version)
-        dropped = self._drop_stale_ready()
-        if len(self.ready) < n:
+        batch = select(self.policy, self.ready, max_episodes=n, max_tokens=max_tokens, group_size=self.group_size)
+        if batch is None or not self.limiter.can_sample(len(batch), len(self.ready)):
             return None
-        batch = [self.ready.popleft() for _ in range(n)]
+        ids = [ep.episode_id for ep in batch]
+        if self.journal is not None:
+            self.journal.consumed(ids)  # before it leaves: a crash after this never serves it again
+        self._remove_ready(ids)
         for ep in batch:
             s = self.staleness(ep)
             assert s <= self.max_staleness, "stale episode escaped the filter"
             self.m.served_staleness.observe(s)
             self.max_served_staleness = max(self.max_served_staleness, s)
-            self.m.max_staleness_served.set(self.max_served_staleness)
-        self.m.episodes.labels("served").inc(n)
+        self.m.max_staleness_served.set(self.max_served_staleness)
+        self.m.episodes.labels("served").inc(len(batch))
+        self.m.samples.inc(len(batch))
+        dropped, self.dropped_since_batch = self.dropped_since_batch, 0
         return batch, dropped
 
-    def _drop_stale_ready(self) -> int:
-        kept, dropped = deque(), 0
-        for ep in self.ready:
-            if self.staleness(ep) > self.max_staleness:
-                dropped += 1
-            else:
-                kept.append(ep)
-        if dropped:
-            self.ready = kept
-            self.accepted -= dropped  # frees admission room, as AReaL does for rejected rollouts
-            self.m.dropped.labels("stale").inc(dropped)
-        return dropped
+    def mark_consumed(self, episode_ids: list[str]) -> None:
+        """Replay of a served batch: those episodes are gone for good."""
+        self._remove_ready([i for i in episode_ids if i in self.ready])
+
+    def _remove_ready(self, ids: list[str]) -> None:
+        for i in ids:
+            del self.ready[i]
+        self.limiter.on_sample(len(ids))
+
+    def _drop_ready(self, ids: list[str], reason: str) -> None:
+        if self.journal is not None:
+            self.journal.closed(ids, reason)
+        self._remove_ready(ids)
+        self.accepted -= len(ids)  # frees admission room, as AReaL does for rejected rollouts
+        self.dropped_since_batch += len(ids)
+        self.m.dropped.labels(reason).inc(len(ids))
+
+    def drop(self, episode_ids: list[str], reason: str) -> None:
+        """Close in-progress or ready episodes for a counted reason (also used by log replay)."""
+        ready = [i for i in episode_ids if i in self.ready]
+        if ready:
+            self._drop_ready(ready, reason)
+        running = [self.in_progress[i] for i in episode_ids if i in self.in_progress]
+        if running and self.journal is not None:
+            self.journal.closed([ep.episode_id for ep in running], reason)
+        for ep in running:
+            self._close(ep)
+        if running:
+            self.m.dropped.labels(reason).inc(len(running))
 
     # ---- housekeeping ----------------------------------------------------------------------
     def expire(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        for ep in list(self.in_progress.values()):
-            if now - ep.last_seen > self.episode_timeout_s:
-                self._close(ep)
-                self.m.dropped.labels("abandoned").inc()
-            elif ep.turns and self.staleness(ep) > self.max_staleness:
-                self._close(ep)  # could never be served; free its slot now
-                self.m.dropped.labels("stale").inc()
+        abandoned = [i for i, ep in self.in_progress.items() if now - ep.last_seen > self.episode_timeout_s]
+        if abandoned:
+            self.drop(abandoned, "abandoned")
+        # could never be served: free its slot now
+        hopeless = [i for i, ep in self.in_progress.items() if ep.turns and self.staleness(ep) > self.max_staleness]
+        if hopeless:
+            self.drop(hopeless, "stale")
         for key, actor in list(self.actors.items()):
             if now - actor.last_seen > self.actor_timeout_s and actor.outstanding:
                 self.m.credits_reclaimed.inc(actor.outstanding)
@@ -205,39 +258,16 @@ class ReplayStore:
             if now - actor.last_seen > self.actor_timeout_s and actor.running == 0:
                 del self.actors[key]
 
+    def connected_actors(self, now: float | None = None) -> int:
+        now = time.monotonic() if now is None else now
+        return sum(1 for a in self.actors.values() if now - a.last_seen <= self.actor_timeout_s)
+
     def update_gauges(self) -> None:
+        running = self.running
         self.m.ready_episodes.set(len(self.ready))
-        self.m.running_episodes.set(self.running)
+        self.m.running_episodes.set(running)
+        self.m.items.labels("ready").set(len(self.ready))
+        self.m.items.labels("running").set(running)
         self.m.learner_version.set(self.learner_version)
         self.m.actors.set(len(self.actors))
-
-
-def _beyond_final_turn(ep: Episode, c: TurnChunk) -> bool:
-    """A turn after the one marked done, or a done marker before turns already received."""
-    if ep.last_turn is not None and c.turn > ep.last_turn:
-        return True
-    return c.done and any(t > c.turn for t in ep.turns)
-
-
-def validate_chunk(c: TurnChunk) -> str:
-    """Empty string if the chunk is well formed, else a short reason (a metric label)."""
-    n = c.gen_tokens.size
-    if c.gen_tokens.ndim != 1 or c.obs_tokens.ndim != 1 or c.allowed_tokens.ndim != 1:
-        return "bad_shape"
-    if c.gen_logprobs.shape != (n,) or c.gen_versions.shape != (n,):
-        return "length_mismatch"
-    if c.turn < 0 or c.seq < 0 or c.epoch < 0:
-        return "negative_index"
-    if c.turn == 0 and c.obs_tokens.size == 0:
-        return "empty_prompt"
-    if (c.gen_tokens < 0).any() or (c.obs_tokens < 0).any() or (c.allowed_tokens < 0).any():
-        return "negative_token"
-    if n and (not np.isfinite(c.gen_logprobs).all() or (c.gen_logprobs > 1e-4).any()):
-        return "bad_logprob"
-    if (c.gen_versions < 0).any():
-        return "bad_version"
-    if not math.isfinite(c.reward) or not (c.temperature > 0 and math.isfinite(c.temperature)):
-        return "bad_scalar"
-    if c.allowed_tokens.size and n and not np.isin(c.gen_tokens, c.allowed_tokens).all():
-        return "token_not_allowed"
-    return ""
+        self.m.connected_actors.set(self.connected_actors())

@@ -22,6 +22,8 @@ class TensorBatch:
     mask_id: torch.Tensor  # [N], -1 = whole vocabulary
     allowed: torch.Tensor  # [S, V] bool
     tokens_per_episode: np.ndarray  # [E] action tokens per episode
+    act_turn: torch.Tensor | None = None  # [N] turn index of each action token within its episode
+    lengths: np.ndarray | None = None  # [E] tokens per episode (unpadded)
 
     @property
     def num_episodes(self) -> int:
@@ -56,6 +58,7 @@ def to_tensors(batch: Batch, vocab_size: int, pad_id: int = 0) -> TensorBatch:
         temperature=torch.from_numpy(batch.temperature[flat_act].astype(np.float32)),
         mask_id=torch.from_numpy(batch.mask_id[flat_act].astype(np.int64)),
         allowed=allowed, tokens_per_episode=np.bincount(episode_of, minlength=n_eps),
+        act_turn=torch.from_numpy(batch.turn_index[flat_act].astype(np.int64)), lengths=lengths,
     )
 
 
@@ -68,10 +71,30 @@ def action_logprobs(model, tb: TensorBatch, rows: torch.Tensor | None = None) ->
     """
     if rows is None:
         rows = torch.arange(tb.num_episodes)
+    ids, att = crop(tb, rows)
+    logits = model(input_ids=ids, attention_mask=att).logits
+    return logprobs_from_logits(logits, tb, rows)
+
+
+def crop(tb: TensorBatch, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows' ids and mask, cut to their longest episode so a micro-batch of short ones stays short."""
+    width = int(tb.attention_mask[rows].sum(1).max()) if len(rows) else 0
+    return tb.input_ids[rows, :width], tb.attention_mask[rows, :width]
+
+
+def gather_at_actions(per_position: torch.Tensor, tb: TensorBatch, rows: torch.Tensor) -> torch.Tensor:
+    """[R, L, ...] values at the position before each of the rows' action tokens, in flat action order."""
     select = torch.isin(tb.act_episode, rows)
     row_index = torch.full((tb.num_episodes,), -1, dtype=torch.long)
     row_index[rows] = torch.arange(len(rows))
-    logits = model(input_ids=tb.input_ids[rows], attention_mask=tb.attention_mask[rows]).logits
+    return per_position[row_index[tb.act_episode[select]], tb.act_pos[select] - 1]
+
+
+def logprobs_from_logits(logits: torch.Tensor, tb: TensorBatch,
+                         rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    select = torch.isin(tb.act_episode, rows)
+    row_index = torch.full((tb.num_episodes,), -1, dtype=torch.long)
+    row_index[rows] = torch.arange(len(rows))
     ep, pos = row_index[tb.act_episode[select]], tb.act_pos[select]
     act_logits = logits[ep, pos - 1].float() / tb.temperature[select, None]
     mid = tb.mask_id[select]

@@ -47,14 +47,56 @@ class BatchClient:
                     return msg
 
 
-async def train(cfg: Config) -> None:
+def build_trainer(cfg: Config):
+    """Model, optional reference model and critic, Trainer; resumed from the latest checkpoint if asked."""
     import torch
-    import zmq
-    import zmq.asyncio
     from transformers import AutoModelForCausalLM
 
-    from learner.metrics import LearnerMetrics
+    from learner import checkpoint
     from learner.trainer import Trainer
+
+    lc = cfg.learner
+    resume_from = checkpoint.latest(Path(cfg.run.run_dir) / "checkpoints") if lc.resume else None
+    model_dir = resume_from / "model" if resume_from else cfg.model.path
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ref = None
+    if lc.kl_coef > 0:  # the KL anchors to the initial policy, also after a resume
+        ref = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32).eval()
+        ref.requires_grad_(False)
+    trainer = Trainer(model, lc, seed=cfg.run.seed, critic_path=lc.critic.path or cfg.model.path, ref_model=ref)
+    if resume_from:
+        trainer.load_state_dict(*checkpoint.load(resume_from))
+        log.info("resumed from %s at version %d", resume_from, trainer.version)
+    return model, trainer, resume_from
+
+
+async def train(cfg: Config) -> None:
+    import torch
+
+    from learner.distributed import broadcast, init_from_env, shutdown
+
+    lc = cfg.learner
+    torch.set_num_threads(lc.torch_threads)
+    torch.manual_seed(cfg.run.seed)
+    rank, world = init_from_env()
+    model, trainer, resumed = build_trainer(cfg)
+    try:
+        if rank == 0:
+            await _serve(cfg, model, trainer, resumed is not None, world)
+        else:
+            while (batch := broadcast(None, rank, world)) is not None:
+                trainer.step(batch)
+    finally:
+        shutdown(world)
+
+
+async def _serve(cfg: Config, model, trainer, resumed: bool, world: int) -> None:
+    import zmq
+    import zmq.asyncio
+
+    from learner import checkpoint
+    from learner.distributed import broadcast
+    from learner.metrics import LearnerMetrics
     from learner.weight_sync import DiskWeightSync, WeightSyncError
     from protocol.codec import encode
     from protocol.http_metrics import start_metrics_server
@@ -62,16 +104,20 @@ async def train(cfg: Config) -> None:
     from protocol.sockets import bind_address, configure
 
     lc, net = cfg.learner, cfg.network
-    torch.set_num_threads(lc.torch_threads)
-    torch.manual_seed(cfg.run.seed)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
-    trainer = Trainer(model, lc, seed=cfg.run.seed)
     metrics = LearnerMetrics()
     run_dir = Path(cfg.run.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     sync = DiskWeightSync(cfg.vllm.urls, lc.weights_dir or run_dir / "weights", cfg.model.path,
                           keep=lc.keep_weight_versions)
-    await sync.set_version(trainer.version)
+    if resumed:  # the servers may hold other weights: give them the checkpoint's before announcing
+        try:
+            await sync.push(sync.save(model.state_dict(), trainer.version), trainer.version)
+        except WeightSyncError as exc:
+            metrics.push_failures.inc()
+            log.error("push of the resumed version %d failed: %s", trainer.version, exc)
+    else:
+        await sync.set_version(trainer.version)
+    metrics.version.set(trainer.version)
 
     ctx = zmq.asyncio.Context()
     pub = configure(ctx.socket(zmq.PUB))
@@ -79,7 +125,8 @@ async def train(cfg: Config) -> None:
     batches = BatchClient(ctx, bind_address(net.host, net.buffer_serve_port), net.max_message_bytes)
     http, port = await start_metrics_server(metrics.registry, net.host, lc.metrics_port,
                                             health=lambda: {"version": trainer.version})
-    log.info("learner: metrics port %d, %d vLLM server(s)", port, len(cfg.vllm.urls))
+    log.info("learner: metrics port %d, %d vLLM server(s), %d rank(s), estimator %s", port, len(cfg.vllm.urls),
+             world, lc.estimator)
     await pub.send_multipart(encode(VersionAnnouncement(trainer.version)))
 
     stop = asyncio.Event()
@@ -97,8 +144,11 @@ async def train(cfg: Config) -> None:
                 fetch.cancel()
                 break
             batch = fetch.result()
+            if getattr(batch, "status", "ok") != "ok" or not batch.episode_ids:
+                continue
             wait_s = time.monotonic() - waited
             try:
+                batch = broadcast(batch, 0, world)
                 stats = await asyncio.to_thread(trainer.step, batch)
             except ValueError as exc:  # a batch the model cannot take (e.g. token ids beyond its vocabulary)
                 metrics.rejected_batches.inc()
@@ -114,6 +164,12 @@ async def train(cfg: Config) -> None:
                 log.error("weight push of version %d failed: %s", trainer.version, exc)
                 push_s = float("nan")
             await pub.send_multipart(encode(VersionAnnouncement(trainer.version, str(path))))
+            if lc.checkpoint_every and trainer.version % lc.checkpoint_every == 0:
+                ckpt_started = time.monotonic()
+                await asyncio.to_thread(checkpoint.save, run_dir / "checkpoints", trainer.version, model,
+                                        cfg.model.path, trainer.state_dict(), trainer.tracker.state_dict(),
+                                        lc.keep_checkpoints)
+                stats["checkpoint_s"] = time.monotonic() - ckpt_started
             stats.update(wait_s=wait_s, push_s=push_s, wall_s=time.monotonic() - started, time=time.time())
             metrics.record(stats)
             metrics.wait_seconds.observe(wait_s)
@@ -125,6 +181,7 @@ async def train(cfg: Config) -> None:
                      stats["version"], stats["return_mean"], stats["policy_loss"], stats["staleness_max"],
                      stats["step_s"], push_s, wait_s)
     finally:
+        broadcast(None, 0, world)  # release the other ranks
         log_file.close()
         ctx.destroy(linger=0)
         await http.cleanup()

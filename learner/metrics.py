@@ -6,7 +6,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 class LearnerMetrics:
     GAUGES = ("policy_loss", "approx_kl", "clip_fraction", "entropy", "is_weight_mean", "is_weight_max",
-              "is_weight_truncated_fraction", "return_mean", "grad_norm")
+              "is_weight_truncated_fraction", "is_weight_masked_fraction", "return_mean", "grad_norm",
+              "value_loss", "value_clip_fraction", "explained_variance", "ref_kl", "tokens_per_s")
 
     def __init__(self, registry: CollectorRegistry | None = None):
         r = self.registry = registry or CollectorRegistry()
@@ -27,7 +28,9 @@ class LearnerMetrics:
         self.staleness = Counter("turnstream_learner_trained_tokens_by_staleness_total",
                                  "Action tokens trained on, by staleness in policy versions", ["staleness"],
                                  registry=r)
-        self.stat = {name: Gauge(f"turnstream_learner_{name}", f"Last step's {name.replace('_', ' ')}", registry=r)
+        # Prometheus naming: a rate is "_per_second"; the JSONL key stays tokens_per_s
+        self.stat = {name: Gauge(f"turnstream_learner_{name.replace('_per_s', '_per_second')}",
+                                 f"Last step's {name.replace('_', ' ')}", registry=r)
                      for name in self.GAUGES}
 
     def record(self, stats: dict) -> None:

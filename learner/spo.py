@@ -47,6 +47,15 @@ class SpoTracker:
         self.state[key] = (rho * alpha + r, rho * beta + (1.0 - r))
         return rho
 
+    def sampling_probabilities(self, keys: list[str], eps: float = 0.05) -> np.ndarray:
+        """SPO's curriculum (1.4): P(x) proportional to sqrt(v(1 - v)) + eps over a candidate pool of prompts.
+
+        A hook for whoever picks prompts (actors, through the buffer); the learner itself only owns the tracker.
+        """
+        v = np.array([self.value(k) for k in keys], np.float64)
+        w = np.sqrt(v * (1.0 - v)) + eps
+        return w / w.sum()
+
     def state_dict(self) -> dict:
         return {"config": dict(vars(self.cfg)), "state": {k: list(v) for k, v in self.state.items()}}
 
@@ -73,3 +82,4 @@ def normalize_advantages(raw: np.ndarray, n_tokens: np.ndarray, measure: str, ep
     mu = float((w * raw).sum() / w.sum())
     sigma = math.sqrt(float((w * (raw - mu) ** 2).sum() / w.sum()))
     return (raw - mu) / (sigma + eps)
+

@@ -1,81 +1,209 @@
-"""One learner step: recompute pi_prox, SPO advantages, decoupled PPO update, then feed the tracker."""
+"""One learner step: recompute pi_prox (and critic values), advantages, decoupled PPO update, tracker update.
+
+Data parallel: every rank holds the same batch and computes the same advantages; micro-batches are dealt
+round-robin over ranks, and gradients are summed across ranks. Because the loss carries batch-global
+aggregation weights (learner/loss.py), the sum over micro-batches and ranks is exactly the one-rank loss.
+"""
 from __future__ import annotations
 
 import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-from learner.batching import TensorBatch, action_logprobs, to_tensors
-from learner.loss import decoupled_ppo_loss
-from learner.spo import SpoConfig, SpoTracker, normalize_advantages
+from learner import estimators
+from learner.batching import TensorBatch, crop, gather_at_actions, logprobs_from_logits, to_tensors
+from learner.checkpoint import rng_state, set_rng_state
+from learner.critic import PolicyAndValue
+from learner.loss import aggregation_weights, decoupled_ppo_loss, explained_variance, kl_k3, value_loss
+from learner.packing import microbatches, shard
+from learner.spo import SpoConfig, SpoTracker
 from protocol.messages import Batch
 from turnstream.config import LearnerSection
 
 
 class Trainer:
-    def __init__(self, model, cfg: LearnerSection, seed: int = 0):
+    def __init__(self, model, cfg: LearnerSection, seed: int = 0, *, critic_path: str = "", ref_model=None):
         self.model = model
         self.cfg = cfg
         self.vocab_size = model.config.vocab_size
         self.pad_id = model.config.pad_token_id or 0
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        value_based = cfg.estimator in estimators.VALUE_BASED
+        self.net = PolicyAndValue(model, cfg.critic.mode if value_based else None, critic_path)
+        groups = [{"params": list(model.parameters()), "lr": cfg.lr}]
+        if self.net.critic_parameters():
+            groups.append({"params": self.net.critic_parameters(), "lr": cfg.critic.lr})
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
         # Early Adam steps are close to sign descent (one-sample second moments); a warm-up keeps those
         # noisy steps small, which matters for RL where the first batches' gradients are mostly noise.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / max(1, cfg.warmup_steps)))
         self.tracker = SpoTracker(SpoConfig(cfg.spo.rho_min, cfg.spo.rho_max, cfg.spo.d_half))
+        self.ref_model = ref_model  # frozen initial policy for the KL term (kl_coef > 0)
         self.generator = torch.Generator().manual_seed(seed)
         self.version = 0
+        distributed = dist.is_available() and dist.is_initialized()
+        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+        # With one optimizer step per batch, pi_prox is the policy of the training forward itself (same
+        # weights, no dropout), so its log-probs are that forward's, detached: one forward pass saved.
+        self.fuse_prox = True
+
+    # ---- helpers ------------------------------------------------------------------------------------
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
+
+    def _my_microbatches(self, tb: TensorBatch, rows: torch.Tensor) -> list[torch.Tensor]:
+        return shard(microbatches(tb.lengths, rows, self.cfg.max_tokens_per_microbatch), self.rank, self.world)
+
+    def _sum_over_ranks(self, *tensors: torch.Tensor) -> None:
+        if self.world > 1:
+            for t in tensors:
+                dist.all_reduce(t, op=dist.ReduceOp.SUM)
+
+    @torch.no_grad()
+    def _evaluate(self, tb: TensorBatch, want_values: bool, want_ref: bool):
+        """Log-probs (and values, reference log-probs) of every action token; each rank fills its share."""
+        n = tb.act_tokens.numel()
+        logp, values, ref = torch.zeros(n), torch.zeros(n), torch.zeros(n)
+        for rows in self._my_microbatches(tb, torch.arange(tb.num_episodes)):
+            select = torch.isin(tb.act_episode, rows)
+            ids, att = crop(tb, rows)
+            logits, v = self.net(ids, att)
+            logp[select] = logprobs_from_logits(logits, tb, rows)[0]
+            if want_values:
+                values[select] = gather_at_actions(v, tb, rows)
+            if want_ref:
+                ref[select] = logprobs_from_logits(self.ref_model(input_ids=ids, attention_mask=att).logits,
+                                                   tb, rows)[0]
+        self._sum_over_ranks(logp, values, ref)
+        return logp, (values if want_values else None), (ref if want_ref else None)
+
+    # ---- the step -----------------------------------------------------------------------------------
 
     def step(self, batch: Batch) -> dict:
         started = time.monotonic()
+        cfg = self.cfg
         tb = to_tensors(batch, self.vocab_size, self.pad_id)
-        self.model.eval()  # no dropout: pi_prox and pi_theta must be the same function at equal weights
-        with torch.no_grad():
-            prox_logp, _ = action_logprobs(self.model, tb)
+        self.net.train(False)  # no dropout: pi_prox and pi_theta must be the same function at equal weights
+        value_based = cfg.estimator in estimators.VALUE_BASED
+        fused = self.fuse_prox and cfg.epochs * cfg.minibatches == 1 and not value_based
+        if fused and cfg.kl_coef == 0:
+            prox_logp, old_values, ref_logp = None, None, None
+        else:
+            prox_logp, old_values, ref_logp = self._evaluate(tb, value_based, cfg.kl_coef > 0)
+            if fused:
+                prox_logp = None
+        adv = estimators.compute(cfg.estimator, batch, tb, tracker=self.tracker, spo_normalize=cfg.spo.normalize,
+                                 gamma=cfg.critic.gamma, lam=cfg.critic.lam, old_values=old_values,
+                                 agent_ids=getattr(batch, "agent_ids", None) if cfg.agent_norm else None)
+        ratio_group = estimators.turn_groups(tb) if value_based and cfg.critic.turn_ratio else None
 
-        returns = np.asarray(batch.returns, np.float64)
-        baselines = np.array([self.tracker.value(k) for k in batch.prompt_keys])  # read before the update
-        episode_adv = normalize_advantages(returns - baselines, tb.tokens_per_episode, self.cfg.spo.normalize)
-        token_adv = torch.from_numpy(episode_adv[tb.act_episode.numpy()].astype(np.float32))
-
-        stats: dict[str, list[float]] = {}
-        for _ in range(self.cfg.epochs):
-            for rows in torch.randperm(tb.num_episodes, generator=self.generator).chunk(self.cfg.minibatches):
-                select = torch.isin(tb.act_episode, rows)
-                logp, entropy = action_logprobs(self.model, tb, rows)
-                loss, s = decoupled_ppo_loss(logp, prox_logp[select], tb.behav_logp[select], token_adv[select],
-                                             clip_low=self.cfg.clip_low, clip_high=self.cfg.clip_high,
-                                             weight_cap=self.cfg.behaviour_weight_cap)
-                if self.cfg.entropy_coef:
-                    loss = loss - self.cfg.entropy_coef * entropy.mean()
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                s["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm))
-                self.optimizer.step()
-                self.scheduler.step()
-                s["entropy"] = entropy.mean().item()
+        sums: dict[str, float] = {}
+        maxes: dict[str, float] = {}
+        for _ in range(cfg.epochs):
+            for rows in torch.randperm(tb.num_episodes, generator=self.generator).chunk(cfg.minibatches):
+                s = self._update(tb, rows, prox_logp, old_values, ref_logp, adv, ratio_group)
                 for k, v in s.items():
-                    stats.setdefault(k, []).append(v)
+                    if k.endswith("_max"):
+                        maxes[k] = max(maxes.get(k, -np.inf), v)
+                    else:
+                        sums[k] = sums.get(k, 0.0) + v
+        updates = cfg.epochs * min(cfg.minibatches, tb.num_episodes)
+        out = {k: v / updates for k, v in sums.items()}
+        out.update(maxes)
         self.version += 1
-        rho_mean = self._update_tracker(batch, tb)
+        rho_mean = self._update_tracker(batch, tb) if cfg.estimator == "spo" else 1.0
+        returns = np.asarray(batch.returns, np.float64)
         staleness = (batch.learner_version - tb.act_versions).numpy()
-        out = {k: float(np.mean(v)) for k, v in stats.items()}
+        step_s = time.monotonic() - started
         out.update(
             version=self.version, episodes=tb.num_episodes, action_tokens=int(tb.act_tokens.numel()),
             tokens=int(tb.attention_mask.sum()), return_mean=float(returns.mean()),
-            baseline_mean=float(baselines.mean()), spo_rho_mean=rho_mean,
+            baseline_mean=adv.baseline_mean, spo_rho_mean=rho_mean,
             staleness_max=int(staleness.max()), staleness_mean=float(staleness.mean()),
             staleness_hist={int(k): int(v) for k, v in zip(*np.unique(staleness, return_counts=True))},
-            dropped_stale=batch.dropped_stale, step_s=time.monotonic() - started,
+            dropped_stale=batch.dropped_stale, step_s=step_s,
+            tokens_per_s=float(tb.attention_mask.sum()) * cfg.epochs / max(step_s, 1e-9),
         )
+        if value_based:
+            m = adv.value_mask
+            out["explained_variance"] = explained_variance(old_values[m], adv.value_targets[m])
         return out
+
+    def _update(self, tb, rows, prox_logp, old_values, ref_logp, adv, ratio_group) -> dict[str, float]:
+        """One optimizer step on the episodes `rows`, accumulated over this rank's micro-batches."""
+        cfg = self.cfg
+        in_minibatch = torch.isin(tb.act_episode, rows)
+        local = torch.full((tb.num_episodes,), -1, dtype=torch.long)
+        local[rows] = torch.arange(len(rows))
+        weights = torch.zeros(tb.act_tokens.numel())
+        weights[in_minibatch] = aggregation_weights(local[tb.act_episode[in_minibatch]], len(rows), cfg.loss_agg)
+        value_weights = torch.zeros_like(weights)
+        if adv.value_mask is not None:
+            chosen = adv.value_mask & in_minibatch
+            value_weights[chosen] = 1.0 / max(1, int(chosen.sum()))  # token-mean over trained positions
+        self.net.train(True)
+        self.optimizer.zero_grad(set_to_none=True)
+        stats: dict[str, float] = {}
+        count = 0
+        for mb in self._my_microbatches(tb, rows):
+            sel = torch.isin(tb.act_episode, mb)
+            ids, att = crop(tb, mb)
+            logits, values = self.net(ids, att)
+            logp, entropy = logprobs_from_logits(logits, tb, mb)
+            prox = logp.detach() if prox_logp is None else prox_logp[sel]
+            w = weights[sel]
+            loss, s = decoupled_ppo_loss(
+                logp, prox, tb.behav_logp[sel], adv.token_adv[sel], clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high, weight_cap=cfg.behaviour_weight_cap, mode=cfg.behaviour_weight_mode,
+                mask_low=cfg.is_mask_low, mask_high=cfg.is_mask_high, seq_index=tb.act_episode[sel],
+                ratio_group=None if ratio_group is None else ratio_group[sel], token_weights=w)
+            s["entropy"] = float((w * entropy.detach()).sum() / w.sum().clamp(min=1e-12))
+            if cfg.entropy_coef:
+                loss = loss - cfg.entropy_coef * (w * entropy).sum()
+            if ref_logp is not None:
+                kl = kl_k3(logp, ref_logp[sel])
+                s["ref_kl"] = float((w * kl.detach()).sum() / w.sum().clamp(min=1e-12))
+                loss = loss + cfg.kl_coef * (w * kl).sum()
+            if values is not None:
+                v_now = gather_at_actions(values, tb, mb)
+                vl, vs = value_loss(v_now, old_values[sel], adv.value_targets[sel], cfg.critic.value_clip,
+                                    value_weights[sel])
+                s.update(vs, value_loss=vl.item())
+                loss = loss + cfg.critic.value_coef * vl
+            loss.backward()
+            count += 1
+            for k, v in s.items():
+                stats[k] = max(stats.get(k, -np.inf), v) if k.endswith("_max") else stats.get(k, 0.0) + v
+        self._reduce_gradients()
+        stats = {k: (v if k.endswith("_max") else v / max(1, count)) for k, v in stats.items()}
+        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self._params(), cfg.max_grad_norm))
+        self.optimizer.step()
+        self.scheduler.step()
+        return stats
+
+    def _reduce_gradients(self) -> None:
+        """Sum gradients over ranks (not average: the loss weights already divide by the global count)."""
+        if self.world == 1:
+            return
+        params = self._params()
+        for p in params:
+            if p.grad is None:  # a rank without micro-batches this step still joins the all-reduce
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[offset: offset + n].view_as(p))
+            offset += n
 
     def _update_tracker(self, batch: Batch, tb: TensorBatch) -> float:
         """SPO++: evidence is folded in the order of the policy version that produced it, not arrival."""
-        with torch.no_grad():
-            new_logp, _ = action_logprobs(self.model, tb)
+        self.net.train(False)
+        new_logp, _, _ = self._evaluate(tb, False, False)
         drift = (new_logp - tb.behav_logp).abs()
         n = tb.num_episodes
         divergence = torch.zeros(n).index_add_(0, tb.act_episode, drift) / torch.from_numpy(
@@ -85,3 +213,18 @@ class Trainer:
         order = sorted(range(n), key=lambda i: (int(min_version[i]), i))
         rhos = [self.tracker.update(batch.prompt_keys[i], batch.returns[i], float(divergence[i])) for i in order]
         return float(np.mean(rhos)) if rhos else 1.0
+
+    # ---- checkpoint state ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {"version": self.version, "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "critic": self.net.critic_state_dict(),
+                "rng": rng_state(self.generator)}
+
+    def load_state_dict(self, state: dict, tracker_state: dict) -> None:
+        self.version = int(state["version"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.net.load_critic_state_dict(state["critic"])
+        set_rng_state(state["rng"], self.generator)
+        self.tracker.load_state_dict(tracker_state)

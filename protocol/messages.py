@@ -75,9 +75,12 @@ class CreditRequest(Message):
 
 @dataclass
 class CreditGrant(Message):
+    """The buffer's answer to every CreditRequest (credits may be 0): doubles as its heartbeat/welcome."""
+
     TYPE: ClassVar[str] = "credit_grant"
     credits: int
     learner_version: int = 0
+    server_id: str = ""  # changes when the buffer restarts: the actor then resends its unacked window
 
 
 @dataclass
@@ -86,6 +89,8 @@ class BatchRequest(Message):
     request_id: int
     learner_version: int
     max_episodes: int
+    max_tokens: int = 0  # token budget of the batch (observation + generated tokens); 0: no budget
+    timeout_s: float = 0.0  # answer with status "timeout" after this long; 0: wait until data is there
 
 
 @dataclass
@@ -112,6 +117,7 @@ class Batch(Message):
     episode_offsets: np.ndarray
     allowed_sets: list[list[int]] = field(default_factory=list)
     dropped_stale: int = 0
+    status: str = "ok"  # "ok" | "timeout" | "cancelled" (the last two carry no episodes)
 
 
 @dataclass

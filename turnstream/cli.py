@@ -64,7 +64,8 @@ def _dispatch(args) -> int:
     if args.command == "bench":
         import importlib
 
-        module_name = f"bench.{args.name.replace('-', '_')}"
+        aliases = {"async": "async_vs_sync"}  # `async` is a Python keyword
+        module_name = f"bench.{aliases.get(args.name, args.name.replace('-', '_'))}"
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:

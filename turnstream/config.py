@@ -46,11 +46,31 @@ class VllmSection:
     dtype: str = "float32"
     startup_timeout_s: float = 180.0
     extra_args: list[str] = field(default_factory=list)
+    # the actors' inference fleet (actors/fleet.py)
+    urls_file: str = ""  # optional file of server URLs, one a line, re-read while running (add/remove servers)
+    retries: int = 2  # a failed generate is retried on up to this many other servers
+    health_interval_s: float = 2.0  # /health + /weight_info poll of every server
+    wait_for_server_s: float = 10.0  # how long a request waits for a usable server before it fails
+    # how the learner pushes weights (learner/weight_sync.py)
+    weight_sync: Literal["disk", "nccl"] = "disk"
+    nccl_master_address: str = ""  # nccl: the learner's address as the servers reach it
+    nccl_master_port: int = 0  # nccl: the port of the learner's rendezvous (rank 0)
 
     def validate(self, path: str) -> None:
         check(self.num_servers >= 1 or bool(self.urls), f"{path}.num_servers", "must be >= 1")
         check(self.max_num_seqs >= 1, f"{path}.max_num_seqs", "must be >= 1")
         check(self.kv_cache_gib >= 1, f"{path}.kv_cache_gib", "must be >= 1")
+        for url in self.urls:
+            check(url.startswith(("http://", "https://")), f"{path}.urls",
+                  f"{url!r} must start with http:// or https://")
+        check(self.retries >= 0, f"{path}.retries", "must be >= 0")
+        check(self.health_interval_s > 0, f"{path}.health_interval_s", "must be > 0")
+        check(self.wait_for_server_s >= 0, f"{path}.wait_for_server_s", "must be >= 0")
+        check(self.weight_sync in ("disk", "nccl"), f"{path}.weight_sync", "must be disk or nccl")
+        if self.weight_sync == "nccl":
+            check(bool(self.nccl_master_address), f"{path}.nccl_master_address",
+                  "the nccl weight sync needs the learner's address as the servers reach it")
+            check(0 < self.nccl_master_port < 65536, f"{path}.nccl_master_port", "must be a TCP port in 1..65535")
 
 
 @dataclass
@@ -65,7 +85,7 @@ class EnvSection:
               f"unknown environment {self.name!r}; known: {', '.join(known_envs())}")
         try:
             make_env(self.name, **self.args)
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             raise ConfigError(f"{path}.args: {exc}") from None
 
 
@@ -93,9 +113,11 @@ class ActorSection:
     resend_after_s: float = 5.0
     request_timeout_s: float = 60.0
     metrics_port: int = 0  # first actor's port; actor i uses metrics_port + i
+    max_turns: int = 0  # turns per episode before it is truncated; 0: only the context length limits it
 
     def validate(self, path: str) -> None:
         check(self.num_processes >= 1, f"{path}.num_processes", "must be >= 1")
+        check(self.max_turns >= 0, f"{path}.max_turns", "must be >= 0")
         check(self.concurrent_episodes >= 1, f"{path}.concurrent_episodes", "must be >= 1")
         check(self.temperature > 0, f"{path}.temperature", "must be > 0 (greedy sampling has no log-probs to correct)")
         check(self.max_unacked >= 1, f"{path}.max_unacked", "must be >= 1")
@@ -111,13 +133,40 @@ class BufferSection:
     episode_timeout_s: float = 60.0  # an episode without a chunk for this long is abandoned
     actor_timeout_s: float = 15.0  # an actor silent this long loses its unused credits
     metrics_port: int = 0
+    # which complete episodes make a batch: fifo (completion order), freshest (newest behaviour version
+    # first) or group (all group_size episodes of one prompt_key together, for group baselines)
+    sampling: Literal["fifo", "freshest", "group"] = "fifo"
+    group_size: int = 1
+    # Reverb-style rate limiter (samples per inserted episode); the slower side waits, nothing is dropped.
+    samples_per_insert: float = 1.0
+    min_size_to_sample: int = 1  # complete episodes held before the first batch is served
+    error_buffer: float = 0.0  # half-width of the allowed samples-vs-inserts window; 0: no window
+    # write-ahead log of acked chunks (protocol/SCHEMA.md, "Durability")
+    wal: bool = True
+    wal_dir: str = ""  # empty: <run_dir>/buffer-wal
+    wal_fsync: Literal["always", "interval", "never"] = "always"  # when an acked chunk reaches the disk
+    wal_fsync_interval_s: float = 0.05  # for wal_fsync = "interval"
+    wal_compact_bytes: int = 256 * 1024 * 1024  # rewrite the log without consumed data past this size
 
     def validate(self, path: str) -> None:
+        from buffer.ratelimit import limiter_problem
+
         check(self.batch_episodes >= 1, f"{path}.batch_episodes", "must be >= 1")
         check(self.eta >= 0, f"{path}.eta", "must be >= 0")
         check(self.max_staleness >= self.eta, f"{path}.max_staleness",
               f"must be >= eta ({self.eta}), or admitted episodes would be dropped as stale")
         check(self.max_items >= self.batch_episodes, f"{path}.max_items", "must be >= batch_episodes")
+        check(self.episode_timeout_s > 0, f"{path}.episode_timeout_s", "must be > 0")
+        check(self.actor_timeout_s > 0, f"{path}.actor_timeout_s", "must be > 0")
+        check(self.group_size >= 1, f"{path}.group_size", "must be >= 1")
+        check(self.sampling != "group" or self.group_size <= self.batch_episodes, f"{path}.group_size",
+              f"must be <= batch_episodes ({self.batch_episodes}), or no group fits in a batch (deadlock)")
+        field_name, reason = limiter_problem(
+            self.samples_per_insert, self.min_size_to_sample, self.error_buffer or float("inf"),
+            batch_episodes=self.batch_episodes, max_items=self.max_items, eta=self.eta)
+        check(not field_name, f"{path}.{field_name}", reason)
+        check(self.wal_fsync_interval_s > 0, f"{path}.wal_fsync_interval_s", "must be > 0")
+        check(self.wal_compact_bytes >= 1024 * 1024, f"{path}.wal_compact_bytes", "must be >= 1048576 (1 MiB)")
 
 
 @dataclass
@@ -126,11 +175,38 @@ class SpoSection:
     rho_max: float = 0.96
     d_half: float = 0.06
     normalize: Literal["token", "sequence"] = "token"  # SPO++ action-token measure, or SPO's per-episode
+    sampling_epsilon: float = 0.05  # floor of the uncertainty weight sqrt(v(1-v)) + eps for prompt sampling
+
+    def validate(self, path: str) -> None:
+        check(0 < self.rho_min <= self.rho_max <= 1, f"{path}.rho_min", "need 0 < rho_min <= rho_max <= 1")
+        check(self.d_half > 0, f"{path}.d_half", "must be > 0")
+        check(self.sampling_epsilon >= 0, f"{path}.sampling_epsilon", "must be >= 0")
+
+
+@dataclass
+class CriticSection:
+    """Value function for turn_gae / token_gae (unused by spo, grpo, rloo)."""
+
+    mode: Literal["shared", "separate"] = "shared"  # value head on the policy backbone, or its own model
+    path: str = ""  # separate critic's backbone checkpoint; empty: model.path
+    lr: float = 1e-3  # the critic needs a higher learning rate than the actor (Turn-PPO ablations)
+    value_coef: float = 0.5  # weight of the value loss next to the policy loss (shared mode)
+    value_clip: float = 0.2  # c_v of the pessimistic value clip; 0 disables clipping
+    gamma: float = 0.99
+    lam: float = 0.9
+    turn_ratio: bool = False  # turn-level geometric-mean importance ratio (MPO / ST-PPO style)
+
+    def validate(self, path: str) -> None:
+        check(self.lr > 0, f"{path}.lr", "must be > 0")
+        check(self.value_coef >= 0, f"{path}.value_coef", "must be >= 0")
+        check(self.value_clip >= 0, f"{path}.value_clip", "must be >= 0")
+        check(0 <= self.gamma <= 1, f"{path}.gamma", "must be in [0, 1]")
+        check(0 <= self.lam <= 1, f"{path}.lam", "must be in [0, 1]")
 
 
 @dataclass
 class LearnerSection:
-    estimator: Literal["spo"] = "spo"
+    estimator: Literal["spo", "turn_gae", "token_gae", "grpo", "rloo"] = "spo"
     lr: float = 3e-4
     warmup_steps: int = 0  # optimizer steps of linear learning-rate warm-up
     weight_decay: float = 0.0
@@ -138,23 +214,43 @@ class LearnerSection:
     clip_low: float = 0.2
     clip_high: float = 0.28
     behaviour_weight_cap: float = 2.0  # truncated IS on pi_prox / mu
+    # what to do with the behaviour weight w = pi_prox / mu: truncate at the cap (TIS), mask tokens or whole
+    # sequences (geometric mean) outside [is_mask_low, is_mask_high] (IcePop / AReaL), or ignore it (none)
+    behaviour_weight_mode: Literal["truncate", "mask_token", "mask_sequence", "none"] = "truncate"
+    is_mask_low: float = 0.5
+    is_mask_high: float = 5.0
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     entropy_coef: float = 0.0  # bonus on the sampling distribution's entropy (allowed-token set)
+    kl_coef: float = 0.0  # k3 KL to the frozen initial model in the loss; 0: no reference model is loaded
+    agent_norm: bool = False  # Dr. MAS: normalise advantages per agent id (when batches carry agent ids)
     minibatches: int = 1
     epochs: int = 1
+    max_tokens_per_microbatch: int = 0  # padded-token budget of one forward/backward; 0: whole minibatch
     max_steps: int = 0  # 0: run until stopped
     torch_threads: int = 1
     weights_dir: str = ""  # where pushed weights are written; empty: <run_dir>/weights
     keep_weight_versions: int = 2
+    checkpoint_every: int = 0  # steps between checkpoints under <run_dir>/checkpoints; 0: never
+    keep_checkpoints: int = 2
+    resume: bool = True  # on start, continue from the latest checkpoint in <run_dir>/checkpoints
     metrics_port: int = 0
     spo: SpoSection = field(default_factory=SpoSection)
+    critic: CriticSection = field(default_factory=CriticSection)
 
     def validate(self, path: str) -> None:
         check(self.lr > 0, f"{path}.lr", "must be > 0")
         check(0 < self.clip_low < 1, f"{path}.clip_low", "must be in (0, 1)")
         check(self.clip_high > 0, f"{path}.clip_high", "must be > 0")
         check(self.behaviour_weight_cap >= 1, f"{path}.behaviour_weight_cap", "must be >= 1")
+        check(0 <= self.is_mask_low <= 1, f"{path}.is_mask_low", "must be in [0, 1]")
+        check(self.is_mask_high >= 1, f"{path}.is_mask_high", "must be >= 1")
+        check(self.entropy_coef >= 0, f"{path}.entropy_coef", "must be >= 0")
+        check(self.kl_coef >= 0, f"{path}.kl_coef", "must be >= 0")
         check(self.minibatches >= 1 and self.epochs >= 1, f"{path}.minibatches", "minibatches and epochs must be >= 1")
+        check(self.max_tokens_per_microbatch >= 0, f"{path}.max_tokens_per_microbatch", "must be >= 0")
         check(self.keep_weight_versions >= 1, f"{path}.keep_weight_versions", "must be >= 1")
+        check(self.checkpoint_every >= 0, f"{path}.checkpoint_every", "must be >= 0")
+        check(self.keep_checkpoints >= 1, f"{path}.keep_checkpoints", "must be >= 1")
 
 
 @dataclass

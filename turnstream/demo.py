@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import time
 
 from turnstream.config import Config
 from turnstream.launcher import LocalStack
-from turnstream.report import plot_learning_curve, read_steps, rolling_success
-
-log = logging.getLogger("turnstream.demo")
+from turnstream.progress import Progress
+from turnstream.report import plot_learning_curve, read_steps, rolling_success, write_report
 
 
 def run_demo(cfg: Config) -> dict:
@@ -18,24 +16,26 @@ def run_demo(cfg: Config) -> dict:
     t0 = time.time()
     stop_reason = "time_limit"
     shutil.rmtree(cfg.run.run_dir, ignore_errors=True)  # a demo always starts from scratch
+    progress = Progress(cfg.run.rolling_episodes)
     with LocalStack(cfg) as stack:
         run_dir = stack.run_dir
-        shown = 0
-        while time.monotonic() - started < cfg.run.time_limit_s:
-            stack.check_alive()
-            steps = read_steps(run_dir)
-            if len(steps) > shown:
-                shown = len(steps)
+        try:
+            while time.monotonic() - started < cfg.run.time_limit_s:
+                stack.check_alive()
+                steps = read_steps(run_dir)
+                progress.update(steps, time.monotonic() - started)
                 rolling = rolling_success(steps, cfg.run.rolling_episodes)
-                log.info("step %d  batch success %.3f  rolling %.3f  (%.0fs)", shown, steps[-1]["return_mean"],
-                         rolling, time.monotonic() - started)
                 episodes = sum(s["episodes"] for s in steps)
                 if episodes >= cfg.run.rolling_episodes and rolling >= cfg.run.target_success:
                     stop_reason = "target_reached"
+                    progress.update(steps, time.monotonic() - started, force=True)
                     break
-            time.sleep(0.5)
+                time.sleep(0.5)
+        finally:
+            progress.close()
     steps = read_steps(run_dir)
     png = plot_learning_curve(run_dir, t0=t0)
+    report = write_report(run_dir, t0=t0)
     return {
         "success_start": steps[0]["return_mean"] if steps else None,
         "success_end": rolling_success(steps, cfg.run.rolling_episodes) if steps else None,
@@ -46,6 +46,7 @@ def run_demo(cfg: Config) -> dict:
         "wall_s": round(time.monotonic() - started, 1),
         "stop_reason": stop_reason,
         "learning_curve": str(png),
+        "report_dir": str(report[0].parent),
         "run_dir": str(run_dir),
     }
 

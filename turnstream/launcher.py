@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import signal
 import sys
@@ -9,7 +10,8 @@ import time
 from pathlib import Path
 
 from turnstream.config import Config
-from turnstream.processes import ProcessGroup, free_port, tail
+from turnstream.launcher_metrics import LauncherMetrics, MetricsThread
+from turnstream.processes import ProcessGroup, free_port, free_port_block, tail
 from turnstream.vllm_server import vllm_command, wait_healthy
 
 log = logging.getLogger("turnstream.launcher")
@@ -24,12 +26,21 @@ def _raise_on_sigterm(signum, _frame):
 
 
 def resolve(cfg: Config) -> Config:
-    """Fill in ports left at 0 and absolute paths, so every role reads the same resolved file."""
+    """Fill in ports left at 0 and absolute paths, so every role reads the same resolved file.
+
+    Metrics ports are chosen here too (rather than by each role binding port 0), so that the resolved file
+    and the scrape-target files say where every /metrics endpoint is.
+    """
     cfg = copy.deepcopy(cfg)
     net = cfg.network
     for name in ("buffer_ingest_port", "buffer_serve_port", "learner_pub_port"):
         if getattr(net, name) == 0:
             setattr(net, name, free_port(net.host))
+    for section in (cfg.buffer, cfg.learner):
+        if section.metrics_port == 0:
+            section.metrics_port = free_port(net.host)
+    if cfg.actor.metrics_port == 0:  # actor i serves on metrics_port + i
+        cfg.actor.metrics_port = free_port_block(net.host, cfg.actor.num_processes)
     cfg.run.run_dir = str(Path(cfg.run.run_dir).resolve())
     cfg.model.path = str(Path(cfg.model.path).resolve())
     return cfg
@@ -47,27 +58,67 @@ def ensure_model(cfg: Config) -> None:
     make_tiny_model(path, seed=cfg.model.tiny_seed)
 
 
-class LocalStack:
-    """Context manager: starts everything on enter, stops exactly what it started on exit."""
+def scrape_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "") else host  # a wildcard bind is reached via loopback here
 
-    def __init__(self, cfg: Config):
+
+def write_scrape_targets(cfg: Config, launcher_port: int) -> Path:
+    """Prometheus file-based discovery files (deploy/prometheus/prometheus.yml reads runs/*/prometheus/*.json).
+
+    turnstream.json lists every turnstream /metrics endpoint with a `role` label; vllm.json the vLLM servers,
+    whose metrics follow vLLM's own naming and are scraped as a separate job.
+    """
+    host = scrape_host(cfg.network.host)
+    labels = {"run": cfg.run.name}
+    groups = [
+        {"targets": [f"{host}:{launcher_port}"], "labels": {**labels, "role": "launcher"}},
+        {"targets": [f"{host}:{cfg.buffer.metrics_port}"], "labels": {**labels, "role": "buffer"}},
+        {"targets": [f"{host}:{cfg.learner.metrics_port}"], "labels": {**labels, "role": "learner"}},
+        {"targets": [f"{host}:{cfg.actor.metrics_port + i}" for i in range(cfg.actor.num_processes)],
+         "labels": {**labels, "role": "actor"}},
+    ]
+    vllm = [{"targets": [url.split("://", 1)[-1].rstrip("/") for url in cfg.vllm.urls],
+             "labels": {**labels, "role": "vllm"}}]
+    out = Path(cfg.run.run_dir) / "prometheus"
+    out.mkdir(parents=True, exist_ok=True)
+    for name, content in (("turnstream.json", groups), ("vllm.json", vllm)):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(json.dumps(content, indent=1) + "\n")
+        tmp.replace(out / name)  # atomic: Prometheus may read the file at any moment
+    return out / "turnstream.json"
+
+
+class LocalStack:
+    """Context manager: starts everything on enter, stops exactly what it started on exit.
+
+    The launcher serves its own /metrics and /healthz on `metrics_port` (0: a free port), from the moment it
+    starts, so a slow vLLM start-up is already visible.
+    """
+
+    def __init__(self, cfg: Config, metrics_port: int = 0):
         self.cfg = resolve(cfg)
         self.run_dir = Path(self.cfg.run.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.procs = ProcessGroup(self.run_dir)
+        self.metrics = LauncherMetrics(self.procs)
+        self._http = MetricsThread(self.metrics.registry, self.cfg.network.host, metrics_port, self.metrics.health)
+        self.metrics_port = 0
 
     def __enter__(self) -> "LocalStack":
         self._old_sigterm = signal.signal(signal.SIGTERM, _raise_on_sigterm)
         try:
+            self.metrics_port = self._http.start()
+            log.info("launcher metrics on port %d", self.metrics_port)
             ensure_model(self.cfg)
             self._start_vllm()
             config_path = self.run_dir / "config.resolved.toml"
             config_path.write_text(self.cfg.dumps())
+            write_scrape_targets(self.cfg, self.metrics_port)
             role = [sys.executable, "-m", "turnstream.cli"]
-            self.procs.start("buffer", [*role, "buffer", "--config", str(config_path)])
-            self.procs.start("learner", [*role, "learner", "--config", str(config_path)])
+            self._start("buffer", [*role, "buffer", "--config", str(config_path)])
+            self._start("learner", [*role, "learner", "--config", str(config_path)])
             for i in range(self.cfg.actor.num_processes):
-                self.procs.start(f"actor-{i}", [*role, "actor", "--config", str(config_path), "--index", str(i)])
+                self._start(f"actor-{i}", [*role, "actor", "--config", str(config_path), "--index", str(i)])
         except BaseException:
             self.close()
             raise
@@ -78,7 +129,13 @@ class LocalStack:
 
     def close(self) -> None:
         self.procs.stop_all()
+        self._http.stop()
         signal.signal(signal.SIGTERM, self._old_sigterm)
+
+    def _start(self, name: str, argv: list[str], env: dict | None = None):
+        child = self.procs.start(name, argv, env)
+        self.metrics.started(name)
+        return child
 
     def _start_vllm(self) -> None:
         v = self.cfg.vllm
@@ -89,7 +146,7 @@ class LocalStack:
         for i in range(v.num_servers):
             port = v.base_port + i if v.base_port else free_port(host)
             argv, env = vllm_command(self.cfg.model.path, host, port, v)
-            servers.append((f"http://{host}:{port}", self.procs.start(f"vllm-{i}", argv, env)))
+            servers.append((f"http://{host}:{port}", self._start(f"vllm-{i}", argv, env)))
         for url, child in servers:
             try:
                 wait_healthy(url, v.startup_timeout_s, alive=lambda c=child: c.proc.poll() is None)
@@ -106,16 +163,24 @@ class LocalStack:
 
 def up(cfg: Config) -> int:
     """Run until the learner finishes max_steps, the time limit passes, or Ctrl-C/SIGTERM."""
+    from turnstream.progress import Progress
+    from turnstream.report import read_steps
+
     started = time.monotonic()
+    progress = Progress(cfg.run.rolling_episodes)
     with LocalStack(cfg) as stack:
-        log.info("all roles running; logs in %s", stack.run_dir / "logs")
+        log.info("all roles running; logs in %s, launcher metrics on port %d", stack.run_dir / "logs",
+                 stack.metrics_port)
         try:
             while time.monotonic() - started < cfg.run.time_limit_s:
                 learner = next(c for c in stack.procs.children if c.name == "learner")
                 if learner.proc.poll() == 0:
                     return 0
                 stack.check_alive()
+                progress.update(read_steps(stack.run_dir), time.monotonic() - started)
                 time.sleep(1.0)
         except KeyboardInterrupt:
             log.info("interrupted; stopping every role")
+        finally:
+            progress.close()
     return 0

@@ -31,6 +31,27 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def free_port_block(host: str = "127.0.0.1", count: int = 1, attempts: int = 200) -> int:
+    """First port of `count` consecutive free ports (actor i serves metrics on base + i)."""
+    for _ in range(attempts):
+        base = free_port(host)
+        if base + count > 65536:
+            continue
+        socks = []
+        try:
+            for port in range(base, base + count):  # hold them all at once, so the block is free together
+                s = socket.socket()
+                socks.append(s)
+                s.bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise OSError(f"no {count} consecutive free ports on {host} after {attempts} attempts")
+
+
 @dataclass
 class Child:
     name: str

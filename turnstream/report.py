@@ -1,8 +1,19 @@
-"""Learning curves from a run directory's learner.jsonl."""
+"""Plots of a run directory's learner.jsonl: `turnstream report RUN_DIR` and the demo's learning curve.
+
+One learner.jsonl line per optimizer step (learner/main.py): return_mean, episodes, tokens, version,
+policy_loss, approx_kl, entropy, clip_fraction, grad_norm, staleness_hist/_mean/_max, step_s, wait_s, push_s
+(NaN when the push failed), wall_s and time. Plots skip keys a log does not have, so older runs and other
+estimators still get every plot their log supports.
+"""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+
+REPORT_FILES = ("success.png", "staleness.png", "throughput.png", "losses.png", "weight_sync.png")
+LOSS_KEYS = ("policy_loss", "value_loss", "approx_kl", "entropy", "clip_fraction", "grad_norm",
+             "is_weight_mean", "is_weight_truncated_fraction")
 
 
 def read_steps(run_dir: str | Path) -> list[dict]:
@@ -29,27 +40,169 @@ def rolling_success(steps: list[dict], window_episodes: int) -> float:
     return weighted / total if total else 0.0
 
 
-def plot_learning_curve(run_dir: str | Path, out: str | Path | None = None, t0: float | None = None) -> Path:
+def _pyplot():
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # files only: the report runs on headless machines
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _start(steps: list[dict], t0: float | None) -> float:
+    return t0 if t0 is not None else steps[0]["time"] - steps[0]["wall_s"]
+
+
+def plot_learning_curve(run_dir: str | Path, out: str | Path | None = None, t0: float | None = None) -> Path:
+    plt = _pyplot()
     steps = read_steps(run_dir)
     out = Path(out or Path(run_dir) / "learning_curve.png")
     fig, ax = plt.subplots(figsize=(7, 4))
-    if steps:
-        start = t0 if t0 is not None else steps[0]["time"] - steps[0]["wall_s"]
-        xs = [s["time"] - start for s in steps]
-        ax.plot(xs, [s["return_mean"] for s in steps], marker=".", label="batch success")
-        ax.plot(xs, [rolling_success(steps[: i + 1], 256) for i in range(len(steps))], label="rolling success")
-    ax.set_xlabel("wall-clock seconds")
-    ax.set_ylabel("success rate")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    _success_axes(ax, steps, t0)
     ax.set_title(f"turnstream: {Path(run_dir).name}")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def _success_axes(ax, steps: list[dict], t0: float | None, window: int = 256) -> None:
+    if steps:
+        start = _start(steps, t0)
+        xs = [s["time"] - start for s in steps]
+        ax.plot(xs, [s["return_mean"] for s in steps], marker=".", label="batch success")
+        ax.plot(xs, [rolling_success(steps[: i + 1], window) for i in range(len(steps))],
+                label=f"rolling success ({window} episodes)")
+        ax.legend(loc="lower right")
+    else:
+        _no_data(ax)
+    ax.set_xlabel("wall-clock seconds")
+    ax.set_ylabel("success rate (mean return)")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+
+
+def _no_data(ax) -> None:
+    ax.text(0.5, 0.5, "no data in learner.jsonl", ha="center", va="center", transform=ax.transAxes)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def staleness_totals(steps: list[dict]) -> dict[int, int]:
+    """Action tokens trained at each staleness (policy versions behind), over the whole run."""
+    totals: dict[int, int] = {}
+    for s in steps:
+        for k, n in (s.get("staleness_hist") or {}).items():
+            totals[int(k)] = totals.get(int(k), 0) + int(n)
+    return dict(sorted(totals.items()))
+
+
+def throughput(steps: list[dict], t0: float | None = None) -> list[tuple[float, float, float]]:
+    """(seconds since start, trained tokens/s, trained episodes/s) per step, over the time since the
+    previous step, i.e. the rate the whole pipeline delivered to the learner."""
+    out = []
+    if not steps:
+        return out
+    prev = _start(steps, t0)
+    for s in steps:
+        dt = s["time"] - prev
+        if dt > 0:
+            out.append((s["time"] - _start(steps, t0), s.get("tokens", 0) / dt, s.get("episodes", 0) / dt))
+        prev = s["time"]
+    return out
+
+
+def write_report(run_dir: str | Path, out_dir: str | Path | None = None, t0: float | None = None) -> list[Path]:
+    """One PNG per topic in <run_dir>/report (or out_dir); returns their paths in REPORT_FILES order."""
+    plt = _pyplot()
+    steps = read_steps(run_dir)
+    out_dir = Path(out_dir or Path(run_dir) / "report")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = Path(run_dir).name
+    start = _start(steps, t0) if steps else 0.0
+    xs = [s["time"] - start for s in steps]
+    paths = []
+
+    def save(fig, filename: str, title: str) -> None:
+        fig.suptitle(f"turnstream {name}: {title}")
+        fig.tight_layout()
+        path = out_dir / filename
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        paths.append(path)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    _success_axes(ax, steps, t0)
+    save(fig, "success.png", "success and reward")
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    totals = staleness_totals(steps)
+    if totals:
+        left.bar(list(totals), list(totals.values()))
+        left.set_xticks(list(totals))
+        right.plot(xs, [s.get("staleness_mean", float("nan")) for s in steps], label="mean")
+        right.plot(xs, [s.get("staleness_max", float("nan")) for s in steps], label="max", drawstyle="steps-post")
+        right.legend()
+    else:
+        _no_data(left)
+        _no_data(right)
+    left.set(xlabel="staleness (policy versions behind)", ylabel="action tokens trained", title="distribution")
+    right.set(xlabel="wall-clock seconds", ylabel="staleness (versions)", title="per step")
+    save(fig, "staleness.png", "staleness of trained tokens")
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    rates = throughput(steps, t0)
+    if rates:
+        top.plot([r[0] for r in rates], [r[1] for r in rates], marker=".")
+        bottom.plot([r[0] for r in rates], [r[2] for r in rates], marker=".", color="tab:green")
+    else:
+        _no_data(top)
+    top.set(ylabel="batch tokens / s (whole sequences)")
+    bottom.set(xlabel="wall-clock seconds", ylabel="trained episodes / s")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+    save(fig, "throughput.png", "throughput into the learner")
+
+    keys = [k for k in LOSS_KEYS if any(_finite(s.get(k)) for s in steps)]
+    cols = 3
+    rows = max(1, math.ceil(len(keys) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(11, 3 * rows), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        ax.plot([s["version"] for s in steps], [s.get(key, float("nan")) for s in steps], marker=".")
+        ax.set(title=key, xlabel="learner step (policy version)")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    if not keys:
+        _no_data(axes.flat[0])
+    save(fig, "losses.png", "learner losses and diagnostics")
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    if steps:
+        versions = [s["version"] for s in steps]
+        for key, label in (("push_s", "weight push (pause to resume)"), ("wait_s", "waiting for a batch"),
+                           ("step_s", "training step")):
+            ax.plot(versions, [s.get(key, float("nan")) for s in steps], marker=".", label=label)
+        failed = [v for v, s in zip(versions, steps) if "push_s" in s and not _finite(s["push_s"])]
+        if failed:
+            ax.scatter(failed, [0] * len(failed), marker="x", color="red", label=f"failed pushes ({len(failed)})")
+        ax.legend()
+    else:
+        _no_data(ax)
+    ax.set(xlabel="learner step (policy version)", ylabel="seconds")
+    ax.grid(alpha=0.3)
+    save(fig, "weight_sync.png", "weight-sync latency and learner time")
+    return paths
+
+
+def main(run_dir: str | Path) -> int:
+    """`turnstream report RUN_DIR`: the learning curve plus the report plots; prints each path."""
+    if not (Path(run_dir) / "learner.jsonl").exists():
+        print(f"turnstream report: {run_dir} has no learner.jsonl")
+        return 1
+    print(plot_learning_curve(run_dir))
+    for path in write_report(run_dir):
+        print(path)
+    return 0

@@ -1,0 +1,73 @@
+"""A tool-use arithmetic task in the spirit of Math-TIR.
+
+The observation poses a problem ("compute 37*48-19"). Each turn the model either calls the tool with an
+expression, `calc <expression>` (or a bare expression), and gets the evaluator's result back as the next
+observation ("result 1757"), or answers with `answer <number>`, which ends the episode: reward 1 if the
+number is right, 0 otherwise. Expressions run in the subprocess sandbox of `actors.envs.sandbox` (CPU,
+memory and wall-time limits, no files, no network). An action other than an answer after `max_tool_calls`
+calls truncates the episode. `tool_penalty` (default 0) is subtracted per tool call, a per-turn reward.
+"""
+from __future__ import annotations
+
+import random
+import re
+
+from actors.env import Environment, Reset, Step, register
+from actors.envs.sandbox import evaluate
+
+_ANSWER = re.compile(r"answer\s*:?\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+_CALL = re.compile(r"^\s*(?:calc|python|tool)\s*:?\s*(.+)$", re.IGNORECASE | re.DOTALL)
+
+
+def make_problem(seed: int, terms: int) -> tuple[str, int]:
+    rng = random.Random(seed)
+    expr = str(rng.randint(2, 99))
+    for _ in range(terms - 1):
+        expr += rng.choice("+-*") + str(rng.randint(2, 99))
+    return expr, eval(expr, {"__builtins__": {}})  # our own digits and + - * only
+
+
+def parse_action(action: str) -> tuple[str, str]:
+    """("answer", number) or ("call", expression) or ("invalid", text)."""
+    m = _ANSWER.search(action)
+    if m:
+        return "answer", m.group(1)
+    m = _CALL.match(action)
+    expression = (m.group(1) if m else action).strip()
+    if expression and re.fullmatch(r"[\d\s+\-*/%().,a-z_]+", expression):
+        return "call", expression
+    return "invalid", action
+
+
+@register("math_tool")
+class MathTool(Environment):
+    max_action_tokens = 32
+
+    def __init__(self, terms: list[int] | None = None, max_tool_calls: int = 3, tool_penalty: float = 0.0,
+                 cpu_s: int = 1, wall_s: float = 3.0):
+        self.terms = terms or [2, 3]
+        self.max_tool_calls, self.tool_penalty = max_tool_calls, tool_penalty
+        self.cpu_s, self.wall_s = cpu_s, wall_s
+        self.answer = 0
+        self.calls = 0
+
+    async def reset(self, seed: int) -> Reset:
+        rng = random.Random(seed)
+        expr, self.answer = make_problem(seed, rng.choice(self.terms))
+        self.calls = 0
+        return Reset(observation=f"compute {expr}", prompt_key=f"math_tool/{expr}")
+
+    async def step(self, action: str) -> Step:
+        kind, payload = parse_action(action)
+        if kind == "answer":
+            correct = float(payload) == self.answer
+            return Step("end", 1.0 if correct else 0.0, done=True, info={"success": correct})
+        self.calls += 1
+        if self.calls > self.max_tool_calls:  # the budget is spent and still no answer
+            return Step("end", -self.tool_penalty, done=True, truncated=True, info={"success": False})
+        if kind == "call":
+            result = await evaluate(payload, cpu_s=self.cpu_s, wall_s=self.wall_s)
+            observation = f"result {result.text}" if result.ok else result.text
+        else:
+            observation = "error: write calc <expression> or answer <number>"
+        return Step(observation, -self.tool_penalty, done=False, info={"success": False, "tool_calls": self.calls})

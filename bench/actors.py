@@ -1,0 +1,142 @@
+"""`turnstream bench actors`: generated tokens/s through a real actor process against a bare async client.
+
+Same vLLM server, same prompt, same sampling parameters and the same number of concurrent requests, in the
+same run. The actor plays the `trivial` environment (one free-text turn per episode) and streams every
+chunk to a real buffer process; the baseline is K asyncio loops posting /inference/v1/generate and
+counting tokens, nothing else. Phases alternate (baseline, actor, baseline, actor) so drift in the
+machine's load hits both sides; the actor is frozen with SIGSTOP while the baseline runs.
+Prints a line per phase and, last, one JSON line: `ratio` = actor tokens/s / baseline tokens/s.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="turnstream bench actors")
+    p.add_argument("--url", default="", help="an existing vLLM server (default: start one)")
+    p.add_argument("--model", default="runs/tiny-model")
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--window", type=float, default=12.0, help="seconds measured per phase")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--out", default="runs/bench-actors")
+    return p.parse_args(argv)
+
+
+def _scrape(url: str, name: str) -> float:
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+async def _baseline(url: str, prompt: list[int], concurrency: int, max_tokens: int, window: float) -> float:
+    import aiohttp
+
+    body = {"token_ids": prompt, "sampling_params": {"max_tokens": max_tokens, "temperature": 1.0, "logprobs": 0}}
+    tokens = 0
+    stop_at = time.monotonic() + window
+
+    async def loop(session):
+        nonlocal tokens
+        while time.monotonic() < stop_at:
+            async with session.post(f"{url}/inference/v1/generate", json=body) as resp:
+                out = await resp.json()
+            if time.monotonic() < stop_at:
+                tokens += len(out["choices"][0]["token_ids"])
+
+    started = time.monotonic()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        await asyncio.gather(*(loop(session) for _ in range(concurrency)))
+    return tokens / (min(time.monotonic(), stop_at) - started)
+
+
+def _measure_actor(metrics_url: str, window: float) -> float:
+    name = "turnstream_actor_generated_tokens_total"
+    t0, c0 = time.monotonic(), _scrape(metrics_url, name)
+    time.sleep(window)
+    return (_scrape(metrics_url, name) - c0) / (time.monotonic() - t0)
+
+
+def main(argv: list[str]) -> int:
+    args = _parse(argv)
+    from actors.chat import ChatTokens
+    from turnstream.config import Config, VllmSection
+    from turnstream.processes import ProcessGroup, free_port, tail
+    from turnstream.vllm_server import vllm_command, wait_healthy
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    procs = ProcessGroup(out)
+    try:
+        url = args.url.rstrip("/")
+        if not url:
+            port = free_port()
+            argv_v, env = vllm_command(args.model, "127.0.0.1", port, VllmSection(max_num_seqs=256))
+            child = procs.start("vllm", argv_v, env)
+            url = f"http://127.0.0.1:{port}"
+            try:
+                wait_healthy(url, 300, alive=lambda: child.proc.poll() is None)
+            except Exception:
+                print(tail(child.log_path, 30), file=sys.stderr)
+                raise
+        cfg = Config()
+        cfg.run.run_dir = str(out)
+        cfg.model.path = args.model
+        cfg.vllm.urls = [url]
+        cfg.env.name, cfg.env.args = "trivial", {"max_action_tokens": args.max_tokens}
+        cfg.actor.concurrent_episodes = args.concurrency
+        cfg.actor.max_new_tokens = args.max_tokens
+        # admission must never be what limits throughput here: no learner runs, so make B huge
+        cfg.buffer.batch_episodes = 10**6
+        cfg.buffer.max_items = 10**6
+        cfg.buffer.max_running = 10**6
+        cfg.buffer.max_staleness = 4
+        cfg.network.buffer_ingest_port = free_port()
+        cfg.network.buffer_serve_port = free_port()
+        cfg.network.learner_pub_port = free_port()
+        cfg.buffer.metrics_port = free_port()
+        cfg.actor.metrics_port = free_port()
+        cfg_path = out / "bench.toml"
+        cfg_path.write_text(cfg.dumps())
+        role = [sys.executable, "-m", "turnstream.cli"]
+        procs.start("buffer", [*role, "buffer", "--config", str(cfg_path)])
+        actor = procs.start("actor", [*role, "actor", "--config", str(cfg_path), "--index", "0"])
+        metrics_url = f"http://127.0.0.1:{cfg.actor.metrics_port}/metrics"
+        deadline = time.monotonic() + 120
+        while True:  # wait until the actor generates
+            try:
+                if _scrape(metrics_url, "turnstream_actor_generated_tokens_total") > 0:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or actor.proc.poll() is not None:
+                print(tail(actor.log_path, 30), file=sys.stderr)
+                raise RuntimeError("actor did not start generating")
+            time.sleep(0.5)
+        prompt = ChatTokens(args.model).first_turn("say something")
+        base, act = [], []
+        for r in range(args.rounds):
+            os.kill(actor.proc.pid, signal.SIGSTOP)  # freeze the actor: the server is the baseline's alone
+            time.sleep(1.0)  # let the actor's requests in flight drain
+            base.append(asyncio.run(_baseline(url, prompt, args.concurrency, args.max_tokens, args.window)))
+            os.kill(actor.proc.pid, signal.SIGCONT)
+            time.sleep(3.0)  # credits and request pipeline refill
+            act.append(_measure_actor(metrics_url, args.window))
+            print(f"round {r}: baseline {base[-1]:.0f} tokens/s, actor {act[-1]:.0f} tokens/s", file=sys.stderr)
+        chunks = _scrape(metrics_url, "turnstream_actor_chunks_sent_total")
+    finally:
+        procs.stop_all()
+    b, a = sum(base) / len(base), sum(act) / len(act)
+    print(json.dumps({"ratio": round(a / b, 3), "actor_tokens_per_s": round(a, 1), "baseline_tokens_per_s": round(b, 1),
+                      "concurrency": args.concurrency, "max_tokens": args.max_tokens, "window_s": args.window,
+                      "rounds": args.rounds, "chunks_streamed": int(chunks),
+                      "actor_per_round": [round(x, 1) for x in act], "baseline_per_round": [round(x, 1) for x in base]}))
+    return 0

@@ -1,0 +1,118 @@
+"""`turnstream bench learner`: learner tokens/s against a bare torch forward/backward loop on the same batch.
+
+Both sides get the same model (the tiny Qwen2 of the demo unless --model), the same multi-turn batch, the
+same micro-batches (learner/packing.py) and one AdamW step per batch. The bare loop is the floor of what
+any learner must do: one forward, a log-softmax at the action positions, one backward, one optimizer
+step. The learner additionally applies temperature and allowed-token masks, computes advantages and the
+decoupled PPO loss, and (spo) re-reads the updated policy's log-probs for the tracker's drift D.
+Prints a table, then one JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+
+
+def _batch(tokenizer_vocab: int, episodes: int, seed: int):
+    import numpy as np
+
+    from buffer.episodes import Episode, flatten
+    from protocol.messages import TurnChunk
+
+    rng = np.random.default_rng(seed)
+    allowed = np.array([5, 6], np.int32)
+    eps = []
+    for e in range(episodes):
+        ep = Episode(f"e{e}", ("bench", 0), f"p{e}")
+        k = int(rng.integers(2, 7))  # variable-length episodes: 2 to 6 turns, as follow_signs
+        for t in range(k):
+            obs = rng.integers(10, tokenizer_vocab, int(rng.integers(8, 15))).astype(np.int32)
+            ep.add(TurnChunk(actor_id="bench", epoch=0, seq=e * 10 + t, episode_id=f"e{e}", turn=t,
+                             prompt_key=f"p{e % 16}", obs_tokens=obs, gen_tokens=rng.choice(allowed, 1),
+                             gen_logprobs=np.full(1, np.log(0.5), np.float32), gen_versions=np.zeros(1, np.int32),
+                             reward=float(rng.random() < 0.3) if t == k - 1 else 0.0, done=t == k - 1,
+                             allowed_tokens=allowed))
+        eps.append(ep)
+    return flatten(eps, request_id=1, learner_version=0, dropped_stale=0)
+
+
+def _bare_loop(model, batch, budget: int, steps: int, lr: float) -> float:
+    """Seconds per step of forward + action log-softmax + backward + AdamW over the same micro-batches."""
+    import torch
+
+    from learner.batching import crop, gather_at_actions, to_tensors
+    from learner.packing import microbatches
+
+    tb = to_tensors(batch, model.config.vocab_size)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        for rows in microbatches(tb.lengths, torch.arange(tb.num_episodes), budget):
+            ids, att = crop(tb, rows)
+            logits = gather_at_actions(model(input_ids=ids, attention_mask=att).logits, tb, rows)
+            select = torch.isin(tb.act_episode, rows)
+            logp = torch.log_softmax(logits.float(), -1).gather(1, tb.act_tokens[select, None]).squeeze(1)
+            (-logp.sum() / tb.act_tokens.numel()).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="turnstream bench learner", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="", help="HF checkpoint directory (default: build the tiny model)")
+    p.add_argument("--episodes", type=int, default=128)
+    p.add_argument("--steps", type=int, default=5, help="timed steps per side (the best is reported)")
+    p.add_argument("--estimators", default="spo,grpo,turn_gae")
+    p.add_argument("--max-tokens-per-microbatch", type=int, default=2048)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from learner.trainer import Trainer
+    from turnstream.config import LearnerSection
+    from turnstream.tiny_model import make_tiny_model
+
+    torch.set_num_threads(args.threads)
+    model_dir = args.model or make_tiny_model(tempfile.mkdtemp(prefix="bench-learner-"), seed=0)
+
+    def fresh():
+        torch.manual_seed(args.seed)
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+    vocab = fresh().config.vocab_size
+    batch = _batch(vocab, args.episodes, args.seed)
+    tokens = int(batch.tokens.size)
+    _bare_loop(fresh(), batch, args.max_tokens_per_microbatch, 1, 3e-4)  # warm-up (allocator, kernels)
+    bare_s = _bare_loop(fresh(), batch, args.max_tokens_per_microbatch, args.steps, 3e-4)
+    rows, result = [], {"tokens_per_batch": tokens, "episodes": args.episodes, "threads": args.threads,
+                        "bare_tokens_per_s": round(tokens / bare_s, 1)}
+    for name in args.estimators.split(","):
+        cfg = LearnerSection(estimator=name, max_tokens_per_microbatch=args.max_tokens_per_microbatch)
+        trainer = Trainer(fresh(), cfg, seed=args.seed, critic_path=str(model_dir))
+        trainer.step(batch)  # warm-up
+        times = []
+        for _ in range(args.steps):
+            started = time.perf_counter()
+            trainer.step(batch)
+            times.append(time.perf_counter() - started)
+        step_s = min(times)
+        ratio = bare_s / step_s
+        rows.append((name, tokens / step_s, ratio))
+        result[f"{name}_tokens_per_s"] = round(tokens / step_s, 1)
+        result[f"{name}_ratio"] = round(ratio, 3)
+    print(f"{'side':<12}{'tokens/s':>12}{'ratio':>8}")
+    print(f"{'bare torch':<12}{tokens / bare_s:>12.0f}{1.0:>8.2f}")
+    for name, tps, ratio in rows:
+        print(f"{name:<12}{tps:>12.0f}{ratio:>8.2f}")
+    result["target_ratio"] = 0.8
+    print(json.dumps(result))
+    return 0

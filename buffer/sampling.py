@@ -1,0 +1,62 @@
+"""Which complete episodes make the next batch: FIFO, freshest-first or group-complete, by token budget.
+
+A batch is made of *units*: single episodes, or for "group" all `group_size` episodes of one prompt_key
+(group baselines such as GRPO/RLOO need every sample of a prompt together). Units are taken in policy
+order while the batch has room in episodes (`max_episodes`) and in tokens (`max_tokens`, 0 = no budget).
+A batch is ready when the next unit does not fit (or `max_episodes` is reached); if the ready episodes
+run out first, the request keeps waiting. A single unit larger than the whole token budget is served
+alone rather than never (it is not dropped).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Iterable, Iterator
+
+from buffer.episodes import Episode
+
+POLICIES = ("fifo", "freshest", "group")
+
+
+def select(policy: str, ready: "OrderedDict[str, Episode]", *, max_episodes: int, max_tokens: int = 0,
+           group_size: int = 1) -> list[Episode] | None:
+    if max_episodes < 1:
+        return None
+    if max_tokens <= 0 and policy != "group" and len(ready) < max_episodes:
+        return None  # the common wait, decided in O(1)
+    batch: list[Episode] = []
+    tokens = 0
+    for unit in _units(policy, ready, group_size):
+        unit_tokens = sum(e.num_tokens for e in unit)
+        fits_count = len(batch) + len(unit) <= max_episodes
+        fits_tokens = max_tokens <= 0 or tokens + unit_tokens <= max_tokens
+        if not (fits_count and fits_tokens):
+            if not batch and fits_count:
+                return list(unit)  # larger than the whole budget on its own
+            return batch or None
+        batch.extend(unit)
+        tokens += unit_tokens
+        if len(batch) == max_episodes:
+            return batch
+    return None
+
+
+def _units(policy: str, ready: "OrderedDict[str, Episode]", group_size: int) -> Iterator[tuple[Episode, ...]]:
+    if policy == "fifo":
+        return ((e,) for e in ready.values())
+    if policy == "freshest":
+        # newest behaviour version first; among equals, the one that completed first (sort is stable)
+        return ((e,) for e in sorted(ready.values(), key=lambda e: -e.behaviour_version))
+    if policy == "group":
+        return _complete_groups(ready.values(), group_size)
+    raise ValueError(f"unknown sampling policy {policy!r}")
+
+
+def _complete_groups(episodes: Iterable[Episode], n: int) -> Iterator[tuple[Episode, ...]]:
+    """Groups of n episodes sharing a prompt_key, in the order in which each group became complete."""
+    pending: dict[str, list[Episode]] = {}
+    for ep in episodes:
+        members = pending.setdefault(ep.prompt_key, [])
+        members.append(ep)
+        if len(members) == n:
+            yield tuple(members)
+            del pending[ep.prompt_key]

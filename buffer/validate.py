@@ -1,0 +1,41 @@
+"""Semantic checks on a decoded turn chunk (the codec already checked types, dtypes and sizes)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from buffer.episodes import Episode
+from protocol.messages import TurnChunk
+
+
+def validate_chunk(c: TurnChunk) -> str:
+    """Empty string if the chunk is well formed, else a short reason (a metric label)."""
+    n = c.gen_tokens.size
+    if c.gen_tokens.ndim != 1 or c.obs_tokens.ndim != 1 or c.allowed_tokens.ndim != 1:
+        return "bad_shape"
+    if c.gen_logprobs.shape != (n,) or c.gen_versions.shape != (n,):
+        return "length_mismatch"
+    if c.turn < 0 or c.seq < 0 or c.epoch < 0:
+        return "negative_index"
+    if c.turn == 0 and c.obs_tokens.size == 0:
+        return "empty_prompt"
+    if (c.gen_tokens.size and c.gen_tokens.min() < 0) or (c.obs_tokens.size and c.obs_tokens.min() < 0) \
+            or (c.allowed_tokens.size and c.allowed_tokens.min() < 0):
+        return "negative_token"
+    if n and (not np.isfinite(c.gen_logprobs).all() or c.gen_logprobs.max() > 1e-4):
+        return "bad_logprob"
+    if n and c.gen_versions.min() < 0:
+        return "bad_version"
+    if not math.isfinite(c.reward) or not (c.temperature > 0 and math.isfinite(c.temperature)):
+        return "bad_scalar"
+    if c.allowed_tokens.size and n and not np.isin(c.gen_tokens, c.allowed_tokens).all():
+        return "token_not_allowed"
+    return ""
+
+
+def beyond_final_turn(ep: Episode, c: TurnChunk) -> bool:
+    """A turn after the one marked done, or a done marker before turns already received."""
+    if ep.last_turn is not None and c.turn > ep.last_turn:
+        return True
+    return c.done and any(t > c.turn for t in ep.turns)

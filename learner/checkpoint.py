@@ -1,0 +1,89 @@
+"""Atomic checkpoints: HF model directory + trainer state, written to a temp dir and renamed into place.
+
+Layout of <run_dir>/checkpoints/step-000012/:
+  model/          save_pretrained (safetensors) + the source model's tokenizer files: loadable by
+                  transformers and vLLM as is
+  trainer.pt      optimizer, scheduler, critic, RNG states, policy version
+  tracker.json    SPO tracker state (plain JSON, readable without torch)
+A checkpoint directory exists under its final name only once every file in it is complete (rename is
+atomic on one filesystem); a crash mid-write leaves a `.tmp-*` directory that is ignored and removed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def rng_state(generator: torch.Generator) -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "generator": generator.get_state()}
+
+
+def set_rng_state(state: dict, generator: torch.Generator) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    generator.set_state(state["generator"])
+
+
+def save(root: Path, version: int, model, source_model_dir: str | Path, trainer_state: dict, tracker_state: dict,
+         keep: int = 2) -> Path:
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{version:06d}"
+    tmp = root / f".tmp-step-{version:06d}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp / "model", safe_serialization=True)
+    for f in Path(source_model_dir).iterdir():  # tokenizer, chat template, generation config
+        if f.is_file() and not f.name.endswith(WEIGHT_FILES) and not (tmp / "model" / f.name).exists():
+            shutil.copy2(f, tmp / "model" / f.name)
+    torch.save(trainer_state, tmp / "trainer.pt")
+    (tmp / "tracker.json").write_text(json.dumps(tracker_state))
+    for f in tmp.rglob("*"):  # make the bytes durable before the rename publishes them
+        if f.is_file():
+            with f.open("rb") as fh:
+                os.fsync(fh.fileno())
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    _prune(root, keep)
+    return final
+
+
+def latest(root: Path) -> Path | None:
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    for stale in root.glob(".tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    done = sorted(p for p in root.glob("step-*") if (p / "trainer.pt").is_file())
+    return done[-1] if done else None
+
+
+def load(path: Path) -> tuple[dict, dict]:
+    trainer_state = torch.load(Path(path) / "trainer.pt", weights_only=False)  # our own file: numpy RNG state
+    tracker_state = json.loads((Path(path) / "tracker.json").read_text())
+    return trainer_state, tracker_state
+
+
+def _prune(root: Path, keep: int) -> None:
+    done = sorted(root.glob("step-*"))
+    for old in done[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,78 @@
+"""Value functions for turn_gae / token_gae: a head on the policy's backbone, or a separate critic model.
+
+V(s_t) for the state before token p is read at position p - 1, whose hidden state has seen exactly the
+context before p (the same alignment as the logits that predict p).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ValueHead(nn.Module):
+    """Linear read-out of the last hidden state; zero-initialised so early values do not swamp GAE."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden, 1)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.linear(hidden_states.float()).squeeze(-1)
+
+
+class SeparateCritic(nn.Module):
+    """Its own backbone (any HF causal LM checkpoint) plus a value head; trained with its own optimizer."""
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+        self.head = ValueHead(backbone.config.hidden_size)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        return self.head(out.hidden_states[-1])
+
+
+class PolicyAndValue:
+    """One call gives the policy's logits and, if a critic is configured, values at every position."""
+
+    def __init__(self, model: nn.Module, mode: str | None, critic_path: str = ""):
+        self.model = model
+        self.mode = mode  # None: no critic
+        self.head: ValueHead | None = None
+        self.critic: SeparateCritic | None = None
+        if mode == "shared":
+            self.head = ValueHead(model.config.hidden_size)
+        elif mode == "separate":
+            from transformers import AutoModelForCausalLM
+
+            self.critic = SeparateCritic(AutoModelForCausalLM.from_pretrained(critic_path, dtype=torch.float32))
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        if self.mode == "shared":
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+            return out.logits, self.head(out.hidden_states[-1])
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+        values = self.critic(input_ids, attention_mask) if self.critic is not None else None
+        return logits, values
+
+    def critic_parameters(self) -> list[nn.Parameter]:
+        if self.head is not None:
+            return list(self.head.parameters())
+        return list(self.critic.parameters()) if self.critic is not None else []
+
+    def critic_state_dict(self) -> dict:
+        module = self.head if self.head is not None else self.critic
+        return module.state_dict() if module is not None else {}
+
+    def load_critic_state_dict(self, state: dict) -> None:
+        module = self.head if self.head is not None else self.critic
+        if module is not None and state:
+            module.load_state_dict(state)
+
+    def train(self, mode: bool) -> None:
+        for m in (self.model, self.head, self.critic):
+            if m is not None:
+                m.train(mode)

@@ -1,0 +1,32 @@
+"""Data-parallel plumbing for `torchrun --nproc-per-node N -m turnstream.cli learner ...` (gloo on CPU).
+
+Rank 0 owns every socket (buffer, version PUB, vLLM pushes, metrics, checkpoints); it broadcasts each
+batch to the other ranks, and every rank runs the same Trainer.step on it (learner/trainer.py deals out
+micro-batches and sums gradients). Without torchrun's environment this is one rank and costs nothing.
+"""
+from __future__ import annotations
+
+import os
+
+import torch.distributed as dist
+
+
+def init_from_env() -> tuple[int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("gloo")  # CPU; on GPUs use nccl for gradients (not tested here)
+    return (dist.get_rank(), world) if world > 1 else (0, 1)
+
+
+def broadcast(obj, rank: int, world: int):
+    """Rank 0's object on every rank (None is the stop signal)."""
+    if world == 1:
+        return obj
+    box = [obj if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def shutdown(world: int) -> None:
+    if world > 1 and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,92 @@
+"""One interface over the advantage estimators: batch in, per-action-token advantages (and critic targets) out.
+
+`learner.estimator` selects one of:
+- spo: persistent per-prompt Beta tracker baseline, read before the update (learner/spo.py);
+- grpo / rloo: group baselines over the samples of one prompt_key in the batch;
+- turn_gae: critic read at turn boundaries, GAE across turns, the turn's advantage on its action tokens;
+- token_gae: classic token-level PPO critic over action tokens (observation tokens skipped).
+Terminal-outcome estimators broadcast one scalar per episode; all are normalised under the action-token
+measure that the default token-mean loss uses (SPO++ 1.6a), unless spo.normalize says "sequence".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from learner.advantages import agentwise_normalize, gae, grpo_advantages, rloo_advantages, whiten
+from learner.batching import TensorBatch
+from learner.spo import SpoTracker, normalize_advantages
+from protocol.messages import Batch
+
+ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo")
+VALUE_BASED = ("turn_gae", "token_gae")
+
+
+@dataclass
+class Advantages:
+    token_adv: torch.Tensor  # [N] per action token
+    value_mask: torch.Tensor | None = None  # [N] bool: action tokens whose position trains the critic
+    value_targets: torch.Tensor | None = None  # [N] critic targets G (meaningful where value_mask)
+    baseline_mean: float = 0.0
+
+
+def turn_groups(tb: TensorBatch) -> torch.Tensor:
+    """A dense id per (episode, turn) for every action token, in first-appearance order."""
+    key = tb.act_episode * (int(tb.act_turn.max()) + 1 if tb.act_turn.numel() else 1) + tb.act_turn
+    _, inverse = torch.unique(key, return_inverse=True)
+    return inverse
+
+
+def compute(estimator: str, batch: Batch, tb: TensorBatch, *, tracker: SpoTracker, spo_normalize: str,
+            gamma: float, lam: float, old_values: torch.Tensor | None,
+            bootstrap: np.ndarray | None = None, agent_ids: np.ndarray | None = None) -> Advantages:
+    """`old_values`: critic values at every action token's position (value-based estimators only).
+    `bootstrap`: per-episode V after the last turn (0 for finished episodes, which is all the buffer serves now).
+    `agent_ids`: per action token, for Dr. MAS agent-wise normalisation.
+    """
+    returns = np.asarray(batch.returns, np.float64)
+    n_eps = tb.num_episodes
+    bootstrap = np.zeros(n_eps) if bootstrap is None else bootstrap
+    ep_of = tb.act_episode.numpy()
+    if estimator in ("spo", "grpo", "rloo"):
+        if estimator == "spo":
+            baselines = np.array([tracker.value(k) for k in batch.prompt_keys])  # read before the update
+            episode_adv = normalize_advantages(returns - baselines, tb.tokens_per_episode, spo_normalize)
+            baseline_mean = float(baselines.mean()) if n_eps else 0.0
+        else:
+            fn = grpo_advantages if estimator == "grpo" else rloo_advantages
+            episode_adv, baseline_mean = fn(returns, batch.prompt_keys), float(returns.mean()) if n_eps else 0.0
+        token = episode_adv[ep_of]
+        if agent_ids is not None:
+            token = agentwise_normalize(token, agent_ids)
+        return Advantages(torch.from_numpy(token.astype(np.float32)), baseline_mean=baseline_mean)
+    if estimator not in VALUE_BASED:
+        raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
+    assert old_values is not None, f"{estimator} needs critic values"
+    v = old_values.double().numpy()
+    adv = np.zeros(len(ep_of))
+    targets = np.zeros(len(ep_of))
+    value_mask = np.zeros(len(ep_of), bool)
+    groups = turn_groups(tb).numpy() if estimator == "turn_gae" else np.arange(len(ep_of))
+    for e in range(n_eps):
+        idx = np.nonzero(ep_of == e)[0]  # this episode's action tokens, in order
+        if idx.size == 0:
+            continue
+        # one step per turn (its first action token is the boundary) or per action token
+        step_of = groups[idx]
+        _, first = np.unique(step_of, return_index=True)
+        first = np.sort(first)
+        boundary = idx[first]
+        rewards = np.zeros(len(boundary))
+        rewards[-1] = returns[e]  # the batch carries the episode return; it arrives after the last turn
+        a, g = gae(rewards, v[boundary], gamma, lam, bootstrap=float(bootstrap[e]))
+        step_index = np.searchsorted(first, np.arange(idx.size), side="right") - 1
+        adv[idx] = a[step_index]  # broadcast each step's advantage to its action tokens
+        targets[boundary] = g
+        value_mask[boundary] = True
+    token = agentwise_normalize(adv, agent_ids) if agent_ids is not None else whiten(adv)
+    return Advantages(torch.from_numpy(token.astype(np.float32)), torch.from_numpy(value_mask),
+                      torch.from_numpy(targets.astype(np.float32)), baseline_mean=float(v[value_mask].mean())
+                      if value_mask.any() else 0.0)

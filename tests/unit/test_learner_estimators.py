@@ -1,0 +1,189 @@
+"""Advantage estimators against the worked examples of research/learner_math.md (2.7, 1.4/1.7, 3.5, 4)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from learner import estimators
+from learner.advantages import (agentwise_normalize, gae, grpo_advantages, rloo_advantages, uncertainty_weights,
+                                whiten)
+from learner.batching import to_tensors
+from learner.spo import SpoTracker
+from tests.learner_batches import synthetic_batch
+
+# ---- turn-level GAE, section 2.7 ------------------------------------------------------------------
+
+V27 = [0.50, 0.60, 0.80]
+R27 = [0.0, 0.0, 1.0]
+
+
+def test_turn_gae_worked_example_gamma_099_lambda_09():
+    adv, ret = gae(R27, V27, gamma=0.99, lam=0.9)
+    np.testing.assert_allclose(adv, [0.4239, 0.3702, 0.2000], atol=1e-4)  # table rounds 0.42385 up
+    np.testing.assert_allclose(ret, [0.9239, 0.9702, 1.0000], atol=1e-4)
+    # the deltas of the table
+    deltas = [R27[h] + 0.99 * (V27[h + 1] if h < 2 else 0.0) - V27[h] for h in range(3)]
+    np.testing.assert_allclose(deltas, [0.0940, 0.1920, 0.2000], atol=5e-5)
+
+
+def test_turn_gae_worked_example_gamma_lambda_one_is_return_minus_value():
+    adv, _ = gae(R27, V27, gamma=1.0, lam=1.0)
+    np.testing.assert_allclose(adv, [0.50, 0.40, 0.20], atol=1e-12)
+
+
+def test_unfinished_episode_bootstraps_from_the_critic():
+    adv, ret = gae([0.0, 0.0], [0.5, 0.6], gamma=1.0, lam=1.0, bootstrap=0.7)
+    np.testing.assert_allclose(adv, [0.2, 0.1], atol=1e-12)  # the return is V(s_after) = 0.7
+    np.testing.assert_allclose(ret, [0.7, 0.7], atol=1e-12)
+
+
+def test_turn_gae_broadcasts_the_turn_advantage_to_its_action_tokens():
+    """Three turns with 2, 1 and 3 action tokens; the critic values at the turn boundaries are V27."""
+    gen_lens = [2, 1, 3]
+    from buffer.episodes import Episode, flatten
+    from protocol.messages import TurnChunk
+    ep = Episode("e", ("a", 0), "p")
+    for t, n in enumerate(gen_lens):
+        ep.add(TurnChunk(actor_id="a", epoch=0, seq=t, episode_id="e", turn=t, prompt_key="p",
+                         obs_tokens=np.array([1, 2], np.int32), gen_tokens=np.full(n, 5, np.int32),
+                         gen_logprobs=np.full(n, -0.7, np.float32), gen_versions=np.zeros(n, np.int32),
+                         reward=1.0 if t == 2 else 0.0, done=t == 2))
+    batch = flatten([ep], 1, 0, 0)
+    tb = to_tensors(batch, 64)
+    # the critic's values at each action token's position; only the boundaries (first token of a turn) count
+    old_values = torch.tensor([0.50, 9.0, 0.60, 0.80, 9.0, 9.0])
+    adv = estimators.compute("turn_gae", batch, tb, tracker=SpoTracker(), spo_normalize="token", gamma=0.99,
+                             lam=0.9, old_values=old_values)
+    raw = np.repeat([0.4239, 0.3702, 0.2000], gen_lens)
+    np.testing.assert_allclose(adv.token_adv.numpy(), whiten(raw), atol=2e-3)
+    assert adv.value_mask.tolist() == [True, False, True, True, False, False]
+    np.testing.assert_allclose(adv.value_targets[adv.value_mask].numpy(), [0.9239, 0.9702, 1.0], atol=1e-4)
+
+
+def test_token_gae_skips_observation_tokens():
+    """Token-level GAE runs over action tokens only: the next value is the next *action* token's."""
+    from buffer.episodes import Episode, flatten
+    from protocol.messages import TurnChunk
+    ep = Episode("e", ("a", 0), "p")
+    for t in range(2):
+        ep.add(TurnChunk(actor_id="a", epoch=0, seq=t, episode_id="e", turn=t, prompt_key="p",
+                         obs_tokens=np.array([1, 2, 3], np.int32), gen_tokens=np.array([5, 6], np.int32),
+                         gen_logprobs=np.full(2, -0.7, np.float32), gen_versions=np.zeros(2, np.int32),
+                         reward=1.0 if t == 1 else 0.0, done=t == 1))
+    batch = flatten([ep], 1, 0, 0)
+    tb = to_tensors(batch, 64)
+    values = torch.tensor([0.2, 0.4, 0.5, 0.9])
+    adv = estimators.compute("token_gae", batch, tb, tracker=SpoTracker(), spo_normalize="token", gamma=0.9,
+                             lam=0.8, old_values=values)
+    raw, ret = gae([0, 0, 0, 1.0], values.numpy(), 0.9, 0.8)
+    np.testing.assert_allclose(adv.token_adv.numpy(), whiten(raw), atol=1e-5)
+    np.testing.assert_allclose(adv.value_targets.numpy(), ret, atol=1e-6)
+    assert adv.value_mask.all()
+
+
+# ---- V-trace example of 3.5 (turn granularity) -------------------------------------------------------
+
+def test_vtrace_example_is_gae_with_lambda_one_when_ratios_are_truncated_at_one():
+    """3.5: V=(0.5,0.6,0.8), r=(0,0,1), ratios (1.5, 0.7, 1.0), rho_bar=c_bar=1 -> PG advantages (0.38, 0.28, 0.20)."""
+    V, r, ratio = np.array(V27), np.array(R27), np.array([1.5, 0.7, 1.0])
+    rho = np.minimum(1.0, ratio)
+    c = np.minimum(1.0, ratio)
+    v_next = np.append(V[1:], 0.0)
+    vs = np.zeros(3)
+    acc = 0.0
+    for s in range(2, -1, -1):
+        delta = rho[s] * (r[s] + v_next[s] - V[s])
+        acc = delta + (c[s] * acc if s < 2 else 0.0)
+        vs[s] = V[s] + acc
+    pg = rho * (r + np.append(vs[1:], 0.0) - V)
+    np.testing.assert_allclose(vs, [0.88, 0.88, 1.00], atol=5e-3)
+    np.testing.assert_allclose(pg, [0.38, 0.28, 0.20], atol=5e-3)
+
+
+# ---- group baselines, section 4 ----------------------------------------------------------------------
+
+def test_grpo_is_group_standardised():
+    r = np.array([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.5])
+    keys = ["a", "a", "a", "a", "b", "b", "b", "b"]
+    adv = grpo_advantages(r, keys)
+    for g in ("a", "b"):
+        sel = np.array(keys) == g
+        want = (r[sel] - r[sel].mean()) / (r[sel].std(ddof=1) + 1e-6)
+        np.testing.assert_allclose(adv[sel], want, atol=1e-12)
+    np.testing.assert_allclose(adv[:4], [0.8660, -0.8660, -0.8660, 0.8660], atol=1e-4)
+
+
+def test_rloo_is_leave_one_out_and_equals_scaled_centring():
+    r = np.array([1.0, 0.0, 0.0, 1.0, 0.25, 0.75])
+    keys = ["a"] * 4 + ["b"] * 2
+    adv = rloo_advantages(r, keys)
+    np.testing.assert_allclose(adv[:4], [1 - 1 / 3, 0 - 2 / 3, 0 - 2 / 3, 1 - 1 / 3], atol=1e-12)
+    g = 4
+    np.testing.assert_allclose(adv[:4], g / (g - 1) * (r[:4] - r[:4].mean()), atol=1e-12)
+    np.testing.assert_allclose(adv[4:], [-0.5, 0.5], atol=1e-12)
+
+
+@pytest.mark.parametrize("fn", [grpo_advantages, rloo_advantages])
+def test_singletons_and_degenerate_groups_carry_no_signal(fn):
+    adv = fn(np.array([1.0, 0.0, 1.0, 1.0]), ["x", "y", "z", "z"])
+    np.testing.assert_allclose(adv, 0.0, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo"])
+def test_group_estimators_broadcast_to_every_action_token(name):
+    batch = synthetic_batch(8, group=4, seed=3)
+    tb = to_tensors(batch, 64)
+    adv = estimators.compute(name, batch, tb, tracker=SpoTracker(), spo_normalize="token", gamma=1, lam=1,
+                             old_values=None)
+    fn = grpo_advantages if name == "grpo" else rloo_advantages
+    per_episode = fn(np.array(batch.returns), batch.prompt_keys)
+    np.testing.assert_allclose(adv.token_adv.numpy(), per_episode[tb.act_episode.numpy()], atol=1e-6)
+
+
+def test_spo_estimator_reads_the_tracker_before_the_update():
+    batch = synthetic_batch(4, seed=5)
+    tb = to_tensors(batch, 64)
+    t = SpoTracker()
+    t.init_from_counts("p0", 7, 8)
+    before = dict(t.state)
+    adv = estimators.compute("spo", batch, tb, tracker=t, spo_normalize="sequence", gamma=1, lam=1, old_values=None)
+    assert t.state == before
+    from learner.spo import normalize_advantages
+    raw = np.array(batch.returns) - np.array([t.value(k) for k in batch.prompt_keys])
+    want = normalize_advantages(raw, tb.tokens_per_episode, "sequence")[tb.act_episode.numpy()]
+    np.testing.assert_allclose(adv.token_adv.numpy(), want, atol=1e-6)
+
+
+def test_unknown_estimator_is_rejected():
+    batch = synthetic_batch(2)
+    with pytest.raises(ValueError):
+        estimators.compute("vtrace", batch, to_tensors(batch, 64), tracker=SpoTracker(), spo_normalize="token",
+                           gamma=1, lam=1, old_values=None)
+
+
+# ---- SPO prompt sampling (1.4, table of 1.7) ---------------------------------------------------------
+
+def test_uncertainty_weighted_sampling_matches_table():
+    t = SpoTracker()
+    for key, (s, n) in {"p1": (2, 8), "p2": (7, 8), "p3": (0, 8), "p4": (0, 0)}.items():
+        t.init_from_counts(key, s, n)
+    p = t.sampling_probabilities(["p1", "p2", "p3", "p4"], eps=0.05)
+    np.testing.assert_allclose(p, [0.2846, 0.2416, 0.1595, 0.3143], atol=5e-5)
+    raw = np.sqrt([v * (1 - v) for v in (0.2778, 0.8333, 0.0556, 0.5)]) + 0.05
+    np.testing.assert_allclose(raw, [0.4979, 0.4227, 0.2791, 0.5500], atol=5e-4)
+    np.testing.assert_allclose(uncertainty_weights([0.5, 0.5]), [0.5, 0.5])
+
+
+# ---- Dr. MAS agent-wise normalisation ----------------------------------------------------------------
+
+def test_agentwise_normalisation_uses_each_agents_own_statistics():
+    adv = np.array([10.0, 20.0, 30.0, 0.1, 0.2, 0.3])
+    agents = np.array([0, 0, 0, 1, 1, 1])
+    out = agentwise_normalize(adv, agents)
+    np.testing.assert_allclose(out[:3], out[3:], atol=1e-6)  # same shape of spread, different scales
+    for a in (0, 1):
+        assert out[agents == a].mean() == pytest.approx(0.0, abs=1e-9)
+        assert out[agents == a].std() == pytest.approx(1.0, abs=1e-6)
+    glob = whiten(adv)
+    assert np.ptp(glob[3:]) < 0.05 < 2.0 < np.ptp(out[3:])  # a global baseline flattens the small-scale agent
