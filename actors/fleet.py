@@ -23,7 +23,8 @@ from typing import Callable
 
 import aiohttp
 
-from actors.inference import Generation, InferenceError, ServerFailure, parse_version, post_generate
+from actors.inference import (Generation, InferenceError, ServerFailure, StaleConnection, parse_version,
+                              post_generate)
 from actors.metrics import ActorMetrics
 
 log = logging.getLogger("turnstream.actor")
@@ -37,6 +38,7 @@ class Server:
     version: int | None = None  # served weight version, from /weight_info or the last reply
     draining: bool = False
     failures: int = 0
+    check_failures: int = 0  # health checks failed in a row
     last_error: str = ""
 
 
@@ -62,7 +64,10 @@ class InferenceFleet:
     # ---- lifecycle ---------------------------------------------------------------------------------
 
     async def __aenter__(self) -> "InferenceFleet":
-        self._session = aiohttp.ClientSession(timeout=self.timeout, connector=aiohttp.TCPConnector(limit=0))
+        # Idle connections are dropped after 3 s, before uvicorn (vLLM's server) closes them at 5 s: reusing a
+        # connection the server is closing fails the request with "Server disconnected".
+        self._session = aiohttp.ClientSession(timeout=self.timeout,
+                                              connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=3.0))
         if self.health_interval_s > 0:
             self._health_task = asyncio.create_task(self._health_loop())
         return self
@@ -145,9 +150,15 @@ class InferenceFleet:
             s.outstanding += 1
             self.m.server_outstanding.labels(s.url).set(s.outstanding)
             try:
-                gen = await post_generate(self._session, s.url, token_ids, max_tokens=max_tokens,
-                                          temperature=temperature, allowed_token_ids=allowed_token_ids,
-                                          cache_salt=cache_salt)
+                request = dict(max_tokens=max_tokens, temperature=temperature,
+                               allowed_token_ids=allowed_token_ids, cache_salt=cache_salt)
+                try:
+                    gen = await post_generate(self._session, s.url, token_ids, **request)
+                except StaleConnection:
+                    # The server closed an idle keep-alive connection as we reused it; the pool now opens
+                    # a fresh one. Only a second failure says something about the server.
+                    self.m.inference_retries.inc()
+                    gen = await post_generate(self._session, s.url, token_ids, **request)
             except ServerFailure as exc:
                 self._mark_down(s, str(exc))
                 errors.append(str(exc))
@@ -184,11 +195,12 @@ class InferenceFleet:
 
     async def _check(self, s: Server) -> None:
         assert self._session is not None
+        definite = False  # refused connection or a non-200 answer: down now; a slow answer: down if repeated
         try:
             async with self._session.get(s.url + "/health", timeout=self.health_timeout) as resp:
                 ok = resp.status == 200
                 if not ok:
-                    s.last_error = f"/health answered HTTP {resp.status}"
+                    definite, s.last_error = True, f"/health answered HTTP {resp.status}"
             if ok:
                 async with self._session.get(s.url + "/weight_info", timeout=self.health_timeout) as resp:
                     if resp.status == 200:
@@ -197,11 +209,15 @@ class InferenceFleet:
                             s.version = parse_version(label)
                         except InferenceError:
                             s.version = None  # a label we did not set: do not judge its staleness
+        except aiohttp.ClientConnectorError as exc:
+            ok, definite, s.last_error = False, True, repr(exc)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             ok, s.last_error = False, repr(exc)
+        s.check_failures = 0 if ok else s.check_failures + 1
         if ok and not s.healthy:
             log.info("inference fleet: server %s is back (version %s)", s.url, s.version)
-        elif not ok and s.healthy:
+            s.healthy = True
+        elif not ok and s.healthy and (definite or s.check_failures >= 2):
+            # one slow /health on a busy machine is not evidence enough to take a serving server out
             self._mark_down(s, s.last_error or "health check failed")
-        s.healthy = ok
         self.m.server_usable.labels(s.url).set(1 if self.usable(s) else 0)

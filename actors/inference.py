@@ -20,6 +20,10 @@ class ServerFailure(InferenceError):
     """The server failed (down, 5xx, timeout, garbage); the same request may succeed on another one."""
 
 
+class StaleConnection(ServerFailure):
+    """A pooled keep-alive connection the server had already closed: retry the same server once."""
+
+
 @dataclass
 class Generation:
     tokens: list[int]
@@ -73,6 +77,8 @@ async def post_generate(session: aiohttp.ClientSession, url: str, token_ids: lis
             if resp.status != 200:
                 raise ServerFailure(f"{endpoint}: HTTP {resp.status}: {(await resp.text())[:200]}")
             payload = await resp.json()
+    except aiohttp.ServerDisconnectedError as exc:
+        raise StaleConnection(f"{endpoint}: {exc!r}") from None
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
         raise ServerFailure(f"{endpoint}: {exc!r}") from None
     try:

@@ -45,6 +45,7 @@ class BufferLink:
         self.buffer_restarts = 0
         self._changed = asyncio.Condition()
         self._resend_all = False
+        self._ack_counters: dict = {}
         self._wake_sender = asyncio.Event()
 
     async def run(self) -> None:
@@ -61,48 +62,66 @@ class BufferLink:
             chunk.seq = self.next_seq
             self.next_seq += 1
             self.unacked[chunk.seq] = (time.monotonic(), chunk)
-        await self.sock.send_multipart(encode(chunk), copy=False)
+        await self._send(encode(chunk))
         self.m.chunks_sent.inc()
         self.m.unacked.set(len(self.unacked))
+
+    async def _send(self, frames: list) -> None:
+        # Always through the asyncio wrapper: a plain send here, while _recv_loop waits, can swallow the
+        # socket's edge-triggered readiness signal and leave that receive asleep for good.
+        await self.sock.send_multipart(frames, copy=False)
 
     async def _recv_loop(self) -> None:
         while True:
             frames = await self.sock.recv_multipart(copy=False)
-            try:
-                msg = decode(frames, self.max_message_bytes)
-            except DecodeError as exc:
-                self.m.bad_messages.labels(exc.reason).inc()
-                continue
-            async with self._changed:
-                if isinstance(msg, Ack):
-                    if self.unacked.pop(msg.seq, None) is not None:
-                        self.m.acks.labels(msg.status).inc()
-                        if msg.status == "rejected":
-                            log.error("buffer rejected chunk %d: %s", msg.seq, msg.reason)
-                elif isinstance(msg, CreditGrant):
-                    restarted = bool(msg.server_id and self.server_id and msg.server_id != self.server_id)
-                    if msg.server_id:
-                        self.server_id = msg.server_id
-                    if restarted:
-                        self.buffer_restarts += 1
-                        log.warning("buffer restarted (server %s): resending %d unacked chunks",
-                                    msg.server_id, len(self.unacked))
-                        self.credits = msg.credits  # the old buffer's unused credits died with it
-                        self._resend_all = True
-                    else:
-                        self.credits += msg.credits
-                    self.learner_version = max(self.learner_version, msg.learner_version)
-                else:
-                    self.m.bad_messages.labels("unexpected_type").inc()
-                self._changed.notify_all()
+            self._on_message(frames)
+            for _ in range(256):  # drain what is queued; a non-blocking receive skips the future machinery
+                try:
+                    frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False).result()
+                except zmq.Again:
+                    break
+                self._on_message(frames)
             self.m.unacked.set(len(self.unacked))
+            async with self._changed:
+                self._changed.notify_all()
             if self._resend_all:
                 self._wake_sender.set()
+
+    def _on_message(self, frames: list) -> None:
+        """Apply one ack or grant; the caller wakes waiters once per drained group of messages."""
+        try:
+            msg = decode(frames, self.max_message_bytes)
+        except DecodeError as exc:
+            self.m.bad_messages.labels(exc.reason).inc()
+            return
+        if isinstance(msg, Ack):
+            if self.unacked.pop(msg.seq, None) is not None:
+                counter = self._ack_counters.get(msg.status)
+                if counter is None:  # statuses are a small fixed set; labels() is costly per ack
+                    counter = self._ack_counters[msg.status] = self.m.acks.labels(msg.status[:32])
+                counter.inc()
+                if msg.status == "rejected":
+                    log.error("buffer rejected chunk %d: %s", msg.seq, msg.reason)
+        elif isinstance(msg, CreditGrant):
+            restarted = bool(msg.server_id and self.server_id and msg.server_id != self.server_id)
+            if msg.server_id:
+                self.server_id = msg.server_id
+            if restarted:
+                self.buffer_restarts += 1
+                log.warning("buffer restarted (server %s): resending %d unacked chunks",
+                            msg.server_id, len(self.unacked))
+                self.credits = msg.credits  # the old buffer's unused credits died with it
+                self._resend_all = True
+            else:
+                self.credits += msg.credits
+            self.learner_version = max(self.learner_version, msg.learner_version)
+        else:
+            self.m.bad_messages.labels("unexpected_type").inc()
 
     async def _heartbeat_loop(self) -> None:
         """The credit request doubles as heartbeat; resend what waited too long for an ack."""
         while True:
-            await self.sock.send_multipart(encode(CreditRequest(self.actor_id, self.epoch, self.slots)))
+            await self._send(encode(CreditRequest(self.actor_id, self.epoch, self.slots)))
             await self._resend(everything=self._resend_all)
             self._resend_all = False
             self._wake_sender.clear()
@@ -118,5 +137,5 @@ class BufferLink:
                 continue  # acked while an earlier resend was awaiting the socket
             if everything or now - sent > self.resend_after_s:
                 self.unacked[seq] = (now, chunk)
-                await self.sock.send_multipart(encode(chunk), copy=False)
+                await self._send(encode(chunk))
                 self.m.resends.inc()

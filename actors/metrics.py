@@ -3,10 +3,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from turnstream.build_info import register_build_info
+
 
 class ActorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         r = self.registry = registry or CollectorRegistry()
+        register_build_info(r, "actor")
         self.episodes = Counter("turnstream_actor_episodes_total", "Episodes finished, by outcome",
                                 ["outcome"], registry=r)
         self.turns = Counter("turnstream_actor_turns_total", "Turns played", registry=r)

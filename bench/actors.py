@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -26,7 +27,7 @@ def _parse(argv):
     p.add_argument("--model", default="runs/tiny-model")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--window", type=float, default=12.0, help="seconds measured per phase")
+    p.add_argument("--window", type=float, default=10.0, help="seconds measured per phase")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", default="runs/bench-actors")
     return p.parse_args(argv)
@@ -73,6 +74,7 @@ def main(argv: list[str]) -> int:
     from turnstream.vllm_server import vllm_command, wait_healthy
 
     out = Path(args.out)
+    shutil.rmtree(out / "buffer-wal", ignore_errors=True)  # a replayed log from an earlier run is not this run
     out.mkdir(parents=True, exist_ok=True)
     procs = ProcessGroup(out)
     try:
@@ -99,6 +101,9 @@ def main(argv: list[str]) -> int:
         cfg.buffer.max_items = 10**6
         cfg.buffer.max_running = 10**6
         cfg.buffer.max_staleness = 4
+        cfg.buffer.actor_timeout_s = 120.0  # the actor is frozen during baseline phases; it has not left
+        cfg.buffer.wal_fsync = "interval"  # the buffer's durability is not what this bench measures
+        cfg.buffer.wal_dir = str(out / "buffer-wal")
         cfg.network.buffer_ingest_port = free_port()
         cfg.network.buffer_serve_port = free_port()
         cfg.network.learner_pub_port = free_port()
@@ -128,9 +133,11 @@ def main(argv: list[str]) -> int:
             time.sleep(1.0)  # let the actor's requests in flight drain
             base.append(asyncio.run(_baseline(url, prompt, args.concurrency, args.max_tokens, args.window)))
             os.kill(actor.proc.pid, signal.SIGCONT)
-            time.sleep(3.0)  # credits and request pipeline refill
+            time.sleep(5.0)  # credits and the request pipeline refill; timers that ran during the stop fire
             act.append(_measure_actor(metrics_url, args.window))
-            print(f"round {r}: baseline {base[-1]:.0f} tokens/s, actor {act[-1]:.0f} tokens/s", file=sys.stderr)
+            running = _scrape(metrics_url, "turnstream_actor_running_episodes")
+            print(f"round {r}: baseline {base[-1]:.0f} tokens/s, actor {act[-1]:.0f} tokens/s "
+                  f"({running:.0f} episodes running)", file=sys.stderr)
         chunks = _scrape(metrics_url, "turnstream_actor_chunks_sent_total")
     finally:
         procs.stop_all()
@@ -138,5 +145,6 @@ def main(argv: list[str]) -> int:
     print(json.dumps({"ratio": round(a / b, 3), "actor_tokens_per_s": round(a, 1), "baseline_tokens_per_s": round(b, 1),
                       "concurrency": args.concurrency, "max_tokens": args.max_tokens, "window_s": args.window,
                       "rounds": args.rounds, "chunks_streamed": int(chunks),
-                      "actor_per_round": [round(x, 1) for x in act], "baseline_per_round": [round(x, 1) for x in base]}))
+                      "actor_per_round": [round(x, 1) for x in act],
+                      "baseline_per_round": [round(x, 1) for x in base]}))
     return 0

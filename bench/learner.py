@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 
@@ -38,37 +39,45 @@ def _batch(tokenizer_vocab: int, episodes: int, seed: int):
     return flatten(eps, request_id=1, learner_version=0, dropped_stale=0)
 
 
-def _bare_loop(model, batch, budget: int, steps: int, lr: float) -> float:
-    """Seconds per step of forward + action log-softmax + backward + AdamW over the same micro-batches."""
-    import torch
+class BareLoop:
+    """Forward + action log-softmax + backward + AdamW over the same micro-batches: the floor of any learner."""
 
-    from learner.batching import crop, gather_at_actions, to_tensors
-    from learner.packing import microbatches
+    def __init__(self, model, batch, budget: int, lr: float):
+        import torch
 
-    tb = to_tensors(batch, model.config.vocab_size)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    times = []
-    for _ in range(steps):
+        from learner.batching import to_tensors
+        from learner.packing import microbatches
+
+        self.model, self.tb = model, to_tensors(batch, model.config.vocab_size)
+        self.groups = microbatches(self.tb.lengths, torch.arange(self.tb.num_episodes), budget)
+        self.opt = torch.optim.AdamW(model.parameters(), lr=lr)
+
+    def step(self) -> float:
+        import torch
+
+        from learner.batching import crop, gather_at_actions
+
+        tb = self.tb
         started = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        for rows in microbatches(tb.lengths, torch.arange(tb.num_episodes), budget):
+        self.opt.zero_grad(set_to_none=True)
+        for rows in self.groups:
             ids, att = crop(tb, rows)
-            logits = gather_at_actions(model(input_ids=ids, attention_mask=att).logits, tb, rows)
+            logits = gather_at_actions(self.model(input_ids=ids, attention_mask=att).logits, tb, rows)
             select = torch.isin(tb.act_episode, rows)
             logp = torch.log_softmax(logits.float(), -1).gather(1, tb.act_tokens[select, None]).squeeze(1)
             (-logp.sum() / tb.act_tokens.numel()).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        times.append(time.perf_counter() - started)
-    return min(times)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        return time.perf_counter() - started
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="turnstream bench learner", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="", help="HF checkpoint directory (default: build the tiny model)")
     p.add_argument("--episodes", type=int, default=128)
-    p.add_argument("--steps", type=int, default=5, help="timed steps per side (the best is reported)")
-    p.add_argument("--estimators", default="spo,grpo,turn_gae")
+    p.add_argument("--steps", type=int, default=7, help="timed step pairs per estimator (medians are reported)")
+    p.add_argument("--estimators", default="spo,spo_prox,grpo,turn_gae",
+                   help="spo_prox: spo with learner.spo.drift = proximal")
     p.add_argument("--max-tokens-per-microbatch", type=int, default=2048)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -91,24 +100,32 @@ def main(argv: list[str]) -> int:
     vocab = fresh().config.vocab_size
     batch = _batch(vocab, args.episodes, args.seed)
     tokens = int(batch.tokens.size)
-    _bare_loop(fresh(), batch, args.max_tokens_per_microbatch, 1, 3e-4)  # warm-up (allocator, kernels)
-    bare_s = _bare_loop(fresh(), batch, args.max_tokens_per_microbatch, args.steps, 3e-4)
-    rows, result = [], {"tokens_per_batch": tokens, "episodes": args.episodes, "threads": args.threads,
-                        "bare_tokens_per_s": round(tokens / bare_s, 1)}
+    rows, result = [], {"tokens_per_batch": tokens, "episodes": args.episodes, "threads": args.threads}
+    bare_all = []
     for name in args.estimators.split(","):
-        cfg = LearnerSection(estimator=name, max_tokens_per_microbatch=args.max_tokens_per_microbatch)
+        cfg = LearnerSection(estimator=name.removesuffix("_prox"),
+                             max_tokens_per_microbatch=args.max_tokens_per_microbatch)
+        if name == "spo_prox":  # SPO with the drift D read at pi_prox: no extra forward pass
+            cfg.spo.drift = "proximal"
         trainer = Trainer(fresh(), cfg, seed=args.seed, critic_path=str(model_dir))
-        trainer.step(batch)  # warm-up
-        times = []
+        bare = BareLoop(fresh(), batch, args.max_tokens_per_microbatch, cfg.lr)
+        bare.step(), trainer.step(batch)  # warm-up (allocator, kernels)
+        # Interleave the two sides so both see the same machine load; the median pair ratio is reported.
+        pairs = []
         for _ in range(args.steps):
+            b = bare.step()
             started = time.perf_counter()
             trainer.step(batch)
-            times.append(time.perf_counter() - started)
-        step_s = min(times)
-        ratio = bare_s / step_s
+            pairs.append((b, time.perf_counter() - started))
+        bare_s = statistics.median(b for b, _ in pairs)
+        step_s = statistics.median(t for _, t in pairs)
+        ratio = statistics.median(b / t for b, t in pairs)
+        bare_all.append(bare_s)
         rows.append((name, tokens / step_s, ratio))
         result[f"{name}_tokens_per_s"] = round(tokens / step_s, 1)
         result[f"{name}_ratio"] = round(ratio, 3)
+    bare_s = statistics.median(bare_all)
+    result["bare_tokens_per_s"] = round(tokens / bare_s, 1)
     print(f"{'side':<12}{'tokens/s':>12}{'ratio':>8}")
     print(f"{'bare torch':<12}{tokens / bare_s:>12.0f}{1.0:>8.2f}")
     for name, tps, ratio in rows:

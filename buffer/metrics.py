@@ -3,10 +3,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from turnstream.build_info import register_build_info
+
 
 class BufferMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         r = self.registry = registry or CollectorRegistry()
+        register_build_info(r, "buffer")
         self.chunks = Counter("turnstream_buffer_chunks_total", "Turn chunks received, by outcome",
                               ["outcome"], registry=r)
         self.rejected = Counter("turnstream_buffer_rejected_total", "Chunks or messages rejected, by reason",
@@ -55,3 +58,8 @@ class BufferMetrics:
                                     "Log records replayed at start-up", registry=r)
         self.wal_torn = Counter("turnstream_buffer_wal_torn_bytes_total",
                                 "Bytes of an unfinished last record cut off at start-up", registry=r)
+        # label children bound once: labels() costs more than the increment on the per-chunk path
+        self.chunks_ok, self.chunks_duplicate, self.chunks_rejected = (
+            self.chunks.labels(o) for o in ("ok", "duplicate", "rejected"))
+        self.episodes_started, self.episodes_started_without_credit, self.episodes_completed = (
+            self.episodes.labels(e) for e in ("started", "started_without_credit", "completed"))

@@ -20,7 +20,7 @@ from buffer.metrics import BufferMetrics
 from buffer.ratelimit import BlockedClock, Cancelled, Gate
 from buffer.store import ReplayStore
 from protocol.codec import DecodeError, decode, encode
-from protocol.messages import Ack, Batch, BatchRequest, CreditGrant, CreditRequest, TurnChunk, VersionAnnouncement
+from protocol.messages import Ack, BatchRequest, CreditGrant, CreditRequest, TurnChunk, VersionAnnouncement
 from protocol.sockets import configure
 
 log = logging.getLogger("turnstream.buffer")
@@ -45,6 +45,7 @@ class BufferServer:
         self.max_message_bytes, self.drain_max, self.housekeeping_s = max_message_bytes, drain_max, housekeeping_s
         self.gate = Gate()
         self.requests: dict[bytes, asyncio.Task] = {}  # learner identity -> task answering its request
+        self.answered: dict[bytes, int] = {}  # learner identity -> request_id last answered with a batch
         self.insert_clock = BlockedClock(metrics.insert_blocked)
         self.sample_clock = BlockedClock(metrics.sample_blocked)
         self.waiting_requests = 0
@@ -62,6 +63,7 @@ class BufferServer:
             await asyncio.wait(list(self.requests.values()), timeout=1.0)
 
     def close(self) -> None:
+        self.serve.close(linger=500)  # let the "cancelled" answers of shutdown() reach the learners
         self.ctx.destroy(linger=0)
         if self.journal is not None:
             self.journal.close()
@@ -70,16 +72,20 @@ class BufferServer:
     async def _ingest_loop(self) -> None:
         while True:
             batch = [await self.ingest.recv_multipart(copy=False)]
+            # Drain what is already queued (non-blocking receives skip the future machinery): one pass over
+            # many messages shares one log commit and one _after_change. The acks go out as plain
+            # non-blocking sends, which is safe only because no receive on this socket is pending while
+            # this loop runs; a ROUTER send never blocks (a full peer pipe drops, and the actor resends).
             while len(batch) < self.drain_max:
                 try:
-                    batch.append(self.ingest.recv_multipart(flags=zmq.NOBLOCK, copy=False).result())
+                    batch.append(self.ingest.recv_multipart(zmq.NOBLOCK, copy=False).result())
                 except zmq.Again:
                     break
             acks, heartbeats = self._apply_ingest(batch)
             if self.journal is not None:
                 self.journal.commit()  # before any ack leaves
             for reply in acks:
-                await self.ingest.send_multipart(reply, copy=False)
+                zmq.Socket.send_multipart(self.ingest, reply, zmq.NOBLOCK, copy=False)
             await self._after_change(heartbeats)
 
     def _apply_ingest(self, batch: list) -> tuple[list, set[bytes]]:
@@ -120,6 +126,11 @@ class BufferServer:
                                        else "bad_request").inc()
                 continue
             identity = bytes(identity)
+            if self.answered.get(identity) == msg.request_id:
+                # a re-ask that crossed our answer on the wire: serving it again would hand out a second
+                # batch under the same id, which the learner discards (episodes consumed, never trained)
+                self.m.batch_requests.labels("repeat").inc()
+                continue
             old = self.requests.pop(identity, None)
             if old is not None:
                 old.cancel()  # a peer re-asking replaces its earlier request (one per peer)
@@ -148,6 +159,7 @@ class BufferServer:
             if self.journal is not None:
                 self.journal.commit()  # "consumed" is durable before the batch leaves
             batch = flatten(episodes, req.request_id, self.store.learner_version, dropped)
+            self.answered[identity] = req.request_id
             self.m.batches.inc()
         else:
             batch = flatten([], req.request_id, self.store.learner_version, 0)

@@ -112,7 +112,7 @@ class ReplayStore:
         `raw` are the frames the chunk arrived in; the journal stores them as they are."""
         key = (chunk.actor_id, chunk.epoch)
         if self.dedup.seen(key, chunk.seq):
-            self.m.chunks.labels("duplicate").inc()
+            self.m.chunks_duplicate.inc()
             return "duplicate", ""
         reason = validate_chunk(chunk)
         if not reason and chunk.episode_id in self.closed:
@@ -124,14 +124,14 @@ class ReplayStore:
             reason = "turn_after_done"
         if reason:
             self.dedup.add(key, chunk.seq)  # a resend of a bad chunk is still bad: do not count it twice
-            self.m.chunks.labels("rejected").inc()
+            self.m.chunks_rejected.inc()
             self.m.rejected.labels(reason).inc()
             return "rejected", reason
         if self.journal is not None:
             self.journal.chunk(chunk, raw)
         self.dedup.add(key, chunk.seq)
         self._assemble(identity, chunk, counted=True)
-        self.m.chunks.labels("ok").inc()
+        self.m.chunks_ok.inc()
         self.m.tokens_ingested.inc(chunk.obs_tokens.size + chunk.gen_tokens.size)
         return "ok", ""
 
@@ -150,10 +150,10 @@ class ReplayStore:
             if actor.outstanding > 0:
                 actor.outstanding -= 1
             elif counted:
-                self.m.episodes.labels("started_without_credit").inc()
+                self.m.episodes_started_without_credit.inc()
             actor.running += 1
             if counted:
-                self.m.episodes.labels("started").inc()
+                self.m.episodes_started.inc()
         ep.add(chunk)
         if not ep.complete:
             return
@@ -163,7 +163,7 @@ class ReplayStore:
             self.accepted += 1
             self.limiter.on_insert()
             self.m.inserts.inc()
-            self.m.episodes.labels("completed").inc()
+            self.m.episodes_completed.inc()
             if self.staleness(ep) > self.max_staleness:  # finished already too old to ever be served
                 self._drop_ready([ep.episode_id], "stale")
 

@@ -122,7 +122,7 @@ class WalWriter:
 
 
 def _write_all(fd: int, parts: list) -> None:
-    views = [memoryview(p).cast("B") for p in parts]
+    views = [v for v in (memoryview(p).cast("B") for p in parts) if v.nbytes]  # empty arrays: no bytes
     while views:
         n = os.writev(fd, views[:512])  # IOV_MAX is at least 1024 on Linux
         while n and views:  # a short write: drop what went out, keep the rest

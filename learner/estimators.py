@@ -10,6 +10,7 @@ measure that the default token-mean loss uses (SPO++ 1.6a), unless spo.normalize
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,18 @@ class Advantages:
     value_mask: torch.Tensor | None = None  # [N] bool: action tokens whose position trains the critic
     value_targets: torch.Tensor | None = None  # [N] critic targets G (meaningful where value_mask)
     baseline_mean: float = 0.0
+
+
+def episode_agent_ids(batch: Batch) -> np.ndarray | None:
+    """Agent id of each episode, or None for single-agent batches.
+
+    The Batch carries no agent ids yet; the actor streams agent k of a multi-agent episode as its own
+    episode named `<episode>/a<k>` (actors/runner.py), so the id is read from that suffix.
+    """
+    ids = [re.search(r"/a(\d+)$", e) for e in batch.episode_ids]
+    if not any(ids):
+        return None
+    return np.array([int(m.group(1)) if m else 0 for m in ids])
 
 
 def turn_groups(tb: TensorBatch) -> torch.Tensor:

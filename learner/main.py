@@ -79,10 +79,10 @@ async def train(cfg: Config) -> None:
     torch.set_num_threads(lc.torch_threads)
     torch.manual_seed(cfg.run.seed)
     rank, world = init_from_env()
-    model, trainer, resumed = build_trainer(cfg)
+    model, trainer, _ = build_trainer(cfg)
     try:
         if rank == 0:
-            await _serve(cfg, model, trainer, resumed is not None, world)
+            await _serve(cfg, model, trainer, world)
         else:
             while (batch := broadcast(None, rank, world)) is not None:
                 trainer.step(batch)
@@ -90,14 +90,14 @@ async def train(cfg: Config) -> None:
         shutdown(world)
 
 
-async def _serve(cfg: Config, model, trainer, resumed: bool, world: int) -> None:
+async def _serve(cfg: Config, model, trainer, world: int) -> None:
     import zmq
     import zmq.asyncio
 
     from learner import checkpoint
     from learner.distributed import broadcast
     from learner.metrics import LearnerMetrics
-    from learner.weight_sync import DiskWeightSync, WeightSyncError
+    from learner.weight_sync import WeightSyncError, make_weight_sync
     from protocol.codec import encode
     from protocol.http_metrics import start_metrics_server
     from protocol.messages import VersionAnnouncement
@@ -107,16 +107,16 @@ async def _serve(cfg: Config, model, trainer, resumed: bool, world: int) -> None
     metrics = LearnerMetrics()
     run_dir = Path(cfg.run.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    sync = DiskWeightSync(cfg.vllm.urls, lc.weights_dir or run_dir / "weights", cfg.model.path,
-                          keep=lc.keep_weight_versions)
-    if resumed:  # the servers may hold other weights: give them the checkpoint's before announcing
-        try:
-            await sync.push(sync.save(model.state_dict(), trainer.version), trainer.version)
-        except WeightSyncError as exc:
-            metrics.push_failures.inc()
-            log.error("push of the resumed version %d failed: %s", trainer.version, exc)
-    else:
-        await sync.set_version(trainer.version)
+    sync = make_weight_sync(cfg.vllm.weight_sync, cfg.vllm.urls, weights_dir=lc.weights_dir or run_dir / "weights",
+                            model_dir=cfg.model.path, keep=lc.keep_weight_versions,
+                            master_address=cfg.vllm.nccl_master_address, master_port=cfg.vllm.nccl_master_port)
+    # The servers may hold other weights (a checkpoint we resumed past, an earlier run on a shared server):
+    # give them ours before announcing, so version labels always name the weights that sampled.
+    try:
+        await sync.push(sync.save(model.state_dict(), trainer.version), trainer.version)
+    except WeightSyncError as exc:
+        metrics.push_failures.inc()
+        log.error("initial push of version %d failed: %s", trainer.version, exc)
     metrics.version.set(trainer.version)
 
     ctx = zmq.asyncio.Context()
@@ -134,6 +134,7 @@ async def _serve(cfg: Config, model, trainer, resumed: bool, world: int) -> None
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log_file = (run_dir / "learner.jsonl").open("a")
+    watcher = asyncio.create_task(sync.watch())  # re-syncs servers that missed a push once they answer again
     started = time.monotonic()
     try:
         while not stop.is_set() and not (lc.max_steps and trainer.version >= lc.max_steps):
@@ -181,6 +182,7 @@ async def _serve(cfg: Config, model, trainer, resumed: bool, world: int) -> None
                      stats["version"], stats["return_mean"], stats["policy_loss"], stats["staleness_max"],
                      stats["step_s"], push_s, wait_s)
     finally:
+        watcher.cancel()
         broadcast(None, 0, world)  # release the other ranks
         log_file.close()
         ctx.destroy(linger=0)

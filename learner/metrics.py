@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from turnstream.build_info import register_build_info
+
 
 class LearnerMetrics:
     GAUGES = ("policy_loss", "approx_kl", "clip_fraction", "entropy", "is_weight_mean", "is_weight_max",
@@ -11,9 +13,9 @@ class LearnerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None):
         r = self.registry = registry or CollectorRegistry()
+        register_build_info(r, "learner")
         self.steps = Counter("turnstream_learner_steps_total", "Optimizer steps taken", registry=r)
         self.version = Gauge("turnstream_learner_policy_version", "Current policy version", registry=r)
-        self.tokens = Counter("turnstream_learner_trained_tokens_total", "Action tokens trained on", registry=r)
         self.episodes = Counter("turnstream_learner_trained_episodes_total", "Episodes trained on", registry=r)
         self.step_seconds = Histogram("turnstream_learner_step_seconds", "Time of one training step", registry=r)
         self.wait_seconds = Histogram("turnstream_learner_batch_wait_seconds", "Time waiting for a batch",
@@ -25,7 +27,7 @@ class LearnerMetrics:
         # staleness is bounded by buffer.max_staleness, so it is a bounded label
         self.rejected_batches = Counter("turnstream_learner_rejected_batches_total",
                                         "Batches skipped because the model cannot take them", registry=r)
-        self.staleness = Counter("turnstream_learner_trained_tokens_by_staleness_total",
+        self.staleness = Counter("turnstream_learner_trained_tokens_total",
                                  "Action tokens trained on, by staleness in policy versions", ["staleness"],
                                  registry=r)
         # Prometheus naming: a rate is "_per_second"; the JSONL key stays tokens_per_s
@@ -36,7 +38,6 @@ class LearnerMetrics:
     def record(self, stats: dict) -> None:
         self.steps.inc()
         self.version.set(stats["version"])
-        self.tokens.inc(stats["action_tokens"])
         self.episodes.inc(stats["episodes"])
         self.step_seconds.observe(stats["step_s"])
         for staleness, count in stats["staleness_hist"].items():

@@ -48,6 +48,7 @@ class Trainer:
         # With one optimizer step per batch, pi_prox is the policy of the training forward itself (same
         # weights, no dropout), so its log-probs are that forward's, detached: one forward pass saved.
         self.fuse_prox = True
+        self._collected: torch.Tensor | None = None
 
     # ---- helpers ------------------------------------------------------------------------------------
 
@@ -80,6 +81,12 @@ class Trainer:
         self._sum_over_ranks(logp, values, ref)
         return logp, (values if want_values else None), (ref if want_ref else None)
 
+    @staticmethod
+    def _agent_ids(batch: Batch, tb: TensorBatch) -> np.ndarray | None:
+        """Per action token agent ids for Dr. MAS (None when the batch has a single agent)."""
+        per_episode = estimators.episode_agent_ids(batch)
+        return None if per_episode is None else per_episode[tb.act_episode.numpy()]
+
     # ---- the step -----------------------------------------------------------------------------------
 
     def step(self, batch: Batch) -> dict:
@@ -97,9 +104,13 @@ class Trainer:
                 prox_logp = None
         adv = estimators.compute(cfg.estimator, batch, tb, tracker=self.tracker, spo_normalize=cfg.spo.normalize,
                                  gamma=cfg.critic.gamma, lam=cfg.critic.lam, old_values=old_values,
-                                 agent_ids=getattr(batch, "agent_ids", None) if cfg.agent_norm else None)
+                                 agent_ids=self._agent_ids(batch, tb) if cfg.agent_norm else None)
         ratio_group = estimators.turn_groups(tb) if value_based and cfg.critic.turn_ratio else None
 
+        # SPO's drift D can be read at pi_prox (free: the training forward's log-probs) instead of re-reading
+        # the updated policy (one more forward pass); see SpoSection.drift.
+        drift_at_prox = cfg.estimator == "spo" and cfg.spo.drift == "proximal"
+        self._collected = torch.zeros(tb.act_tokens.numel()) if drift_at_prox and prox_logp is None else None
         sums: dict[str, float] = {}
         maxes: dict[str, float] = {}
         for _ in range(cfg.epochs):
@@ -114,7 +125,13 @@ class Trainer:
         out = {k: v / updates for k, v in sums.items()}
         out.update(maxes)
         self.version += 1
-        rho_mean = self._update_tracker(batch, tb) if cfg.estimator == "spo" else 1.0
+        drift_logp = None
+        if drift_at_prox:
+            drift_logp = prox_logp
+            if drift_logp is None:
+                self._sum_over_ranks(self._collected)
+                drift_logp = self._collected
+        rho_mean = self._update_tracker(batch, tb, drift_logp) if cfg.estimator == "spo" else 1.0
         returns = np.asarray(batch.returns, np.float64)
         staleness = (batch.learner_version - tb.act_versions).numpy()
         step_s = time.monotonic() - started
@@ -144,7 +161,7 @@ class Trainer:
         if adv.value_mask is not None:
             chosen = adv.value_mask & in_minibatch
             value_weights[chosen] = 1.0 / max(1, int(chosen.sum()))  # token-mean over trained positions
-        self.net.train(True)
+        # eval mode throughout (no dropout): the ratio pi_theta / pi_prox must be 1 at equal weights
         self.optimizer.zero_grad(set_to_none=True)
         stats: dict[str, float] = {}
         count = 0
@@ -154,6 +171,8 @@ class Trainer:
             logits, values = self.net(ids, att)
             logp, entropy = logprobs_from_logits(logits, tb, mb)
             prox = logp.detach() if prox_logp is None else prox_logp[sel]
+            if self._collected is not None:
+                self._collected[sel] = prox
             w = weights[sel]
             loss, s = decoupled_ppo_loss(
                 logp, prox, tb.behav_logp[sel], adv.token_adv[sel], clip_low=cfg.clip_low,
@@ -200,10 +219,15 @@ class Trainer:
             p.grad.copy_(flat[offset: offset + n].view_as(p))
             offset += n
 
-    def _update_tracker(self, batch: Batch, tb: TensorBatch) -> float:
-        """SPO++: evidence is folded in the order of the policy version that produced it, not arrival."""
-        self.net.train(False)
-        new_logp, _, _ = self._evaluate(tb, False, False)
+    def _update_tracker(self, batch: Batch, tb: TensorBatch, logp: torch.Tensor | None = None) -> float:
+        """SPO++: evidence is folded in the order of the policy version that produced it, not arrival.
+
+        D = mean |log mu - log pi| over the episode's action tokens, pi the updated policy (default) or `logp`.
+        """
+        if logp is None:
+            self.net.train(False)
+            logp, _, _ = self._evaluate(tb, False, False)
+        new_logp = logp
         drift = (new_logp - tb.behav_logp).abs()
         n = tb.num_episodes
         divergence = torch.zeros(n).index_add_(0, tb.act_episode, drift) / torch.from_numpy(

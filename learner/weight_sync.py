@@ -9,10 +9,10 @@ transfer:
 - `nccl` (learner/weight_sync_nccl.py): vLLM's native weight-transfer engine, a broadcast from the learner
   (rank 0) to every server's workers.
 
-A server that fails during a push (down, restarting) is remembered as behind; `resync()` (run by
-`watch()` in the background, and at the start of every push) brings it to the latest version as soon as
-it answers again. Actors do not send it requests while its version is outside the staleness bound
-(actors/fleet.py).
+A server that fails during a push (down, restarting) is remembered as behind. Every push goes to every
+server, so the next push brings it back; between pushes `resync()` (run by `watch()` in the background)
+brings it to the latest version as soon as it answers `/health` again. Actors do not send it requests
+while its version is outside the staleness bound (actors/fleet.py).
 
 Interface used by learner/main.py: `save(state_dict, version) -> path`, `await push(path, version)`,
 `await set_version(version)`.
@@ -196,6 +196,15 @@ def make_weight_sync(backend: str, urls: list[str], *, weights_dir: str | Path =
     raise ValueError(f"vllm.weight_sync: unknown backend {backend!r} (disk or nccl)")
 
 
+def weight_sync_from_config(cfg, default_weights_dir: str | Path) -> WeightSync:
+    """The backend a run's config asks for (`vllm.weight_sync`), for learner/main.py."""
+    return make_weight_sync(cfg.vllm.weight_sync, cfg.vllm.urls,
+                            weights_dir=cfg.learner.weights_dir or default_weights_dir, model_dir=cfg.model.path,
+                            keep=cfg.learner.keep_weight_versions, master_address=cfg.vllm.nccl_master_address,
+                            master_port=cfg.vllm.nccl_master_port)
+
+
 from learner.weight_sync_disk import MODEL_SIDE_FILES, DiskWeightSync  # noqa: E402  (the default backend)
 
-__all__ = ["DiskWeightSync", "MODEL_SIDE_FILES", "WeightSync", "WeightSyncError", "make_weight_sync"]
+__all__ = ["DiskWeightSync", "MODEL_SIDE_FILES", "WeightSync", "WeightSyncError", "make_weight_sync",
+           "weight_sync_from_config"]

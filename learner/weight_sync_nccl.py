@@ -65,6 +65,7 @@ class VllmNcclTransport:
         import torch
 
         assert self.group is not None, "init_group first"
+        tensors = [(n, t if t.is_cuda else t.to("cuda")) for n, t in tensors]  # a CPU learner's tensors too
         if self.packed:
             from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
 

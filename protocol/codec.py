@@ -82,22 +82,36 @@ def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
     kwargs: dict[str, Any] = {}
     for i, (name, spec) in enumerate(arrays.items(), start=1):
         kwargs[name] = _decode_array(cls, name, spec, buffers[i])
-    for f in dataclasses.fields(cls):
-        if f.name in cls.ARRAYS:
+    for name, check, required, is_float in _scalar_specs(cls):
+        if name not in scalars:
+            if required:
+                raise DecodeError("missing_field", f"{cls.TYPE}.{name}")
             continue
-        if f.name not in scalars:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise DecodeError("missing_field", f"{cls.TYPE}.{f.name}")
-            continue
-        value = scalars[f.name]
-        check = _SCALAR_CHECKS.get(str(f.type))
+        value = scalars[name]
         if check is not None and not check(value):
-            raise DecodeError("bad_field", f"{cls.TYPE}.{f.name} is not {f.type}")
-        kwargs[f.name] = float(value) if f.type == "float" else value
-    missing = [n for n in cls.ARRAYS if n not in kwargs and _required(cls, n)]
-    if missing:
-        raise DecodeError("missing_field", f"{cls.TYPE}.{missing[0]}")
+            raise DecodeError("bad_field", f"{cls.TYPE}.{name} is not {cls.__dataclass_fields__[name].type}")
+        kwargs[name] = float(value) if is_float else value
+    for name in _required_arrays(cls):
+        if name not in kwargs:
+            raise DecodeError("missing_field", f"{cls.TYPE}.{name}")
     return cls(**kwargs)
+
+
+_SPECS: dict[type, tuple] = {}
+
+
+def _scalar_specs(cls) -> tuple:
+    """(name, type check, required, is_float) per scalar field, computed once per message class."""
+    specs = _SPECS.get(cls)
+    if specs is None:
+        specs = _SPECS[cls] = tuple(
+            (f.name, _SCALAR_CHECKS.get(str(f.type)), _required(cls, f.name), f.type == "float")
+            for f in dataclasses.fields(cls) if f.name not in cls.ARRAYS)
+    return specs
+
+
+def _required_arrays(cls) -> list[str]:
+    return [n for n in cls.ARRAYS if _required(cls, n)]
 
 
 def _required(cls, name: str) -> bool:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 
 import numpy as np
@@ -37,3 +38,25 @@ def scrape(url: str) -> dict[str, float]:
             key, value = line.rsplit(" ", 1)
             out[key] = float(value)
     return out
+
+
+def process_group_gone(pgid: int) -> bool:
+    """True when neither the process nor anything left in its process group is alive."""
+    try:
+        os.killpg(pgid, 0)
+        return False
+    except ProcessLookupError:
+        return True
+
+
+class CollectingLink:
+    """Stands in for the buffer link in actor tests: keeps the chunks for inspection."""
+
+    learner_version = 0
+
+    def __init__(self):
+        self.chunks = []
+
+    async def send(self, chunk):
+        chunk.seq = len(self.chunks)
+        self.chunks.append(chunk)

@@ -57,10 +57,9 @@ def _dispatch(args) -> int:
         print(make_tiny_model(args.dir, seed=args.seed))
         return 0
     if args.command == "report":
-        from turnstream.report import plot_learning_curve
+        from turnstream.report import main as report_main
 
-        print(plot_learning_curve(args.run_dir))
-        return 0
+        return report_main(args.run_dir)
     if args.command == "bench":
         import importlib
 

@@ -11,16 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import process_group_gone
+
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
-
-
-def _gone(pid: int) -> bool:
-    """True when neither the process nor anything in its process group is alive."""
-    try:
-        os.killpg(pid, 0)
-        return False
-    except ProcessLookupError:
-        return True
 
 
 def test_short_training_run_improves_success(tmp_path, tiny_model):
@@ -40,7 +33,7 @@ def test_short_training_run_improves_success(tmp_path, tiny_model):
     assert Path(result["learning_curve"]).stat().st_size > 0
     pids = json.loads((run_dir / "pids.json").read_text())
     assert set(pids) >= {"vllm-0", "buffer", "learner", "actor-0"}
-    assert all(_gone(pid) for pid in pids.values()), pids
+    assert all(process_group_gone(pid) for pid in pids.values()), pids
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -60,7 +53,7 @@ def test_launcher_stops_every_role_on_signal(tmp_path, tiny_model, sig):
         pids = json.loads((run_dir / "pids.json").read_text())
         launcher.send_signal(sig)
         assert launcher.wait(timeout=60) is not None
-        assert all(_gone(pid) for pid in pids.values()), pids
+        assert all(process_group_gone(pid) for pid in pids.values()), pids
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)

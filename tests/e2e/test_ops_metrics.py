@@ -13,6 +13,8 @@ import urllib.request
 
 import pytest
 
+from tests.helpers import process_group_gone
+
 from turnstream.metrics_catalogue import KNOWN_DEVIATIONS, lint_exposition, roles_with_build_info
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
@@ -22,14 +24,6 @@ def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as resp:
         assert resp.status == 200, url
         return resp.read().decode()
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
-        return False
-    except ProcessLookupError:
-        return True
 
 
 def test_every_role_serves_lint_clean_metrics(tmp_path, tiny_model):
@@ -74,7 +68,7 @@ def test_every_role_serves_lint_clean_metrics(tmp_path, tiny_model):
         pids = json.loads((run_dir / "pids.json").read_text())
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(timeout=60) is not None
-        assert all(_gone(pid) for pid in pids.values()), pids
+        assert all(process_group_gone(pid) for pid in pids.values()), pids
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)

@@ -15,26 +15,13 @@ from actors.runner import EpisodeRunner, Sampling
 from buffer.episodes import Episode, flatten
 from learner.batching import action_logprobs, to_tensors
 from learner.weight_sync import DiskWeightSync
-from tests.helpers import http_json
+from tests.helpers import CollectingLink, http_json
 
 pytestmark = pytest.mark.vllm
 
 # The measured error is printed (pytest -s); on a 2-core x86-64 CPU with fp32 weights it was 2.4e-7
 # over 192 tokens (allowed-token mask, T=0.7). The bound leaves room for other CPUs' kernels.
 LOGPROB_TOLERANCE = 1e-4
-
-
-class CollectingLink:
-    """Stands in for the buffer link: grants every credit, keeps the chunks for inspection."""
-
-    learner_version = 0
-
-    def __init__(self):
-        self.chunks = []
-
-    async def send(self, chunk):
-        chunk.seq = len(self.chunks)
-        self.chunks.append(chunk)
 
 
 def _load_model(path):

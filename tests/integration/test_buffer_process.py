@@ -17,6 +17,7 @@ from turnstream.processes import ProcessGroup, free_port
 @pytest.fixture
 def buffer_proc(tmp_path):
     cfg = Config()
+    cfg.run.run_dir = str(tmp_path / "run")  # the buffer's write-ahead log lives here
     cfg.network.buffer_ingest_port = free_port()
     cfg.network.buffer_serve_port = free_port()
     cfg.network.learner_pub_port = free_port()

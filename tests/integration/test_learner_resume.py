@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -45,25 +46,25 @@ class FakeActor:
         self.seq = 0
         self.episodes = 0
 
-    def _send(self, msg):
-        self.sock.send_multipart(encode(msg))
-        assert self.sock.poll(10_000), "no reply from the buffer"
-        return decode(self.sock.recv_multipart())
-
     def episode(self, version: int) -> None:
-        self._send(CreditRequest("actor-t", 1, slots=64))
+        """Credit request (also the heartbeat), then the episode's chunks; wait for every chunk's ack."""
+        self.sock.send_multipart(encode(CreditRequest("actor-t", 1, slots=64)))
         name = f"ep{self.episodes}"
         self.episodes += 1
+        waiting = set()
         for turn in range(3):
             done = turn == 2
-            reply = self._send(chunk(name, turn, seq=self.seq, done=done, version=version,
-                                     reward=float(self.episodes % 2) if done else 0.0, obs=(11, 12, 13 + turn),
-                                     gen=(40 + turn,)))
-            while not isinstance(reply, Ack):  # a credit grant may arrive first
-                assert self.sock.poll(10_000)
-                reply = decode(self.sock.recv_multipart())
-            assert reply.status == "ok", reply
+            self.sock.send_multipart(encode(chunk(
+                name, turn, seq=self.seq, done=done, version=version, reward=float(self.episodes % 2) if done else 0.0,
+                obs=(11, 12, 13 + turn), gen=(40 + turn,))))
+            waiting.add(self.seq)
             self.seq += 1
+        while waiting:
+            assert self.sock.poll(30_000), "no ack from the buffer"
+            reply = decode(self.sock.recv_multipart())
+            if isinstance(reply, Ack):  # credit grants arrive in between
+                assert reply.status == "ok", reply
+                waiting.discard(reply.seq)
 
 
 def test_learner_resumes_after_kill_9(tmp_path, tiny_model, vllm_url):
@@ -111,10 +112,13 @@ def test_learner_resumes_after_kill_9(tmp_path, tiny_model, vllm_url):
         versions_before = [json.loads(line)["version"] for line in log_lines]
 
         learner2 = procs.start("learner2", learner_argv)
-        resumed = _wait(lambda: http_json(health)["version"], "resumed learner up", learner2)
+        # read the version from the resume log line: /healthz may already show a step on leftover batches
+        resumed_at = re.compile(r"resumed from \S+ at version (\d+)")
+        resumed = int(_wait(lambda: resumed_at.search(learner2.log_path.read_text()), "resumed learner up",
+                            learner2).group(1))
         latest_before_kill = max(int(p.name.split("-")[1]) for p in ckpts.glob("step-*"))
         assert resumed == latest_before_kill >= 4  # the same version as the checkpoint, not 0
-        assert "resumed from" in learner2.log_path.read_text()
+        _wait(lambda: http_json(health)["version"] >= resumed, "resumed learner serving", learner2)
 
         train_to(resumed + 2, learner2)
         step = resumed + 2

@@ -14,6 +14,7 @@ class FakeVllm:
         self.world = 1  # workers in this server (TP x PP x DP)
         self.fail_status = 0  # answer generate with this status when set
         self.garbage = False
+        self.drop_connections = 0  # close this many generate connections without answering
         self.gate: asyncio.Event | None = None  # when set, generate waits for it
         self.in_flight = 0
         self.served = 0
@@ -74,6 +75,10 @@ class FakeVllm:
 
     async def generate(self, request):
         body = await request.json()
+        if self.drop_connections > 0:
+            self.drop_connections -= 1
+            request.transport.close()  # what a server closing an idle keep-alive connection looks like
+            return web.Response()
         self.in_flight += 1
         try:
             if self.gate is not None:

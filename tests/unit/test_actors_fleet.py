@@ -134,3 +134,16 @@ async def test_waits_for_a_server_to_come_back(pair):
         a.fail_status = 0
         pending = asyncio.create_task(_gen(fleet))  # waits until the health check sees a back
         assert (await pending).tokens == [7, 7]
+
+
+async def test_dropped_keep_alive_connection_is_retried_on_the_same_server(pair):
+    a, b = pair
+    await b.stop()
+    a.drop_connections = 1
+    async with _fleet([a]) as fleet:
+        assert (await _gen(fleet)).tokens == [7, 7]
+        assert fleet.servers[a.url].healthy and a.served == 1
+        a.drop_connections = 2  # twice in a row is the server's fault
+        with pytest.raises(InferenceError, match="Server disconnected"):
+            await _gen(fleet)
+        assert not fleet.servers[a.url].healthy

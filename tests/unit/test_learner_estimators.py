@@ -187,3 +187,25 @@ def test_agentwise_normalisation_uses_each_agents_own_statistics():
         assert out[agents == a].std() == pytest.approx(1.0, abs=1e-6)
     glob = whiten(adv)
     assert np.ptp(glob[3:]) < 0.05 < 2.0 < np.ptp(out[3:])  # a global baseline flattens the small-scale agent
+
+
+def test_agent_ids_come_from_the_actor_stream_names():
+    batch = synthetic_batch(4, seed=2)
+    assert estimators.episode_agent_ids(batch) is None
+    batch.episode_ids = ["g1/a0", "g1/a1", "g2/a0", "g2/a1"]
+    assert estimators.episode_agent_ids(batch).tolist() == [0, 1, 0, 1]
+
+
+def test_trainer_normalises_per_agent_when_asked():
+    from learner.trainer import Trainer
+    from tests.learner_batches import tiny_causal_lm
+    from turnstream.config import LearnerSection
+
+    batch = synthetic_batch(8, seed=6, group=2)
+    batch.episode_ids = [f"g{i // 2}/a{i % 2}" for i in range(8)]
+    batch.returns = [1.0, -5.0, 0.0, 5.0, 1.0, -5.0, 0.0, 5.0]  # agent 1 plays for much larger stakes
+    tb = to_tensors(batch, 64)
+    ids = Trainer._agent_ids(batch, tb)
+    assert ids.tolist() == [int(batch.episode_ids[e][-1]) for e in tb.act_episode.tolist()]
+    trainer = Trainer(tiny_causal_lm(), LearnerSection(estimator="rloo", agent_norm=True))
+    assert trainer.step(batch)["version"] == 1

@@ -121,3 +121,22 @@ def test_fused_proximal_pass_gives_the_same_update():
         results.append((torch.cat([p.detach().reshape(-1) for p in model.parameters()]), s["policy_loss"]))
     assert (results[0][0] - results[1][0]).abs().max().item() < 1e-6
     assert results[0][1] == pytest.approx(results[1][1], abs=1e-6)
+
+
+def test_spo_drift_at_the_proximal_policy_uses_the_training_forward():
+    """spo.drift = proximal: D is |log mu - log pi_prox|, which a separate no-grad pass reproduces."""
+    from learner.batching import action_logprobs, to_tensors
+
+    cfg = cfg_for("spo")
+    cfg.spo.drift = "proximal"
+    model = tiny_causal_lm()
+    batch = synthetic_batch(8, seed=7)
+    tb = to_tensors(batch, 64)
+    with torch.no_grad():
+        prox, _ = action_logprobs(copy.deepcopy(model).eval(), tb)
+    expected = Trainer(tiny_causal_lm(), cfg)
+    expected._update_tracker(batch, tb, prox)
+    t = Trainer(model, cfg)
+    t.step(batch)
+    for key, ab in expected.tracker.state.items():
+        assert t.tracker.state[key] == pytest.approx(ab, abs=1e-6)

@@ -75,7 +75,6 @@ def test_a_role_registry_exposition_lints_clean():
     from buffer.metrics import BufferMetrics
 
     m = BufferMetrics(CollectorRegistry())
-    build_info.register_build_info(m.registry, "buffer")
     m.chunks.labels("accepted").inc()
     m.served_staleness.observe(1)
     assert lint_exposition(generate_latest(m.registry).decode(), role="buffer") == {}

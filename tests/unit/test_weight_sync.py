@@ -106,11 +106,11 @@ def test_factory_builds_each_backend(tmp_path):
 class FakeTransport:
     """Rank 0 of a fake NCCL group. Like the real one, each call blocks until every server's matching HTTP
     call is in flight (a collective needs all members), so a push that does not overlap them deadlocks and
-    fails the test by timeout."""
+    fails the test by timeout. Counts are cumulative, so no reset can race with an early arrival."""
 
     def __init__(self, servers: list[FakeVllm]):
         self.arrived: dict[str, int] = {}
-        self.released: dict[str, threading.Event] = {}
+        self.released: dict[str, int] = {}
         self.lock = threading.Lock()
         self.expected = len(servers)  # servers (not workers) that must join each collective
         self.inits: list[tuple[str, int, int]] = []
@@ -120,39 +120,32 @@ class FakeTransport:
             s.hooks["init_weight_transfer_engine"] = lambda body: self._worker_side("init")
             s.hooks["update_weights"] = lambda body: self._worker_side("update")
 
-    def _event(self, name: str) -> threading.Event:
-        with self.lock:
-            return self.released.setdefault(name, threading.Event())
-
     async def _worker_side(self, name: str) -> None:
         with self.lock:
-            self.arrived[name] = self.arrived.get(name, 0) + 1
-        ev = self._event(name)
+            mine = self.arrived.get(name, 0)
+            self.arrived[name] = mine + 1
         for _ in range(500):
-            if ev.is_set():
+            if self.released.get(name, 0) > mine:
                 return
             await asyncio.sleep(0.01)
         raise AssertionError(f"learner never joined {name}")
 
     def _learner_side(self, name: str) -> None:
         deadline = time.monotonic() + 5
-        while self.arrived.get(name, 0) < self.expected:
+        needed = self.released.get(name, 0) + self.expected
+        while self.arrived.get(name, 0) < needed:
             assert time.monotonic() < deadline, f"servers never joined {name}"
             time.sleep(0.01)
-        self._event(name).set()
+        with self.lock:
+            self.released[name] = needed
 
     def init_group(self, master_address, master_port, world_size):
         self.inits.append((master_address, master_port, world_size))
-        self.released.pop("init", None)
-        self.arrived["init"] = 0
         self._learner_side("init")
 
     def send(self, tensors):
         self.sent.append([(n, tuple(t.shape)) for n, t in tensors])
         self._learner_side("update")
-        with self.lock:
-            self.arrived["update"] = 0
-            self.released.pop("update", None)
 
     def close(self):
         self.closed += 1
@@ -220,3 +213,16 @@ async def test_nccl_failure_inside_the_collective_tears_the_group_down_and_resum
     a.fail_control = set()
     await sync.push(sync.save(_state(), 3), 3)
     assert a.version == b.version == "3" and sync.groups_built == 2
+
+
+def test_backend_from_config(tmp_path):
+    from learner.weight_sync import weight_sync_from_config
+    from turnstream.config import load_config
+
+    cfg = load_config(None, ["vllm.urls=['http://127.0.0.1:9']", f"model.path='{tmp_path}'"])
+    sync = weight_sync_from_config(cfg, tmp_path / "weights")
+    assert isinstance(sync, DiskWeightSync) and sync.dir == (tmp_path / "weights").resolve()
+    cfg = load_config(None, ["vllm.urls=['http://127.0.0.1:9']", "vllm.weight_sync=nccl",
+                             "vllm.nccl_master_address='10.1.2.3'", "vllm.nccl_master_port=29600"])
+    sync = weight_sync_from_config(cfg, tmp_path)
+    assert isinstance(sync, NcclWeightSync) and (sync.master_address, sync.master_port) == ("10.1.2.3", 29600)

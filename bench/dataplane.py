@@ -1,0 +1,192 @@
+"""`turnstream bench dataplane`: actor-side sender -> buffer throughput (acked), vs raw pyzmq PUSH/PULL.
+
+For each chunk size (2 KB and 1 MB encoded TurnChunks) it measures, in one run on one machine:
+- raw:     pyzmq PUSH (this process) -> PULL (a child process) of the same multipart frames, encoded once,
+           until the receiver has them all (the transport's ceiling: no encoding, acks, decoding, storage);
+- ours:    actors.link.BufferLink (this process) -> the real buffer process (`turnstream buffer`), from the
+           first send until the last ack, write-ahead log off;
+- ours+wal: the same with the write-ahead log on, fsync "always" (an ack means fsynced).
+Prints a human-readable table, then one JSON line last with ratio_small / ratio_large (ours / raw,
+without the log) and every absolute figure. Processes it starts are stopped by PID.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+RECEIVER = r"""
+import sys, zmq
+port, n = int(sys.argv[1]), int(sys.argv[2])
+ctx = zmq.Context()
+pull = ctx.socket(zmq.PULL); pull.setsockopt(zmq.RCVHWM, 10000); pull.bind(f"tcp://127.0.0.1:{port}")
+rep = ctx.socket(zmq.PAIR); rep.bind(f"tcp://127.0.0.1:{sys.argv[3]}")
+rep.recv()  # "go"
+for _ in range(n):
+    pull.recv_multipart(copy=False)
+rep.send(b"done")
+"""
+
+
+def make_chunk_arrays(target_bytes: int):
+    """obs/gen arrays whose encoded TurnChunk is about target_bytes long (header ~250 B)."""
+    from protocol.codec import encode
+    from protocol.messages import TurnChunk
+
+    n_gen = 32 if target_bytes < 100_000 else 64
+    gen = np.arange(n_gen, dtype=np.int32)
+    arrays = dict(gen_tokens=gen, gen_logprobs=np.full(n_gen, -0.5, np.float32),
+                  gen_versions=np.zeros(n_gen, np.int32))
+    probe = TurnChunk("bench-actor", 1, 0, "ep0", 0, "bench/p", np.zeros(1, np.int32), reward=0.0, done=True,
+                      **arrays)
+    overhead = sum(memoryview(f).nbytes for f in encode(probe)) - 4
+    n_obs = max(1, (target_bytes - overhead) // 4)
+    obs = (np.arange(n_obs, dtype=np.int64) % 30000).astype(np.int32)
+    return obs, arrays
+
+
+def chunk_at(i: int, obs, arrays):
+    from protocol.messages import TurnChunk
+
+    return TurnChunk("bench-actor", 1, 0, f"ep{i}", 0, "bench/p", obs, reward=0.0, done=True, **arrays)
+
+
+def bench_raw(n: int, obs, arrays) -> float:
+    """Seconds to push n messages (the encoded chunk frames) through PUSH -> PULL in another process."""
+    import zmq
+
+    from protocol.codec import encode
+    from turnstream.processes import free_port
+
+    port, ctl = free_port(), free_port()
+    child = subprocess.Popen([sys.executable, "-c", RECEIVER, str(port), str(n), str(ctl)])
+    ctx = zmq.Context()
+    try:
+        push = ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.SNDHWM, 10000)
+        push.setsockopt(zmq.LINGER, 0)
+        pair = ctx.socket(zmq.PAIR)
+        pair.setsockopt(zmq.LINGER, 0)
+        pair.connect(f"tcp://127.0.0.1:{ctl}")
+        push.connect(f"tcp://127.0.0.1:{port}")
+        time.sleep(0.3)
+        frames = [bytes(f) for f in encode(chunk_at(0, obs, arrays))]
+        pair.send(b"go")
+        t0 = time.perf_counter()
+        for _ in range(n):  # the transport's ceiling: the same bytes, already encoded
+            push.send_multipart(frames, copy=len(frames[1]) < 65536)
+        assert pair.poll(120_000), "raw receiver did not finish"
+        pair.recv()
+        return time.perf_counter() - t0
+    finally:
+        ctx.destroy(linger=0)
+        child.kill()
+        child.wait()
+
+
+def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path) -> float:
+    """Seconds from the first BufferLink.send to the last ack from a real buffer process."""
+    from turnstream.config import Config
+    from turnstream.processes import ProcessGroup, free_port
+
+    cfg = Config()
+    cfg.run.run_dir = str(workdir / f"run-{wal}-{obs.size}")
+    cfg.network.buffer_ingest_port, cfg.network.buffer_serve_port = free_port(), free_port()
+    cfg.buffer.metrics_port = free_port()
+    cfg.buffer.wal, cfg.buffer.wal_fsync = wal, "always"
+    cfg.buffer.max_items = cfg.buffer.max_running = max(cfg.buffer.max_items, n + 1)
+    cfg.buffer.eta = cfg.buffer.max_staleness = 1000
+    path = workdir / f"bench-{wal}-{obs.size}.toml"
+    path.write_text(cfg.dumps())
+    procs = ProcessGroup(workdir)
+    child = procs.start(f"buffer-{wal}-{obs.size}", [sys.executable, "-m", "turnstream.cli", "buffer",
+                                                      "--config", str(path)])
+    try:
+        _wait_up(cfg.buffer.metrics_port, child)
+        return asyncio.run(_send_all(cfg, n, obs, arrays, window))
+    finally:
+        procs.stop_all()
+
+
+async def _send_all(cfg, n: int, obs, arrays, window: int) -> float:
+    import zmq.asyncio
+
+    from actors.link import BufferLink
+    from actors.metrics import ActorMetrics
+
+    ctx = zmq.asyncio.Context()
+    link = BufferLink(ctx, f"tcp://127.0.0.1:{cfg.network.buffer_ingest_port}", actor_id="bench-actor", epoch=1,
+                      slots=0, max_unacked=window, resend_after_s=60.0, metrics=ActorMetrics(),
+                      max_message_bytes=cfg.network.max_message_bytes)
+    task = asyncio.create_task(link.run())
+    try:
+        await asyncio.sleep(0.3)
+        t0 = time.perf_counter()
+        for i in range(n):
+            await link.send(chunk_at(i, obs, arrays))
+        async with link._changed:
+            await link._changed.wait_for(lambda: not link.unacked)
+        elapsed = time.perf_counter() - t0
+        assert link.m.acks.labels("ok")._value.get() == n, "not every chunk was acked ok"
+        return elapsed
+    finally:
+        task.cancel()
+        ctx.destroy(linger=0)
+
+
+def _wait_up(port: int, child) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).read()
+            return
+        except OSError:
+            if child.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"buffer did not start, see {child.log_path}")
+            time.sleep(0.1)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="turnstream bench dataplane", description=__doc__.splitlines()[0])
+    p.add_argument("--small-bytes", type=int, default=2048)
+    p.add_argument("--large-bytes", type=int, default=1 << 20)
+    p.add_argument("--small-count", type=int, default=20000, help="2 KB chunks per measurement")
+    p.add_argument("--large-count", type=int, default=200, help="1 MB chunks per measurement")
+    p.add_argument("--small-window", type=int, default=1024, help="unacked window (actor.max_unacked)")
+    p.add_argument("--large-window", type=int, default=32)
+    args = p.parse_args(argv)
+    from protocol.codec import encode
+
+    result: dict = {}
+    with tempfile.TemporaryDirectory(prefix="turnstream-bench-") as tmp:
+        for label, size, count, window in (("small", args.small_bytes, args.small_count, args.small_window),
+                                           ("large", args.large_bytes, args.large_count, args.large_window)):
+            obs, arrays = make_chunk_arrays(size)
+            nbytes = sum(memoryview(f).nbytes for f in encode(chunk_at(0, obs, arrays)))
+            figures = {"chunk_bytes": nbytes, "chunks": count}
+            for name, run in (("raw", lambda: bench_raw(count, obs, arrays)),
+                              ("ours", lambda: bench_ours(count, obs, arrays, wal=False, window=window,
+                                                          workdir=Path(tmp))),
+                              ("ours_wal", lambda: bench_ours(count, obs, arrays, wal=True, window=window,
+                                                              workdir=Path(tmp)))):
+                seconds = run()
+                figures[f"{name}_chunks_per_s"] = round(count / seconds, 1)
+                figures[f"{name}_mb_per_s"] = round(count * nbytes / seconds / 1e6, 2)
+                print(f"{label:5s} {name:9s} {nbytes:>8d} B  {count / seconds:>10.1f} chunks/s  "
+                      f"{count * nbytes / seconds / 1e6:>9.2f} MB/s", flush=True)
+            result[label] = figures
+    result["ratio_small"] = round(result["small"]["ours_chunks_per_s"] / result["small"]["raw_chunks_per_s"], 3)
+    result["ratio_large"] = round(result["large"]["ours_chunks_per_s"] / result["large"]["raw_chunks_per_s"], 3)
+    result["wal_cost_small"] = round(1 - result["small"]["ours_wal_chunks_per_s"] / result["small"]["ours_chunks_per_s"], 3)
+    result["wal_cost_large"] = round(1 - result["large"]["ours_wal_chunks_per_s"] / result["large"]["ours_chunks_per_s"], 3)
+    print(json.dumps(result))
+    return 0
