@@ -20,6 +20,7 @@ import zmq
 import zmq.asyncio
 
 from actors.metrics import ActorMetrics
+from protocol.auth import CurveKeys, make_client
 from protocol.codec import DecodeError, decode, encode
 from protocol.messages import Ack, CreditGrant, CreditRequest, TurnChunk
 from protocol.sockets import configure
@@ -30,8 +31,10 @@ log = logging.getLogger("turnstream.actor")
 class BufferLink:
     def __init__(self, ctx: zmq.asyncio.Context, addr: str, *, actor_id: str, epoch: int, slots: int,
                  max_unacked: int, resend_after_s: float, metrics: ActorMetrics, max_message_bytes: int,
-                 heartbeat_s: float = 1.0):
+                 heartbeat_s: float = 1.0, curve: CurveKeys | None = None):
         self.sock = configure(ctx.socket(zmq.DEALER), max_bytes=max_message_bytes)
+        if curve is not None:
+            make_client(self.sock, curve)  # before connect: keys are read when the handshake starts
         self.sock.connect(addr)
         self.actor_id, self.epoch, self.slots = actor_id, epoch, slots
         self.max_unacked, self.resend_after_s, self.heartbeat_s = max_unacked, resend_after_s, heartbeat_s

@@ -22,6 +22,7 @@ async def serve(cfg: Config, actor_index: int) -> None:
     from actors.link import BufferLink
     from actors.metrics import ActorMetrics
     from actors.runner import EpisodeRunner, Sampling
+    from protocol.auth import keys_for
     from protocol.http_metrics import start_metrics_server
     from protocol.sockets import bind_address
 
@@ -33,7 +34,7 @@ async def serve(cfg: Config, actor_index: int) -> None:
     ctx = zmq.asyncio.Context()
     link = BufferLink(ctx, bind_address(net.host, net.buffer_ingest_port), actor_id=actor_id, epoch=epoch,
                       slots=a.concurrent_episodes, max_unacked=a.max_unacked, resend_after_s=a.resend_after_s,
-                      metrics=metrics, max_message_bytes=net.max_message_bytes)
+                      metrics=metrics, max_message_bytes=net.max_message_bytes, curve=keys_for(net))
     metrics_port = a.metrics_port + actor_index if a.metrics_port else 0
     runner_http, port = await start_metrics_server(metrics.registry, net.host, metrics_port)
     log.info("%s (epoch %d): %d episodes in flight, metrics port %d", actor_id, epoch, a.concurrent_episodes, port)

@@ -16,6 +16,7 @@ async def serve(cfg: Config) -> None:
     from buffer.server import BufferServer
     from buffer.store import ReplayStore
     from protocol.http_metrics import start_metrics_server
+    from protocol.auth import keys_for
     from protocol.sockets import bind_address
 
     b, net = cfg.buffer, cfg.network
@@ -29,7 +30,7 @@ async def serve(cfg: Config) -> None:
     version_addr = bind_address(net.host, net.learner_pub_port) if net.learner_pub_port else None
     server = BufferServer(store, metrics, ingest_addr=bind_address(net.host, net.buffer_ingest_port),
                           serve_addr=bind_address(net.host, net.buffer_serve_port), version_addr=version_addr,
-                          max_message_bytes=net.max_message_bytes, journal=journal)
+                          max_message_bytes=net.max_message_bytes, journal=journal, curve=keys_for(net))
     runner, port = await start_metrics_server(metrics.registry, net.host, b.metrics_port,
                                               health=lambda: {"learner_version": store.learner_version})
     log.info("buffer: ingest port %d, serve port %d, metrics port %d", server.ingest_port, server.serve_port, port)

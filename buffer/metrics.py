@@ -47,6 +47,10 @@ class BufferMetrics:
                                       "said no", registry=r)
         self.sample_blocked = Counter("turnstream_buffer_sample_blocked_seconds_total",
                                       "Seconds a learner request waited for data or the rate limiter", registry=r)
+        self.auth_failures = Counter("turnstream_buffer_auth_failures_total",
+                                     "Peers refused by CURVE: reason auth = key not on the allow-list, "
+                                     "protocol or no_detail = bad handshake (e.g. a plaintext peer)",
+                                     ["socket", "reason"], registry=r)
         self.batch_requests = Counter("turnstream_buffer_batch_requests_total", "Batch requests, by outcome",
                                       ["outcome"], registry=r)
         self.wal_bytes = Gauge("turnstream_buffer_wal_bytes", "Size of the write-ahead log", registry=r)

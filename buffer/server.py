@@ -19,6 +19,7 @@ from buffer.episodes import flatten
 from buffer.metrics import BufferMetrics
 from buffer.ratelimit import BlockedClock, Cancelled, Gate
 from buffer.store import ReplayStore
+from protocol import auth
 from protocol.codec import DecodeError, decode, encode
 from protocol.messages import Ack, BatchRequest, CreditGrant, CreditRequest, TurnChunk, VersionAnnouncement
 from protocol.sockets import configure
@@ -29,18 +30,27 @@ log = logging.getLogger("turnstream.buffer")
 class BufferServer:
     def __init__(self, store: ReplayStore, metrics: BufferMetrics, *, ingest_addr: str, serve_addr: str,
                  version_addr: str | None, max_message_bytes: int, journal=None, drain_max: int = 256,
-                 housekeeping_s: float = 0.5):
+                 housekeeping_s: float = 0.5, curve: auth.CurveKeys | None = None):
         self.store, self.m, self.journal = store, metrics, journal
         self.server_id = uuid.uuid4().hex[:16]  # a new one per start tells actors to resend their window
         self.ctx = zmq.asyncio.Context()
         self.ingest = configure(self.ctx.socket(zmq.ROUTER), max_bytes=max_message_bytes)
         self.serve = configure(self.ctx.socket(zmq.ROUTER), max_bytes=max_message_bytes)
+        self.monitors: dict[str, zmq.Socket] = {}  # socket name -> monitor of refused handshakes (CURVE only)
+        self.authenticator, self.refusals = None, 0
+        if curve is not None:  # must precede bind: the mechanism is fixed per socket before peers arrive
+            self.authenticator = auth.start_authenticator(self.ctx, curve)
+            for name, sock in (("ingest", self.ingest), ("serve", self.serve)):
+                auth.make_server(sock, curve)
+                self.monitors[name] = auth.refusal_monitor(sock)
         self.ingest_port = _bind(self.ingest, ingest_addr)
         self.serve_port = _bind(self.serve, serve_addr)
         self.versions = None
         if version_addr:
             self.versions = configure(self.ctx.socket(zmq.SUB))
             self.versions.setsockopt(zmq.SUBSCRIBE, b"")
+            if curve is not None:
+                auth.make_client(self.versions, curve)
             self.versions.connect(version_addr)
         self.max_message_bytes, self.drain_max, self.housekeeping_s = max_message_bytes, drain_max, housekeeping_s
         self.gate = Gate()
@@ -54,6 +64,7 @@ class BufferServer:
         tasks = [self._ingest_loop(), self._serve_loop(), self._housekeeping_loop()]
         if self.versions is not None:
             tasks.append(self._version_loop())
+        tasks += [auth.count_refusals(mon, self._refused_counter(name)) for name, mon in self.monitors.items()]
         await asyncio.gather(*tasks)
 
     async def shutdown(self) -> None:
@@ -64,9 +75,21 @@ class BufferServer:
 
     def close(self) -> None:
         self.serve.close(linger=500)  # let the "cancelled" answers of shutdown() reach the learners
+        if self.authenticator is not None:
+            self.authenticator.stop()
         self.ctx.destroy(linger=0)
         if self.journal is not None:
             self.journal.close()
+
+    def _refused_counter(self, socket_name: str):
+        def refused(reason: str) -> None:
+            self.m.auth_failures.labels(socket_name, reason).inc()
+            self.refusals += 1
+            # log the 1st, 2nd, 4th, 8th ... refusal: a stranger reconnecting every 100 ms must not flood the log
+            if self.refusals & (self.refusals - 1) == 0:
+                log.warning("refused a peer on the %s socket: CURVE handshake failed (%s); %d refusals so far",
+                            socket_name, reason, self.refusals)
+        return refused
 
     # ---- actors ------------------------------------------------------------------------------------
     async def _ingest_loop(self) -> None:

@@ -17,12 +17,15 @@ log = logging.getLogger("turnstream.learner")
 class BatchClient:
     """DEALER to the buffer's serve socket; re-asks after a timeout (the buffer keeps one request per peer)."""
 
-    def __init__(self, ctx, addr: str, max_message_bytes: int):
+    def __init__(self, ctx, addr: str, max_message_bytes: int, curve=None):
         import zmq
 
+        from protocol.auth import make_client
         from protocol.sockets import configure
 
         self.sock = configure(ctx.socket(zmq.DEALER), max_bytes=max_message_bytes)
+        if curve is not None:  # protocol.auth.CurveKeys
+            make_client(self.sock, curve)
         self.sock.connect(addr)
         self.max_message_bytes = max_message_bytes
         self.ids = itertools.count(1)
@@ -98,6 +101,7 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
     from learner.distributed import broadcast
     from learner.metrics import LearnerMetrics
     from learner.weight_sync import WeightSyncError, make_weight_sync
+    from protocol.auth import keys_for, make_server, start_authenticator
     from protocol.codec import encode
     from protocol.http_metrics import start_metrics_server
     from protocol.messages import VersionAnnouncement
@@ -120,9 +124,14 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
     metrics.version.set(trainer.version)
 
     ctx = zmq.asyncio.Context()
+    curve = keys_for(net)
     pub = configure(ctx.socket(zmq.PUB))
+    authenticator = None
+    if curve is not None:  # the PUB is a server: only allow-listed subscribers hear the versions
+        authenticator = start_authenticator(ctx, curve)
+        make_server(pub, curve)
     pub.bind(bind_address(net.host, net.learner_pub_port))
-    batches = BatchClient(ctx, bind_address(net.host, net.buffer_serve_port), net.max_message_bytes)
+    batches = BatchClient(ctx, bind_address(net.host, net.buffer_serve_port), net.max_message_bytes, curve)
     http, port = await start_metrics_server(metrics.registry, net.host, lc.metrics_port,
                                             health=lambda: {"version": trainer.version})
     log.info("learner: metrics port %d, %d vLLM server(s), %d rank(s), estimator %s", port, len(cfg.vllm.urls),
@@ -185,6 +194,8 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
         watcher.cancel()
         broadcast(None, 0, world)  # release the other ranks
         log_file.close()
+        if authenticator is not None:
+            authenticator.stop()
         ctx.destroy(linger=0)
         await http.cleanup()
 

@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="plot a run directory's learning curve")
     p.add_argument("run_dir")
     sub.add_parser("envs", help="list the registered environments")
+    p = sub.add_parser("keygen", help="write CURVE keys for network.keys_dir (server, client, allowed_clients/)")
+    p.add_argument("dir")
     p = sub.add_parser("bench", help="run a benchmark from bench/ (prints one JSON line last)")
     p.add_argument("name", help="benchmark name, e.g. dataplane")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
@@ -72,6 +74,10 @@ def _dispatch(args) -> int:
                 raise
             raise ConfigError(f"bench: no benchmark named {args.name!r} (see bench/)") from None
         return module.main(args.args)
+    if args.command == "keygen":
+        from turnstream.keygen import main as keygen_main
+
+        return keygen_main(args.dir)
     if args.command == "envs":
         from actors.env import known_envs
 

@@ -96,11 +96,27 @@ class NetworkSection:
     buffer_serve_port: int = 0  # learner -> buffer (ROUTER)
     learner_pub_port: int = 0  # learner -> everyone: version announcements (PUB)
     max_message_bytes: int = 64 * 1024 * 1024
+    # CURVE authentication and encryption of every ZeroMQ socket (protocol/auth.py); "auto": on whenever
+    # host is not a loopback address, so traffic that leaves the machine is never plaintext
+    curve: Literal["off", "on", "auto"] = "auto"
+    keys_dir: str = ""  # from `turnstream keygen DIR`: server.key(_secret), client.key_secret, allowed_clients/
 
     def validate(self, path: str) -> None:
         for name in ("buffer_ingest_port", "buffer_serve_port", "learner_pub_port"):
             port = getattr(self, name)
             check(0 <= port < 65536, f"{path}.{name}", f"must be a TCP port in 0..65535, got {port}")
+        check(self.curve in ("off", "on", "auto"), f"{path}.curve", "must be off, on or auto")
+        if self.curve_enabled:
+            from protocol.auth import keys_problem
+
+            problem = keys_problem(self.keys_dir)
+            check(not problem, f"{path}.keys_dir", problem)
+
+    @property
+    def curve_enabled(self) -> bool:
+        from protocol.auth import curve_enabled
+
+        return curve_enabled(self.curve, self.host)
 
 
 @dataclass
