@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,18 +26,25 @@ def _die_with_parent() -> None:
         pass  # not Linux: the launcher's own cleanup still stops the children
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def _ephemeral_low() -> int:
+    try:
+        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
-def free_port_block(host: str = "127.0.0.1", count: int = 1, attempts: int = 200) -> int:
-    """First port of `count` consecutive free ports (actor i serves metrics on base + i)."""
+def free_port_block(host: str = "127.0.0.1", count: int = 1, attempts: int = 400) -> int:
+    """First port of `count` consecutive free ports (actor i serves metrics on base + i).
+
+    Ports are drawn below the kernel's ephemeral range: a port chosen here is bound by a role only a few
+    seconds later, and in between any outgoing connection or `bind(0)` on the machine (vLLM's start-up
+    opens many) could take an ephemeral port. Nothing takes a non-ephemeral port unless it asks for it.
+    """
+    high = _ephemeral_low()
+    low = max(1024, high - 12000)
+    rng = random.Random()
     for _ in range(attempts):
-        base = free_port(host)
-        if base + count > 65536:
-            continue
+        base = rng.randrange(low, high - count)
         socks = []
         try:
             for port in range(base, base + count):  # hold them all at once, so the block is free together
@@ -50,6 +58,10 @@ def free_port_block(host: str = "127.0.0.1", count: int = 1, attempts: int = 200
             for s in socks:
                 s.close()
     raise OSError(f"no {count} consecutive free ports on {host} after {attempts} attempts")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    return free_port_block(host, 1)
 
 
 @dataclass
