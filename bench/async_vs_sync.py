@@ -74,6 +74,7 @@ def run_one(env: str, eta: int, seed: int, url: str, args) -> dict:
     cfg.buffer.max_staleness = eta + 2
     cfg.run.seed = seed
     cfg.run.run_dir = str(Path(args.out) / f"{env}-eta{eta}-seed{seed}")
+    _reset_server(url, args.model, Path(cfg.run.run_dir) / "reset-weights")
     sampler = VllmBusySampler(url)
     started = time.monotonic()
     reached_s = None
@@ -103,6 +104,21 @@ def run_one(env: str, eta: int, seed: int, url: str, args) -> dict:
         "staleness": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
         "push_s_mean": statistics.mean(pushes) if pushes else None, "steps": len(steps),
     }
+
+
+def _reset_server(url: str, model_dir: str, weights_dir: Path) -> None:
+    """Serve the initial weights as version 0 before a run starts: the shared server still holds the
+    previous run's policy and version label, and actors start sampling before the new learner is up."""
+    import asyncio
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from learner.weight_sync import DiskWeightSync
+
+    state = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+    sync = DiskWeightSync([url], weights_dir, model_dir)
+    asyncio.run(sync.push(sync.save(state, 0), 0))
 
 
 def main(argv: list[str]) -> int:
