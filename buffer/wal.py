@@ -18,6 +18,8 @@ import zlib
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from turnstream.fsutil import fsync_dir
+
 _HEAD = struct.Struct("<II")
 MAX_RECORD_BYTES = 1 << 31
 FSYNC_POLICIES = ("always", "interval", "never")
@@ -88,7 +90,7 @@ class WalFile:
     def replace_with(self, tmp: Path) -> None:
         """Atomically swap in a compacted file written (and fsynced) at `tmp`."""
         os.replace(tmp, self.path)
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
         os.close(self.fd)
         self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
         self.size = os.fstat(self.fd).st_size
@@ -132,11 +134,3 @@ def _write_all(fd: int, parts: list) -> None:
             else:
                 views[0] = views[0][n:]
                 n = 0
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

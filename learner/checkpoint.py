@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from turnstream.fsutil import fsync_dir
+
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth")
 
 
@@ -54,7 +56,7 @@ def save(root: Path, version: int, model, source_model_dir: str | Path, trainer_
     if final.exists():
         shutil.rmtree(final)
     os.rename(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     _prune(root, keep)
     return final
 
@@ -79,11 +81,3 @@ def _prune(root: Path, keep: int) -> None:
     done = sorted(root.glob("step-*"))
     for old in done[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
