@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
     from actors.chat import ChatTokens
     from turnstream.config import Config, VllmSection
     from turnstream.processes import ProcessGroup, free_port, tail
-    from turnstream.vllm_server import vllm_command, wait_healthy
+    from turnstream.vllm_server import start_vllm_server
 
     out = Path(args.out)
     shutil.rmtree(out / "buffer-wal", ignore_errors=True)  # a replayed log from an earlier run is not this run
@@ -80,15 +80,7 @@ def main(argv: list[str]) -> int:
     try:
         url = args.url.rstrip("/")
         if not url:
-            port = free_port()
-            argv_v, env = vllm_command(args.model, "127.0.0.1", port, VllmSection(max_num_seqs=256))
-            child = procs.start("vllm", argv_v, env)
-            url = f"http://127.0.0.1:{port}"
-            try:
-                wait_healthy(url, 300, alive=lambda: child.proc.poll() is None)
-            except Exception:
-                print(tail(child.log_path, 30), file=sys.stderr)
-                raise
+            url = start_vllm_server(procs, args.model, VllmSection(max_num_seqs=256))
         cfg = Config()
         cfg.run.run_dir = str(out)
         cfg.model.path = args.model

@@ -123,11 +123,10 @@ def _reset_server(url: str, model_dir: str, weights_dir: Path) -> None:
 
 def main(argv: list[str]) -> int:
     args = _parse(argv)
-    from turnstream.config import VllmSection
+    from turnstream.config import Config, VllmSection
     from turnstream.launcher import ensure_model
-    from turnstream.processes import ProcessGroup, free_port
-    from turnstream.vllm_server import vllm_command, wait_healthy
-    from turnstream.config import Config
+    from turnstream.processes import ProcessGroup
+    from turnstream.vllm_server import start_vllm_server
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -135,13 +134,9 @@ def main(argv: list[str]) -> int:
     cfg.model.path = args.model
     ensure_model(cfg)
     procs = ProcessGroup(out)
-    port = free_port()
-    argv_, env = vllm_command(str(Path(args.model).resolve()), "127.0.0.1", port, VllmSection())
-    procs.start("vllm-bench", argv_, env)
-    url = f"http://127.0.0.1:{port}"
     results = []
     try:
-        wait_healthy(url, 240)
+        url = start_vllm_server(procs, str(Path(args.model).resolve()), VllmSection(), name="vllm-bench")
         for env_name in args.envs.split(","):
             for eta in (int(e) for e in args.etas.split(",")):
                 for seed in (int(s) for s in args.seeds.split(",")):

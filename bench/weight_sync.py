@@ -122,9 +122,9 @@ async def _bench_size(url: str, model_dir: Path, out: Path, rounds: int, load_n:
 def main(argv: list[str]) -> int:
     args = _parse(argv)
     from turnstream.config import VllmSection
-    from turnstream.processes import ProcessGroup, free_port, tail
+    from turnstream.processes import ProcessGroup
     from turnstream.tiny_model import make_tiny_model
-    from turnstream.vllm_server import vllm_command, wait_healthy
+    from turnstream.vllm_server import start_vllm_server
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -139,16 +139,7 @@ def main(argv: list[str]) -> int:
             make_tiny_model(model_dir, seed=0, hidden=hidden, layers=layers)
         procs = ProcessGroup(out / name)
         try:
-            port = free_port()
-            argv_v, env = vllm_command(str(model_dir.resolve()), "127.0.0.1", port,
-                                       VllmSection(max_num_seqs=64, kv_cache_gib=1))
-            child = procs.start("vllm", argv_v, env)
-            url = f"http://127.0.0.1:{port}"
-            try:
-                wait_healthy(url, 300, alive=lambda: child.proc.poll() is None)
-            except Exception:
-                print(tail(child.log_path, 30), file=sys.stderr)
-                raise
+            url = start_vllm_server(procs, str(model_dir.resolve()), VllmSection(max_num_seqs=64, kv_cache_gib=1))
             results[name] = asyncio.run(_bench_size(url, model_dir, out / name, args.rounds, args.load))
         finally:
             procs.stop_all()

@@ -45,3 +45,22 @@ def wait_healthy(url: str, timeout_s: float, alive=lambda: True) -> None:
             pass
         time.sleep(0.5)
     raise TimeoutError(f"vLLM server {url} not healthy after {timeout_s:.0f}s")
+
+
+def start_vllm_server(procs, model_path: str, cfg: VllmSection, name: str = "vllm",
+                      host: str = "127.0.0.1", timeout_s: float = 300.0) -> str:
+    """Start one server under `procs` on a free port, wait for /health and return its URL.
+
+    On failure the server's last log lines go to stderr, since they are the only clue to why."""
+    from turnstream.processes import free_port, tail
+
+    port = free_port(host)
+    argv, env = vllm_command(model_path, host, port, cfg)
+    child = procs.start(name, argv, env)
+    url = f"http://{host}:{port}"
+    try:
+        wait_healthy(url, timeout_s, alive=lambda: child.proc.poll() is None)
+    except Exception:
+        print(tail(child.log_path, 30), file=sys.stderr)
+        raise
+    return url
