@@ -3,6 +3,9 @@
 Every chunk gets the next seq of this actor epoch and stays in `unacked` until the buffer acks it; it is
 resent when no ack came within `resend_after_s` (the buffer drops the duplicate by (actor, epoch, seq)).
 When the window is full, `send` waits: backpressure reaches the episodes instead of memory growing.
+`send` only queues: one sender task writes the queue out, packing small chunks that queued up meanwhile
+into one `turn_chunks` message (no added delay: a batch is whatever accumulated while the previous send
+ran), and sending large ones alone, zero-copy.
 
 The credit request, sent every `heartbeat_s`, is also the actor's hello and heartbeat: a restarted buffer
 learns the actor from it, and its answer (a CreditGrant, possibly of 0 credits) carries the buffer's
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter, deque
 
 import zmq
 import zmq.asyncio
@@ -22,10 +26,15 @@ import zmq.asyncio
 from actors.metrics import ActorMetrics
 from protocol.auth import CurveKeys, make_client
 from protocol.codec import DecodeError, decode, encode
-from protocol.messages import Ack, CreditGrant, CreditRequest, TurnChunk
+from protocol.chunk_batch import chunk_nbytes, pack
+from protocol.messages import Ack, AckBatch, CreditGrant, CreditRequest, TurnChunk
 from protocol.sockets import configure
 
 log = logging.getLogger("turnstream.actor")
+
+PACK_BELOW_BYTES = 64 * 1024  # a chunk this large is sent alone: packing would copy it for no gain
+MAX_PACKED_BYTES = 256 * 1024
+MAX_PACKED_CHUNKS = 512
 
 
 class BufferLink:
@@ -50,9 +59,11 @@ class BufferLink:
         self._resend_all = False
         self._ack_counters: dict = {}
         self._wake_sender = asyncio.Event()
+        self._outbox: deque[TurnChunk] = deque()
+        self._outbox_ready = asyncio.Event()
 
     async def run(self) -> None:
-        await asyncio.gather(self._recv_loop(), self._heartbeat_loop())
+        await asyncio.gather(self._recv_loop(), self._send_loop(), self._heartbeat_loop())
 
     async def acquire_credit(self) -> None:
         async with self._changed:
@@ -65,9 +76,37 @@ class BufferLink:
             chunk.seq = self.next_seq
             self.next_seq += 1
             self.unacked[chunk.seq] = (time.monotonic(), chunk)
-        await self._send(encode(chunk))
-        self.m.chunks_sent.inc()
-        self.m.unacked.set(len(self.unacked))
+        self._outbox.append(chunk)
+        self._outbox_ready.set()
+
+    async def _send_loop(self) -> None:
+        while True:
+            await self._outbox_ready.wait()
+            self._outbox_ready.clear()
+            chunks = list(self._outbox)
+            self._outbox.clear()
+            await self._send_chunks(chunks)
+            self.m.chunks_sent.inc(len(chunks))
+            self.m.unacked.set(len(self.unacked))
+
+    async def _send_chunks(self, chunks: list[TurnChunk]) -> None:
+        group: list[TurnChunk] = []
+        group_bytes = 0
+        for chunk in chunks:
+            size = chunk_nbytes(chunk)
+            if size >= PACK_BELOW_BYTES:
+                await self._send(encode(chunk))  # alone: its arrays go out zero-copy
+                continue
+            if group and (group_bytes + size > MAX_PACKED_BYTES or len(group) == MAX_PACKED_CHUNKS):
+                await self._send_group(group)
+                group, group_bytes = [], 0
+            group.append(chunk)
+            group_bytes += size
+        if group:
+            await self._send_group(group)
+
+    async def _send_group(self, group: list[TurnChunk]) -> None:
+        await self._send(encode(group[0] if len(group) == 1 else pack(group)))
 
     async def _send(self, frames: list) -> None:
         # Always through the asyncio wrapper: a plain send here, while _recv_loop waits, can swallow the
@@ -98,13 +137,13 @@ class BufferLink:
             self.m.bad_messages.labels(exc.reason).inc()
             return
         if isinstance(msg, Ack):
-            if self.unacked.pop(msg.seq, None) is not None:
-                counter = self._ack_counters.get(msg.status)
-                if counter is None:  # statuses are a small fixed set; labels() is costly per ack
-                    counter = self._ack_counters[msg.status] = self.m.acks.labels(msg.status[:32])
-                counter.inc()
-                if msg.status == "rejected":
-                    log.error("buffer rejected chunk %d: %s", msg.seq, msg.reason)
+            self._on_acks([msg.seq], [msg.status], [msg.reason] if msg.status == "rejected" else [])
+        elif isinstance(msg, AckBatch):
+            statuses = AckBatch.STATUSES
+            if msg.seq.shape != msg.status.shape or msg.status.size and msg.status.max() >= len(statuses):
+                self.m.bad_messages.labels("bad_batch").inc()
+                return
+            self._on_acks(msg.seq.tolist(), [statuses[code] for code in msg.status.tolist()], msg.reasons)
         elif isinstance(msg, CreditGrant):
             restarted = bool(msg.server_id and self.server_id and msg.server_id != self.server_id)
             if msg.server_id:
@@ -121,6 +160,20 @@ class BufferLink:
         else:
             self.m.bad_messages.labels("unexpected_type").inc()
 
+    def _on_acks(self, seqs: list[int], statuses: list[str], reasons: list[str]) -> None:
+        counts: Counter[str] = Counter()
+        rejected = iter(reasons)
+        for seq, status in zip(seqs, statuses):
+            if self.unacked.pop(seq, None) is not None:
+                counts[status] += 1
+                if status == "rejected":
+                    log.error("buffer rejected chunk %d: %s", seq, next(rejected, "?"))
+        for status, n in counts.items():
+            counter = self._ack_counters.get(status)
+            if counter is None:  # statuses are a small fixed set; labels() is costly per ack
+                counter = self._ack_counters[status] = self.m.acks.labels(status[:32])
+            counter.inc(n)
+
     async def _heartbeat_loop(self) -> None:
         """The credit request doubles as heartbeat; resend what waited too long for an ack."""
         while True:
@@ -135,10 +188,10 @@ class BufferLink:
 
     async def _resend(self, everything: bool) -> None:
         now = time.monotonic()
-        for seq, (sent, chunk) in sorted(self.unacked.items()):
-            if seq not in self.unacked:
-                continue  # acked while an earlier resend was awaiting the socket
-            if everything or now - sent > self.resend_after_s:
-                self.unacked[seq] = (now, chunk)
-                await self._send(encode(chunk))
-                self.m.resends.inc()
+        due = [chunk for seq, (sent, chunk) in sorted(self.unacked.items())
+               if everything or now - sent > self.resend_after_s]
+        for chunk in due:
+            self.unacked[chunk.seq] = (now, chunk)
+        if due:
+            await self._send_chunks(due)
+            self.m.resends.inc(len(due))

@@ -3,6 +3,8 @@
 For each chunk size (2 KB and 1 MB encoded TurnChunks) it measures, in one run on one machine:
 - raw:     pyzmq PUSH (this process) -> PULL (a child process) of the same multipart frames, encoded once,
            until the receiver has them all (the transport's ceiling: no encoding, acks, decoding, storage);
+- raw_keep: the same, but the receiver keeps every message, as a buffer must (a reference, not the target's
+           baseline: it shows what holding fresh memory alone costs, which dominates at 1 MB);
 - ours:    actors.link.BufferLink (this process) -> the real buffer process (`turnstream buffer`), from the
            first send until the last ack, write-ahead log off;
 - ours+wal: the same with the write-ahead log on, fsync "always" (an ack means fsynced).
@@ -24,13 +26,16 @@ import numpy as np
 
 RECEIVER = r"""
 import sys, zmq
-port, n = int(sys.argv[1]), int(sys.argv[2])
+port, n, keep = int(sys.argv[1]), int(sys.argv[2]), sys.argv[4] == "keep"
 ctx = zmq.Context()
 pull = ctx.socket(zmq.PULL); pull.setsockopt(zmq.RCVHWM, 10000); pull.bind(f"tcp://127.0.0.1:{port}")
 rep = ctx.socket(zmq.PAIR); rep.bind(f"tcp://127.0.0.1:{sys.argv[3]}")
 rep.recv()  # "go"
+kept = []
 for _ in range(n):
-    pull.recv_multipart(copy=False)
+    msg = pull.recv_multipart(copy=False)
+    if keep:
+        kept.append(msg)
 rep.send(b"done")
 """
 
@@ -58,7 +63,7 @@ def chunk_at(i: int, obs, arrays):
     return TurnChunk("bench-actor", 1, 0, f"ep{i}", 0, "bench/p", obs, reward=0.0, done=True, **arrays)
 
 
-def bench_raw(n: int, obs, arrays) -> float:
+def bench_raw(n: int, obs, arrays, keep: bool = False) -> float:
     """Seconds to push n messages (the encoded chunk frames) through PUSH -> PULL in another process."""
     import zmq
 
@@ -66,7 +71,8 @@ def bench_raw(n: int, obs, arrays) -> float:
     from turnstream.processes import free_port
 
     port, ctl = free_port(), free_port()
-    child = subprocess.Popen([sys.executable, "-c", RECEIVER, str(port), str(n), str(ctl)])
+    child = subprocess.Popen([sys.executable, "-c", RECEIVER, str(port), str(n), str(ctl),
+                              "keep" if keep else "drop"])
     ctx = zmq.Context()
     try:
         push = ctx.socket(zmq.PUSH)
@@ -174,6 +180,7 @@ def main(argv: list[str]) -> int:
             nbytes = sum(memoryview(f).nbytes for f in encode(chunk_at(0, obs, arrays)))
             figures = {"chunk_bytes": nbytes, "chunks": count}
             for name, run in (("raw", lambda: bench_raw(count, obs, arrays)),
+                              ("raw_keep", lambda: bench_raw(count, obs, arrays, keep=True)),
                               ("ours", lambda: bench_ours(count, obs, arrays, wal=False, window=window,
                                                           workdir=Path(tmp))),
                               ("ours_wal", lambda: bench_ours(count, obs, arrays, wal=True, window=window,
@@ -186,6 +193,8 @@ def main(argv: list[str]) -> int:
             result[label] = figures
     result["ratio_small"] = round(result["small"]["ours_chunks_per_s"] / result["small"]["raw_chunks_per_s"], 3)
     result["ratio_large"] = round(result["large"]["ours_chunks_per_s"] / result["large"]["raw_chunks_per_s"], 3)
+    result["ratio_large_vs_keep"] = round(result["large"]["ours_chunks_per_s"]
+                                          / result["large"]["raw_keep_chunks_per_s"], 3)
     result["wal_cost_small"] = round(1 - result["small"]["ours_wal_chunks_per_s"] / result["small"]["ours_chunks_per_s"], 3)
     result["wal_cost_large"] = round(1 - result["large"]["ours_wal_chunks_per_s"] / result["large"]["ours_chunks_per_s"], 3)
     print(json.dumps(result))

@@ -1,8 +1,9 @@
 """The replay store's write-ahead journal: what goes in the log, how a restart replays it, compaction.
 
 Record kinds:
-- CHUNK:    an accepted turn chunk, stored as the wire frames it arrived in (replayed through ingest(),
-            which rebuilds episodes, dedup watermarks and counters exactly as the first time);
+- CHUNK:    an ingested message (a turn chunk or a batch of them), stored as the wire frames it arrived in
+            (replayed through ingest(), which rebuilds episodes, dedup watermarks and counters exactly as
+            the first time, rejecting and skipping the same chunks);
 - LIVE:     a chunk copied by compaction (restored without counting it again);
 - EVENT:    msgpack {"e": "consumed" | "closed" | "version", ...}: an episode served, dropped
             (stale/abandoned) or a new learner version;
@@ -25,7 +26,8 @@ from buffer.metrics import BufferMetrics
 from buffer.store import ReplayStore
 from buffer.wal import WalFile, WalWriter
 from protocol.codec import DecodeError, decode, encode
-from protocol.messages import TurnChunk
+from protocol.chunk_batch import unpack
+from protocol.messages import TurnChunk, TurnChunkBatch
 
 CHUNK, LIVE, EVENT, SNAPSHOT = 1, 2, 3, 4
 
@@ -37,8 +39,8 @@ class WalJournal:
         self.compact_at = compact_bytes
 
     # ---- the Journal protocol used by ReplayStore -----------------------------------------------
-    def chunk(self, chunk: TurnChunk, raw: list | None) -> None:
-        self._append(CHUNK, _frame_parts(raw if raw is not None else encode(chunk)))
+    def chunks(self, frames: list) -> None:
+        self._append(CHUNK, _frame_parts(frames))
 
     def consumed(self, episode_ids: list[str]) -> None:
         self._append(EVENT, [msgpack.packb({"e": "consumed", "ids": episode_ids})])
@@ -70,11 +72,11 @@ class WalJournal:
                 if kind == SNAPSHOT:
                     _apply_snapshot(store, msgpack.unpackb(payload, raw=False, strict_map_key=False))
                 elif kind in (CHUNK, LIVE):
-                    chunk = _decode_chunk(payload)
+                    chunks = _decode_chunks(payload)
                     if kind == CHUNK:
-                        store.ingest(b"", chunk)
+                        store.ingest_many(b"", chunks)
                     else:
-                        store.restore_chunk(chunk)
+                        store.restore_chunk(chunks[0])
                 elif kind == EVENT:
                     _apply_event(store, msgpack.unpackb(payload, raw=False))
         finally:
@@ -115,7 +117,7 @@ def _frame_parts(frames: list) -> list:
     return [head, *views]
 
 
-def _decode_chunk(payload: memoryview) -> TurnChunk:
+def _decode_chunks(payload: memoryview) -> list[TurnChunk]:
     (n,) = struct.unpack_from("<I", payload, 0)
     sizes = struct.unpack_from(f"<{n}I", payload, 4)
     pos, frames = 4 + 4 * n, []
@@ -123,9 +125,11 @@ def _decode_chunk(payload: memoryview) -> TurnChunk:
         frames.append(bytes(payload[pos:pos + size]))  # own copy: do not pin the whole log file in memory
         pos += size
     msg = decode(frames)
+    if isinstance(msg, TurnChunkBatch):
+        return unpack(msg)
     if not isinstance(msg, TurnChunk):
         raise DecodeError("unexpected_type", "write-ahead log chunk record")
-    return msg
+    return [msg]
 
 
 def _snapshot(store: ReplayStore) -> dict:

@@ -12,6 +12,7 @@ import logging
 import time
 import uuid
 
+import numpy as np
 import zmq
 import zmq.asyncio
 
@@ -19,9 +20,12 @@ from buffer.episodes import flatten
 from buffer.metrics import BufferMetrics
 from buffer.ratelimit import BlockedClock, Cancelled, Gate
 from buffer.store import ReplayStore
+from buffer.validate import batch_is_clean
 from protocol import auth
 from protocol.codec import DecodeError, decode, encode
-from protocol.messages import Ack, BatchRequest, CreditGrant, CreditRequest, TurnChunk, VersionAnnouncement
+from protocol.chunk_batch import BatchError, readable_seqs, unpack
+from protocol.messages import (Ack, AckBatch, BatchRequest, CreditGrant, CreditRequest, TurnChunk, TurnChunkBatch,
+                               VersionAnnouncement)
 from protocol.sockets import configure
 
 log = logging.getLogger("turnstream.buffer")
@@ -112,8 +116,10 @@ class BufferServer:
             await self._after_change(heartbeats)
 
     def _apply_ingest(self, batch: list) -> tuple[list, set[bytes]]:
-        acks: list = []
-        heartbeats: set[bytes] = set()  # actors whose credit request gets an answer, even of 0 credits
+        """Apply one drained group of messages; returns one ack message per actor, and the actors
+        whose credit request gets an answer (even of 0 credits)."""
+        acks: dict[bytes, list[tuple[int, str, str]]] = {}  # identity -> (seq, status, reason) in order
+        heartbeats: set[bytes] = set()
         for identity, *frames in batch:
             identity = bytes(identity)
             try:
@@ -123,16 +129,35 @@ class BufferServer:
                 log.warning("bad message from an actor: %s", exc)
                 continue
             if isinstance(msg, TurnChunk):
-                status, reason = self.store.ingest(identity, msg, raw=frames)
-                acks.append([identity, *encode(Ack(msg.seq, status, reason))])
-                if reason:
-                    log.warning("rejected chunk %s/%s/%s: %s", msg.actor_id, msg.epoch, msg.seq, reason)
+                results = self.store.ingest_many(identity, [msg], raw=frames)
+                acks.setdefault(identity, []).append((msg.seq, *results[0]))
+            elif isinstance(msg, TurnChunkBatch):
+                acks.setdefault(identity, []).extend(self._ingest_batch(identity, msg, frames))
             elif isinstance(msg, CreditRequest):
                 self.store.on_credit_request(identity, msg.actor_id, msg.epoch, msg.slots)
                 heartbeats.add(identity)
             else:
                 self.m.rejected.labels("unexpected_type").inc()
-        return acks, heartbeats
+        replies = []
+        for identity, entries in acks.items():
+            for seq, status, reason in entries:
+                if reason:
+                    log.warning("rejected chunk %d from %r: %s", seq, identity, reason)
+            reply = Ack(*entries[0]) if len(entries) == 1 else ack_batch(entries)
+            replies.append([identity, *encode(reply)])
+        return replies, heartbeats
+
+    def _ingest_batch(self, identity: bytes, msg: TurnChunkBatch, frames: list) -> list[tuple[int, str, str]]:
+        try:
+            chunks = unpack(msg)
+        except BatchError as exc:
+            # every chunk of it is refused, and acked as such so that the actor does not resend forever
+            seqs = readable_seqs(msg)
+            self.m.rejected.labels(exc.reason).inc()
+            self.m.chunks_rejected.inc(len(seqs))
+            return [(seq, "rejected", exc.reason) for seq in seqs]
+        results = self.store.ingest_many(identity, chunks, raw=frames, prevalidated=batch_is_clean(msg))
+        return [(c.seq, status, reason) for c, (status, reason) in zip(chunks, results)]
 
     # ---- learner -----------------------------------------------------------------------------------
     async def _serve_loop(self) -> None:
@@ -228,6 +253,13 @@ class BufferServer:
         now = time.monotonic()
         self.insert_clock.update(self.store.wanted_credits() > 0 and self.store.capacity() == 0, now)
         self.sample_clock.update(self.waiting_requests > 0, now)
+
+
+def ack_batch(entries: list[tuple[int, str, str]]) -> AckBatch:
+    codes = {status: i for i, status in enumerate(AckBatch.STATUSES)}
+    return AckBatch(seq=np.fromiter((e[0] for e in entries), np.int64, len(entries)),
+                    status=np.fromiter((codes[e[1]] for e in entries), np.uint8, len(entries)),
+                    reasons=[e[2] for e in entries if e[1] == "rejected"])
 
 
 def _bind(sock: zmq.Socket, addr: str) -> int:

@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from buffer.episodes import Episode
-from protocol.messages import TurnChunk
+from protocol.messages import TurnChunk, TurnChunkBatch
 
 
 def validate_chunk(c: TurnChunk) -> str:
@@ -39,3 +39,21 @@ def beyond_final_turn(ep: Episode, c: TurnChunk) -> bool:
     if ep.last_turn is not None and c.turn > ep.last_turn:
         return True
     return c.done and any(t > c.turn for t in ep.turns)
+
+
+def batch_is_clean(b: TurnChunkBatch) -> bool:
+    """True if every chunk of an unpacked batch passes validate_chunk, except possibly the allowed-token
+    check (done per chunk, and only for chunks that carry a mask). One vectorised pass over the whole
+    batch instead of a dozen small numpy reductions per chunk; False sends the caller to validate_chunk."""
+    if b.epoch < 0 or b.seq.min() < 0 or b.turn.min() < 0:
+        return False
+    if ((b.turn == 0) & (b.obs_len == 0)).any():
+        return False
+    for tokens in (b.obs_tokens, b.gen_tokens, b.allowed_tokens):
+        if tokens.size and tokens.min() < 0:
+            return False
+    if b.gen_logprobs.size and (not np.isfinite(b.gen_logprobs).all() or b.gen_logprobs.max() > 1e-4):
+        return False
+    if b.gen_versions.size and b.gen_versions.min() < 0:
+        return False
+    return bool(np.isfinite(b.reward).all() and np.isfinite(b.temperature).all() and (b.temperature > 0).all())

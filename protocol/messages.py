@@ -64,6 +64,55 @@ class Ack(Message):
 
 
 @dataclass
+class TurnChunkBatch(Message):
+    """Several turn chunks of one actor epoch, column-wise: per-chunk scalars as arrays, token arrays
+    concatenated (split by the `*_len` columns). Small chunks travel this way because the per-message
+    work (one header, one decode, one ack) then happens once per batch instead of once per chunk."""
+
+    TYPE: ClassVar[str] = "turn_chunks"
+    ARRAYS: ClassVar[dict[str, str]] = {
+        "seq": "int64", "turn": "int32", "agent_id": "int32", "reward": "float64", "done": "bool",
+        "truncated": "bool", "temperature": "float64", "t_start": "float64", "t_end": "float64",
+        "obs_len": "int64", "gen_len": "int64", "allowed_len": "int64",
+        "obs_tokens": "int32", "gen_tokens": "int32", "gen_logprobs": "float32", "gen_versions": "int32",
+        "allowed_tokens": "int32",
+    }
+    actor_id: str
+    epoch: int
+    episode_ids: list[str]
+    prompt_keys: list[str]
+    seq: np.ndarray
+    turn: np.ndarray
+    agent_id: np.ndarray
+    reward: np.ndarray
+    done: np.ndarray
+    truncated: np.ndarray
+    temperature: np.ndarray
+    t_start: np.ndarray
+    t_end: np.ndarray
+    obs_len: np.ndarray
+    gen_len: np.ndarray
+    allowed_len: np.ndarray
+    obs_tokens: np.ndarray
+    gen_tokens: np.ndarray
+    gen_logprobs: np.ndarray
+    gen_versions: np.ndarray
+    allowed_tokens: np.ndarray
+
+
+@dataclass
+class AckBatch(Message):
+    """Acks for every chunk of one actor that one drained group of messages carried."""
+
+    TYPE: ClassVar[str] = "acks"
+    ARRAYS: ClassVar[dict[str, str]] = {"seq": "int64", "status": "uint8"}
+    STATUSES: ClassVar[tuple[str, ...]] = ("ok", "duplicate", "rejected")  # status codes index this
+    seq: np.ndarray
+    status: np.ndarray
+    reasons: list[str] = field(default_factory=list)  # one per "rejected" entry, in order
+
+
+@dataclass
 class CreditRequest(Message):
     """Level-triggered: "I can run `slots` episodes at once". Doubles as the actor's heartbeat."""
 
@@ -128,6 +177,6 @@ class VersionAnnouncement(Message):
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    cls.TYPE: cls for cls in (TurnChunk, Ack, CreditRequest, CreditGrant, BatchRequest, Batch,
+    cls.TYPE: cls for cls in (TurnChunk, TurnChunkBatch, Ack, AckBatch, CreditRequest, CreditGrant, BatchRequest, Batch,
                               VersionAnnouncement)
 }

@@ -7,8 +7,10 @@ import time
 import pytest
 import zmq
 
+from protocol.chunk_batch import pack
 from protocol.codec import decode, encode
-from protocol.messages import Ack, Batch, BatchRequest, CreditGrant, CreditRequest, VersionAnnouncement
+from protocol.messages import (Ack, AckBatch, Batch, BatchRequest, CreditGrant, CreditRequest,
+                               VersionAnnouncement)
 from tests.helpers import chunk, scrape
 from turnstream.config import Config
 from turnstream.processes import ProcessGroup, free_port
@@ -136,3 +138,34 @@ def test_garbage_is_counted_and_the_buffer_keeps_serving(buffer_proc):
     m = scrape(metrics_url)
     assert m['turnstream_buffer_rejected_total{reason="bad_header"}'] >= 1
     assert m['turnstream_buffer_rejected_total{reason="bad_logprob"}'] == 1
+
+
+def test_packed_chunks_are_acked_together_and_a_malformed_pack_is_refused(buffer_proc):
+    cfg, ctx, _pub, metrics_url, child = buffer_proc
+    actor = _dealer(ctx, cfg.network.buffer_ingest_port)
+    good = [chunk(f"p{i}", 0, seq=i, done=True, obs=(1, 2, i + 3), gen=(7, 8)) for i in range(5)]
+    bad = chunk("bad", 0, seq=5, done=True)
+    bad.gen_logprobs[:] = 3.0
+    actor.send_multipart(encode(pack([*good, bad])))
+    acks = _recv(actor)
+    assert isinstance(acks, AckBatch)
+    assert acks.seq.tolist() == [0, 1, 2, 3, 4, 5]
+    assert [AckBatch.STATUSES[s] for s in acks.status] == ["ok"] * 5 + ["rejected"]
+    assert acks.reasons == ["bad_logprob"]
+
+    broken = pack([chunk("q0", 0, seq=6, done=True), chunk("q1", 0, seq=7, done=True)])
+    broken.obs_len[0] += 1  # lengths no longer add up to the concatenated tokens
+    actor.send_multipart(encode(broken))
+    acks = _recv(actor)
+    assert acks.seq.tolist() == [6, 7] and acks.reasons == ["bad_batch", "bad_batch"]
+    assert child.proc.poll() is None
+
+    learner = _dealer(ctx, cfg.network.buffer_serve_port)
+    learner.send_multipart(encode(BatchRequest(request_id=1, learner_version=0, max_episodes=2)))
+    batch = _recv(learner)
+    assert batch.episode_ids == ["p0", "p1"]
+    assert batch.tokens[batch.episode_offsets[1]:batch.episode_offsets[2]].tolist() == [1, 2, 4, 7, 8]
+    m = scrape(metrics_url)
+    assert m['turnstream_buffer_chunks_total{outcome="ok"}'] == 5
+    assert m['turnstream_buffer_chunks_total{outcome="rejected"}'] == 3
+    assert m['turnstream_buffer_rejected_total{reason="bad_batch"}'] == 1

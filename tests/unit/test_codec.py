@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from protocol import PROTOCOL_VERSION
 from protocol.codec import DecodeError, decode, encode
-from protocol.messages import (MESSAGE_TYPES, Ack, Batch, BatchRequest, CreditGrant, CreditRequest, TurnChunk,
-                               VersionAnnouncement)
+from protocol.chunk_batch import pack
+from protocol.messages import (MESSAGE_TYPES, Ack, AckBatch, Batch, BatchRequest, CreditGrant, CreditRequest,
+                               TurnChunk, TurnChunkBatch, VersionAnnouncement)
 
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -42,9 +43,19 @@ def sample_batch() -> Batch:
     )
 
 
+def sample_turn_chunks() -> TurnChunkBatch:
+    second = dataclasses.replace(sample_turn_chunk(), seq=18, episode_id="ep-def", turn=0, done=False,
+                                 allowed_tokens=np.zeros(0, np.int32), gen_tokens=np.array([4], np.int32),
+                                 gen_logprobs=np.array([-0.5], np.float32), gen_versions=np.array([4], np.int32))
+    return pack([sample_turn_chunk(), second])
+
+
 SAMPLES = {
     "turn_chunk": sample_turn_chunk,
+    "turn_chunks": sample_turn_chunks,
     "ack": lambda: Ack(seq=5, status="rejected", reason="bad_logprob"),
+    "acks": lambda: AckBatch(seq=np.array([5, 6, 7], np.int64), status=np.array([0, 2, 1], np.uint8),
+                             reasons=["episode_closed"]),
     "credit_request": lambda: CreditRequest(actor_id="actor-0", epoch=1, slots=64),
     "credit_grant": lambda: CreditGrant(credits=3, learner_version=7),
     "batch_request": lambda: BatchRequest(request_id=4, learner_version=2, max_episodes=128),

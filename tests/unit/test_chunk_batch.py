@@ -1,0 +1,85 @@
+"""protocol.chunk_batch and validate.batch_is_clean: packing is lossless, and the one-pass batch check
+agrees with the per-chunk validation it stands in for."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from buffer.validate import batch_is_clean, validate_chunk
+from protocol.chunk_batch import BatchError, pack, unpack
+from protocol.codec import decode, encode
+from tests.unit.test_codec import assert_same_message, sample_turn_chunk
+
+
+def _chunks(n: int):
+    base = sample_turn_chunk()
+    return [dataclasses.replace(base, seq=base.seq + i, episode_id=f"ep{i}", turn=i % 3,
+                                obs_tokens=np.arange(i + 1, dtype=np.int32),
+                                allowed_tokens=base.allowed_tokens if i % 2 else np.zeros(0, np.int32))
+            for i in range(n)]
+
+
+def test_pack_then_unpack_gives_back_every_chunk_through_the_codec():
+    chunks = _chunks(7)
+    back = unpack(decode([bytes(f) for f in encode(pack(chunks))]))
+    assert len(back) == 7
+    for a, b in zip(chunks, back):
+        assert_same_message(a, b)
+
+
+def test_unpacked_chunks_own_their_arrays():
+    # a chunk kept in the buffer must not pin the whole received message in memory
+    for c in unpack(pack(_chunks(3))):
+        assert c.obs_tokens.base is None and c.gen_tokens.base is None
+
+
+def test_chunks_of_two_actor_epochs_are_not_packed_together():
+    a, b = _chunks(2)
+    with pytest.raises(ValueError, match="one actor epoch"):
+        pack([a, dataclasses.replace(b, epoch=a.epoch + 1)])
+
+
+@pytest.mark.parametrize("corrupt, detail", [
+    (lambda b: b.gen_len.__setitem__(0, b.gen_len[0] + 1), "gen_len"),
+    (lambda b: setattr(b, "turn", b.turn[:-1]), "columns"),
+    (lambda b: setattr(b, "episode_ids", b.episode_ids[:-1]), "episode_ids"),
+    (lambda b: setattr(b, "gen_logprobs", b.gen_logprobs[:-1]), "differ in length"),
+    (lambda b: setattr(b, "seq", b.seq[:0]), "empty"),
+])
+def test_a_self_inconsistent_batch_is_refused_with_a_reason(corrupt, detail):
+    batch = pack(_chunks(3))
+    corrupt(batch)
+    with pytest.raises(BatchError, match=detail) as err:
+        unpack(batch)
+    assert err.value.reason == "bad_batch"
+
+
+def _perturbed(draw_kind: str, c):
+    if draw_kind == "negative_token":
+        c.obs_tokens = np.array([-1, 2], np.int32)
+    elif draw_kind == "bad_logprob":
+        c.gen_logprobs = np.full(c.gen_tokens.size, np.nan, np.float32)
+    elif draw_kind == "bad_version":
+        c.gen_versions = np.full(c.gen_tokens.size, -2, np.int32)
+    elif draw_kind == "bad_scalar":
+        c.temperature = 0.0
+    elif draw_kind == "empty_prompt":
+        c.turn, c.obs_tokens = 0, np.zeros(0, np.int32)
+    elif draw_kind == "token_not_allowed":
+        c.allowed_tokens = np.array([999], np.int32)
+    elif draw_kind == "negative_index":
+        c.turn = -1
+    return c
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.sampled_from(["ok", "ok", "ok", "negative_token", "bad_logprob", "bad_version", "bad_scalar",
+                                 "empty_prompt", "token_not_allowed", "negative_index"]), min_size=1, max_size=6))
+def test_batch_is_clean_agrees_with_validating_each_chunk(kinds):
+    chunks = [_perturbed(kind, c) for kind, c in zip(kinds, _chunks(len(kinds)))]
+    expected = all(validate_chunk(c) in ("", "token_not_allowed") for c in chunks)
+    assert batch_is_clean(pack(chunks)) == expected

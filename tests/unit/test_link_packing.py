@@ -1,0 +1,61 @@
+"""BufferLink packs small chunks that queue up into one `turn_chunks` message, sends large ones alone,
+and takes an `acks` message as the acks of every chunk it names (real sockets on 127.0.0.1)."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from actors.link import PACK_BELOW_BYTES, BufferLink
+from actors.metrics import ActorMetrics
+from protocol.chunk_batch import unpack
+from protocol.codec import decode, encode
+from protocol.messages import AckBatch, TurnChunk, TurnChunkBatch
+from tests.helpers import chunk
+
+
+async def test_small_chunks_travel_packed_large_ones_alone_and_one_acks_message_clears_them():
+    ctx = zmq.asyncio.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    metrics = ActorMetrics()
+    link = BufferLink(ctx, f"tcp://127.0.0.1:{port}", actor_id="actor-p", epoch=1, slots=0, max_unacked=100,
+                      resend_after_s=60.0, metrics=metrics, max_message_bytes=1 << 24, heartbeat_s=60.0)
+    task = asyncio.create_task(link.run())
+    try:
+        big_obs = np.arange(PACK_BELOW_BYTES // 4 + 10, dtype=np.int32)
+        for i in range(20):  # no await yields in between: all of them queue before the sender runs
+            await link.send(chunk(f"e{i}", 0, seq=0, actor_id="actor-p", done=True))
+        await link.send(chunk("big", 0, seq=0, actor_id="actor-p", done=True, obs=big_obs))
+        received: dict[int, str] = {}
+        identity, messages = None, 0
+        while len(received) < 21:
+            assert await router.poll(10_000), "the link sent nothing"
+            identity, *frames = await router.recv_multipart()
+            msg, messages = decode(frames), messages + 1
+            if isinstance(msg, TurnChunkBatch):
+                received.update({c.seq: c.episode_id for c in unpack(msg)})
+            elif isinstance(msg, TurnChunk):
+                received[msg.seq] = msg.episode_id
+        assert received == {**{i: f"e{i}" for i in range(20)}, 20: "big"}
+        assert messages == 2  # the 20 small ones in one message, the large one in another
+        assert metrics.chunks_sent._value.get() == 21
+        assert len(link.unacked) == 21
+
+        statuses = np.zeros(21, np.uint8)
+        statuses[3] = AckBatch.STATUSES.index("duplicate")
+        await router.send_multipart([identity, *encode(AckBatch(seq=np.arange(21, dtype=np.int64),
+                                                                  status=statuses))])
+        for _ in range(200):
+            if not link.unacked:
+                break
+            await asyncio.sleep(0.01)
+        assert not link.unacked
+        assert metrics.acks.labels("ok")._value.get() == 20
+        assert metrics.acks.labels("duplicate")._value.get() == 1
+    finally:
+        task.cancel()
+        ctx.destroy(linger=0)
