@@ -25,7 +25,7 @@ async def serve(cfg: Config) -> None:
     store = ReplayStore(batch_episodes=b.batch_episodes, eta=b.eta, max_staleness=b.max_staleness,
                         max_running=b.max_running, max_items=b.max_items, episode_timeout_s=b.episode_timeout_s,
                         actor_timeout_s=b.actor_timeout_s, metrics=metrics, policy=b.sampling,
-                        group_size=b.group_size, limiter=limiter)
+                        group_size=b.group_size, limiter=limiter, group_timeout_s=b.group_timeout_s)
     journal = open_journal(cfg, store, metrics) if b.wal else None
     version_addr = bind_address(net.host, net.learner_pub_port) if net.learner_pub_port else None
     server = BufferServer(store, metrics, ingest_addr=bind_address(net.host, net.buffer_ingest_port),

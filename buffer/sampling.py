@@ -5,7 +5,9 @@ A batch is made of *units*: single episodes, or for "group" all `group_size` epi
 order while the batch has room in episodes (`max_episodes`) and in tokens (`max_tokens`, 0 = no budget).
 A batch is ready when the next unit does not fit (or `max_episodes` is reached); if the ready episodes
 run out first, the request keeps waiting. A single unit larger than the whole token budget is served
-alone rather than never (it is not dropped).
+alone rather than never (it is not dropped). A group still incomplete `buffer.group_timeout_s` after one of
+its members completed (a sibling was abandoned) is dropped by ReplayStore.expire, counted as
+`group_timeout`, instead of holding admission room until it goes stale.
 """
 from __future__ import annotations
 

@@ -49,7 +49,8 @@ class ActorState:
 class ReplayStore:
     def __init__(self, *, batch_episodes: int, eta: int, max_staleness: int, max_running: int,
                  max_items: int, episode_timeout_s: float, actor_timeout_s: float, metrics: BufferMetrics,
-                 policy: str = "fifo", group_size: int = 1, limiter: RateLimiter | None = None):
+                 policy: str = "fifo", group_size: int = 1, limiter: RateLimiter | None = None,
+                 group_timeout_s: float = float("inf")):
         self.batch_episodes = batch_episodes
         self.eta = eta
         self.max_staleness = max_staleness
@@ -57,7 +58,7 @@ class ReplayStore:
         self.max_items = max_items
         self.episode_timeout_s = episode_timeout_s
         self.actor_timeout_s = actor_timeout_s
-        self.policy, self.group_size = policy, group_size
+        self.policy, self.group_size, self.group_timeout_s = policy, group_size, group_timeout_s
         self.limiter = limiter or RateLimiter()
         self.m = metrics
         self.journal: Journal | None = None
@@ -272,12 +273,30 @@ class ReplayStore:
         hopeless = [i for i, ep in self.in_progress.items() if ep.turns and self.staleness(ep) > self.max_staleness]
         if hopeless:
             self.drop(hopeless, "stale")
+        if self.policy == "group":
+            orphans = self._incomplete_groups_older_than(now - self.group_timeout_s)
+            if orphans:
+                self.drop(orphans, "group_timeout")
         for key, actor in list(self.actors.items()):
             if now - actor.last_seen > self.actor_timeout_s and actor.outstanding:
                 self.m.credits_reclaimed.inc(actor.outstanding)
                 actor.outstanding = 0
             if now - actor.last_seen > self.actor_timeout_s and actor.running == 0:
                 del self.actors[key]
+
+    def _incomplete_groups_older_than(self, cutoff: float) -> list[str]:
+        """Ready episodes of a group that stayed short of group_size since before `cutoff` (a sibling was
+        abandoned or dropped): group sampling would hold them until they go stale, blocking admission room."""
+        by_prompt: dict[str, list[Episode]] = {}
+        for ep in self.ready.values():
+            by_prompt.setdefault(ep.prompt_key, []).append(ep)
+        orphans = []
+        for members in by_prompt.values():
+            # groups form in completion order, so the incomplete one is the tail
+            tail = members[len(members) - len(members) % self.group_size:]
+            if tail and tail[0].last_seen < cutoff:
+                orphans.extend(ep.episode_id for ep in tail)
+        return orphans
 
     def connected_actors(self, now: float | None = None) -> int:
         now = time.monotonic() if now is None else now

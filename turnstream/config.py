@@ -154,6 +154,7 @@ class BufferSection:
     sampling: Literal["fifo", "freshest", "group"] = "fifo"
     group_size: int = 1
     # Reverb-style rate limiter (samples per inserted episode); the slower side waits, nothing is dropped.
+    group_timeout_s: float = 120.0  # a group still short of group_size this long after a member completed is dropped
     samples_per_insert: float = 1.0
     min_size_to_sample: int = 1  # complete episodes held before the first batch is served
     error_buffer: float = 0.0  # half-width of the allowed samples-vs-inserts window; 0: no window
@@ -176,6 +177,7 @@ class BufferSection:
         check(self.actor_timeout_s > 0, f"{path}.actor_timeout_s", "must be > 0")
         check(self.group_size >= 1, f"{path}.group_size", "must be >= 1")
         check(self.sampling != "group" or self.group_size <= self.batch_episodes, f"{path}.group_size",
+        check(self.group_timeout_s > 0, f"{path}.group_timeout_s", "must be > 0")
               f"must be <= batch_episodes ({self.batch_episodes}), or no group fits in a batch (deadlock)")
         field_name, reason = limiter_problem(
             self.samples_per_insert, self.min_size_to_sample, self.error_buffer or float("inf"),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -45,6 +46,22 @@ def test_group_complete_serves_whole_groups_only():
     got = ids(store.take_batch(0, 4))
     assert sorted(got[:2]) == ["y1", "y2"] and sorted(got[2:]) == ["x1", "x2"]  # y completed first
     assert list(store.ready) == ["z1"]
+
+
+def test_a_group_left_incomplete_is_dropped_after_group_timeout_and_counted():
+    store = make_store(eta=9, max_staleness=9, policy="group", group_size=2, batch_episodes=4, max_items=100,
+                       group_timeout_s=30.0)
+    fill(store, [("a1", "a", 0, 1), ("a2", "a", 0, 1), ("a3", "a", 0, 1), ("b1", "b", 0, 1)])
+    accepted = store.accepted
+    now = time.monotonic()
+    store.expire(now=now + 10)
+    assert list(store.ready) == ["a1", "a2", "a3", "b1"]  # not yet
+    store.expire(now=now + 31)
+    # a1+a2 form a complete group and stay; a3 (its group's sibling never came) and b1 go
+    assert list(store.ready) == ["a1", "a2"]
+    assert store.accepted == accepted - 2  # their admission room is free again
+    assert store.m.registry.get_sample_value("turnstream_buffer_dropped_episodes_total",
+                                             {"reason": "group_timeout"}) == 2
 
 
 def test_group_batch_takes_only_as_many_whole_groups_as_fit():
