@@ -32,11 +32,11 @@ async def serve(cfg: Config, actor_index: int) -> None:
     metrics = ActorMetrics()
     chat = ChatTokens(cfg.model.path)
     ctx = zmq.asyncio.Context()
-    link = BufferLink(ctx, bind_address(net.host, net.buffer_ingest_port), actor_id=actor_id, epoch=epoch,
+    link = BufferLink(ctx, bind_address(net.buffer_address, net.buffer_ingest_port), actor_id=actor_id, epoch=epoch,
                       slots=a.concurrent_episodes, max_unacked=a.max_unacked, resend_after_s=a.resend_after_s,
                       metrics=metrics, max_message_bytes=net.max_message_bytes, curve=keys_for(net))
     metrics_port = a.metrics_port + actor_index if a.metrics_port else 0
-    runner_http, port = await start_metrics_server(metrics.registry, net.host, metrics_port)
+    runner_http, port = await start_metrics_server(metrics.registry, net.listen_host, metrics_port)
     log.info("%s (epoch %d): %d episodes in flight, metrics port %d", actor_id, epoch, a.concurrent_episodes, port)
     env_args = dict(cfg.env.args)
     stop = asyncio.Event()

@@ -27,11 +27,11 @@ async def serve(cfg: Config) -> None:
                         actor_timeout_s=b.actor_timeout_s, metrics=metrics, policy=b.sampling,
                         group_size=b.group_size, limiter=limiter, group_timeout_s=b.group_timeout_s)
     journal = open_journal(cfg, store, metrics) if b.wal else None
-    version_addr = bind_address(net.host, net.learner_pub_port) if net.learner_pub_port else None
-    server = BufferServer(store, metrics, ingest_addr=bind_address(net.host, net.buffer_ingest_port),
-                          serve_addr=bind_address(net.host, net.buffer_serve_port), version_addr=version_addr,
+    version_addr = bind_address(net.learner_address, net.learner_pub_port) if net.learner_pub_port else None
+    server = BufferServer(store, metrics, ingest_addr=bind_address(net.listen_host, net.buffer_ingest_port),
+                          serve_addr=bind_address(net.listen_host, net.buffer_serve_port), version_addr=version_addr,
                           max_message_bytes=net.max_message_bytes, journal=journal, curve=keys_for(net))
-    runner, port = await start_metrics_server(metrics.registry, net.host, b.metrics_port,
+    runner, port = await start_metrics_server(metrics.registry, net.listen_host, b.metrics_port,
                                               health=lambda: {"learner_version": store.learner_version})
     log.info("buffer: ingest port %d, serve port %d, metrics port %d", server.ingest_port, server.serve_port, port)
     stop = asyncio.Event()

@@ -130,9 +130,9 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
     if curve is not None:  # the PUB is a server: only allow-listed subscribers hear the versions
         authenticator = start_authenticator(ctx, curve)
         make_server(pub, curve)
-    pub.bind(bind_address(net.host, net.learner_pub_port))
-    batches = BatchClient(ctx, bind_address(net.host, net.buffer_serve_port), net.max_message_bytes, curve)
-    http, port = await start_metrics_server(metrics.registry, net.host, lc.metrics_port,
+    pub.bind(bind_address(net.listen_host, net.learner_pub_port))
+    batches = BatchClient(ctx, bind_address(net.buffer_address, net.buffer_serve_port), net.max_message_bytes, curve)
+    http, port = await start_metrics_server(metrics.registry, net.listen_host, lc.metrics_port,
                                             health=lambda: {"version": trainer.version})
     log.info("learner: metrics port %d, %d vLLM server(s), %d rank(s), estimator %s", port, len(cfg.vllm.urls),
              world, lc.estimator)

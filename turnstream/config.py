@@ -101,6 +101,23 @@ class NetworkSection:
     curve: Literal["off", "on", "auto"] = "auto"
     keys_dir: str = ""  # from `turnstream keygen DIR`: server.key(_secret), client.key_secret, allowed_clients/
 
+    # Roles on different hosts bind on one address and reach each other by name; each of these is `host`
+    # when empty, so a single-host run sets only `host`.
+    bind_host: str = ""  # where this process binds its sockets and /metrics, e.g. 0.0.0.0
+    buffer_host: str = ""  # where actors and the learner reach the buffer
+    learner_host: str = ""  # where the buffer reaches the learner's PUB socket
+
+    @property
+    def listen_host(self) -> str:
+        return self.bind_host or self.host
+
+    @property
+    def buffer_address(self) -> str:
+        return self.buffer_host or self.host
+
+    @property
+    def learner_address(self) -> str:
+        return self.learner_host or self.host
     def validate(self, path: str) -> None:
         for name in ("buffer_ingest_port", "buffer_serve_port", "learner_pub_port"):
             port = getattr(self, name)
@@ -116,7 +133,8 @@ class NetworkSection:
     def curve_enabled(self) -> bool:
         from protocol.auth import curve_enabled
 
-        return curve_enabled(self.curve, self.host)
+        # "auto" encrypts when any address a socket binds or connects to can leave the machine
+        return any(curve_enabled(self.curve, h) for h in (self.listen_host, self.buffer_address, self.learner_address))
 
 
 @dataclass

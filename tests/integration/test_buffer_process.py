@@ -169,3 +169,36 @@ def test_packed_chunks_are_acked_together_and_a_malformed_pack_is_refused(buffer
     assert m['turnstream_buffer_chunks_total{outcome="ok"}'] == 5
     assert m['turnstream_buffer_chunks_total{outcome="rejected"}'] == 3
     assert m['turnstream_buffer_rejected_total{reason="bad_batch"}'] == 1
+
+
+def test_the_buffer_binds_on_bind_host_and_reaches_the_learner_on_learner_host(tmp_path):
+    """Multi-host wiring: `host` names an address this machine does not have (TEST-NET-1), so the buffer
+    works only if it binds on network.bind_host and subscribes to network.learner_host."""
+    cfg = Config()
+    cfg.run.run_dir = str(tmp_path / "run")
+    cfg.network.host, cfg.network.curve = "192.0.2.1", "off"
+    cfg.network.bind_host = cfg.network.learner_host = "127.0.0.1"
+    cfg.network.buffer_ingest_port, cfg.network.buffer_serve_port = free_port(), free_port()
+    cfg.network.learner_pub_port, cfg.buffer.metrics_port = free_port(), free_port()
+    path = tmp_path / "config.toml"
+    path.write_text(cfg.dumps())
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.bind(f"tcp://127.0.0.1:{cfg.network.learner_pub_port}")
+    procs = ProcessGroup(tmp_path)
+    child = procs.start("buffer", [sys.executable, "-m", "turnstream.cli", "buffer", "--config", str(path)])
+    try:
+        actor = _dealer(ctx, cfg.network.buffer_ingest_port)
+        actor.send_multipart(encode(CreditRequest("actor-h", 1, slots=1)))
+        assert isinstance(_recv(actor, timeout_s=30), CreditGrant), "the buffer is not listening on bind_host"
+        deadline = time.monotonic() + 20
+        while True:  # the SUB connects in the background; announce until the buffer has heard it
+            pub.send_multipart(encode(VersionAnnouncement(version=3)))
+            if scrape(f"http://127.0.0.1:{cfg.buffer.metrics_port}/metrics")["turnstream_buffer_learner_version"] == 3:
+                break
+            assert time.monotonic() < deadline, "the buffer never heard the learner on learner_host"
+            time.sleep(0.2)
+        assert child.proc.poll() is None
+    finally:
+        procs.stop_all()
+        ctx.destroy(linger=0)

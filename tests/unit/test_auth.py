@@ -53,6 +53,8 @@ def test_defaults_keep_loopback_runs_plaintext():
 @pytest.mark.parametrize("overrides", [
     ["network.curve=on"],
     ["network.host=10.0.0.3"],  # auto with a non-loopback host
+    ["network.buffer_host=buffer"],  # ... or any address a role binds or connects to
+    ["network.bind_host=0.0.0.0"],
     ["network.curve=on", "network.keys_dir=does/not/exist"],
 ])
 def test_curve_without_keys_is_a_one_line_error(overrides):

@@ -261,3 +261,12 @@ def test_unknown_environment_or_bad_env_args_name_the_field():
         load_config(None, ["env.name=nope"])
     with pytest.raises(ConfigError, match=r"^env\.args: .*bogus"):
         load_config(None, ["env.args.bogus=1"])
+
+
+def test_network_bind_and_connect_hosts_fall_back_to_host():
+    net = load_config(None, ["network.host=127.0.0.2"]).network
+    assert (net.listen_host, net.buffer_address, net.learner_address) == ("127.0.0.2",) * 3
+    net = load_config(None, ["network.bind_host=127.0.0.1", "network.buffer_host=localhost",
+                             "network.learner_host=127.0.0.3"]).network
+    assert (net.listen_host, net.buffer_address, net.learner_address) == ("127.0.0.1", "localhost", "127.0.0.3")
+    assert not net.curve_enabled  # every address stays on this machine

@@ -13,23 +13,16 @@ import pytest
 import yaml
 
 from turnstream.cli import build_parser
-from turnstream.config import Config, NetworkSection, VllmSection
+from turnstream.config import Config, VllmSection
 from turnstream.configtools import from_dict
 from turnstream.vllm_server import vllm_command
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-# The proposed connect/bind split (deploy/README.md). Accepted only while Config lacks them; once a field
-# exists it is validated like any other.
-PENDING_NETWORK_FIELDS = {"bind_host", "buffer_host", "learner_host"}
 ROLE_COMMANDS = {"buffer", "learner", "actor"}
 
 
 def validate_config(data: dict) -> Config:
-    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
-    known = set(NetworkSection.__dataclass_fields__)
-    for key in PENDING_NETWORK_FIELDS - known:
-        data.get("network", {}).pop(key, None)
     return from_dict(Config, data)
 
 
