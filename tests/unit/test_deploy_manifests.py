@@ -3,9 +3,11 @@ commands the CLI accepts and vLLM commands that match turnstream/vllm_server.py,
 that load, and never expose vLLM's development routes."""
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import subprocess
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import yaml
 from turnstream.cli import build_parser
 from turnstream.config import Config, VllmSection
 from turnstream.configtools import from_dict
+from turnstream.keygen import main as keygen_main
 from turnstream.vllm_server import vllm_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +26,18 @@ ROLE_COMMANDS = {"buffer", "learner", "actor"}
 
 
 def validate_config(data: dict) -> Config:
+    net = data.get("network", {})
+    if net.get("keys_dir"):
+        # the keys exist only where the manifest mounts them: stand in a directory keygen made here
+        data = {**data, "network": {**net, "keys_dir": str(_generated_keys())}}
     return from_dict(Config, data)
+
+
+@functools.cache
+def _generated_keys() -> Path:
+    directory = Path(tempfile.mkdtemp(prefix="turnstream-keys-"))
+    keygen_main(directory)
+    return directory
 
 
 def parse_cli(argv: list[str]):
@@ -79,9 +93,13 @@ def test_compose_commands_match_the_cli_and_config():
     assert services["vllm"]["entrypoint"] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
     check_vllm_args(services["vllm"]["command"])
     assert cfg.vllm.urls == ["http://vllm:8000"]
-    init = shlex.split(services["model-init"]["command"][0].split("||", 1)[1])
-    assert init[0] == "turnstream"
-    parse_cli(init[1:])
+    inits = [shlex.split(c) for c in re.findall(r"\|\| (turnstream [^)]*)\)", services["model-init"]["command"][0])]
+    for init in inits:
+        parse_cli(init[1:])
+    keys_dir = _compose_config()["network"]["keys_dir"]
+    assert ["turnstream", "keygen", keys_dir] in inits  # the keys the roles' network.keys_dir names
+    for name in ROLE_COMMANDS:
+        assert any(v.split(":")[1] == keys_dir for v in services[name]["volumes"]), f"{name} lacks the keys"
 
 
 def test_compose_prometheus_scrapes_the_configured_ports():
@@ -137,6 +155,20 @@ def test_k8s_workload_kinds_and_volumes():
         assert selector.items() <= labels.items(), d["metadata"]["name"]
     pvcs = {d["metadata"]["name"]: d for d in _k8s() if d["kind"] == "PersistentVolumeClaim"}
     assert pvcs["turnstream-shared"]["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_k8s_roles_mount_the_curve_keys_each_needs_at_keys_dir():
+    keys_dir = tomllib.loads((DEPLOY / "k8s" / "run.toml").read_text())["network"]["keys_dir"]
+    assert _k8s_config().network.curve == "on"
+    for name, server in (("turnstream-buffer", True), ("turnstream-learner", True), ("turnstream-actor", False)):
+        pod = _workloads()[name]["spec"]["template"]["spec"]
+        (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == keys_dir]
+        assert mount["readOnly"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        paths = {item["path"] for item in volume["secret"]["items"]}
+        assert {"server.key", "client.key_secret"} <= paths
+        # only the roles that bind a socket hold the server's secret and the allow-list
+        assert ("server.key_secret" in paths) == server == ("allowed_clients/client.key" in paths)
 
 
 def test_k8s_commands_probes_and_ports_match_the_config():
