@@ -72,6 +72,7 @@ def flatten(episodes: list[Episode], request_id: int, learner_version: int, drop
             cols["temp"].append(np.full(n_obs + n_gen, c.temperature, np.float32))
             cols["mask"].append(np.full(n_obs + n_gen, mask_id, np.int32))
         offsets.append(offsets[-1] + ep.num_tokens)
+    turns = [[ep.turns[t] for t in range(ep.last_turn + 1)] for ep in episodes]  # type: ignore[operator]
     cat = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in cols.items()}
     return Batch(
         request_id=request_id, learner_version=learner_version,
@@ -80,4 +81,8 @@ def flatten(episodes: list[Episode], request_id: int, learner_version: int, drop
         tokens=cat["tokens"], action_mask=cat["action"], behav_logprobs=cat["logp"], versions=cat["ver"],
         turn_index=cat["turn"], temperature=cat["temp"], mask_id=cat["mask"],
         episode_offsets=np.asarray(offsets, np.int64), allowed_sets=allowed_sets, dropped_stale=dropped_stale,
+        agent_ids=np.array([t[0].agent_id for t in turns], np.int32),
+        truncated=np.array([t[-1].truncated for t in turns], bool),
+        turn_rewards=np.array([c.reward for t in turns for c in t], np.float32),
+        turn_offsets=np.cumsum([0, *(len(t) for t in turns)], dtype=np.int64),
     )

@@ -10,7 +10,6 @@ measure that the default token-mean loss uses (SPO++ 1.6a), unless spo.normalize
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,15 +33,21 @@ class Advantages:
 
 
 def episode_agent_ids(batch: Batch) -> np.ndarray | None:
-    """Agent id of each episode, or None for single-agent batches.
+    """Agent id of each episode, or None when the batch holds a single agent (nothing to normalise apart).
 
-    The Batch carries no agent ids yet; the actor streams agent k of a multi-agent episode as its own
-    episode named `<episode>/a<k>` (actors/runner.py), so the id is read from that suffix.
-    """
-    ids = [re.search(r"/a(\d+)$", e) for e in batch.episode_ids]
-    if not any(ids):
+    Each agent of a multi-agent episode travels as its own episode (actors/runner.py), so one id per episode."""
+    ids = np.asarray(batch.agent_ids)
+    if ids.size != len(batch.episode_ids) or np.unique(ids).size < 2:
         return None
-    return np.array([int(m.group(1)) if m else 0 for m in ids])
+    return ids.astype(np.int64)
+
+
+def turn_rewards(batch: Batch, e: int) -> np.ndarray | None:
+    """Episode e's reward after each of its turns, or None from a buffer that does not send them."""
+    offsets = np.asarray(batch.turn_offsets)
+    if offsets.size != len(batch.episode_ids) + 1:
+        return None
+    return np.asarray(batch.turn_rewards[offsets[e]:offsets[e + 1]], np.float64)
 
 
 def turn_groups(tb: TensorBatch) -> torch.Tensor:
@@ -56,11 +61,13 @@ def compute(estimator: str, batch: Batch, tb: TensorBatch, *, tracker: SpoTracke
             gamma: float, lam: float, old_values: torch.Tensor | None,
             bootstrap: np.ndarray | None = None, agent_ids: np.ndarray | None = None) -> Advantages:
     """`old_values`: critic values at every action token's position (value-based estimators only).
-    `bootstrap`: per-episode V after the last turn (0 for finished episodes, which is all the buffer serves now).
+    `bootstrap`: per-episode V after the last turn (0 for finished episodes); a truncated episode bootstraps
+    from the critic's value at its last turn boundary instead.
     `agent_ids`: per action token, for Dr. MAS agent-wise normalisation.
     """
     returns = np.asarray(batch.returns, np.float64)
     n_eps = tb.num_episodes
+    truncated = np.asarray(batch.truncated, bool) if len(batch.truncated) == n_eps else np.zeros(n_eps, bool)
     bootstrap = np.zeros(n_eps) if bootstrap is None else bootstrap
     ep_of = tb.act_episode.numpy()
     if estimator in ("spo", "grpo", "rloo"):
@@ -93,8 +100,19 @@ def compute(estimator: str, batch: Batch, tb: TensorBatch, *, tracker: SpoTracke
         first = np.sort(first)
         boundary = idx[first]
         rewards = np.zeros(len(boundary))
-        rewards[-1] = returns[e]  # the batch carries the episode return; it arrives after the last turn
-        a, g = gae(rewards, v[boundary], gamma, lam, bootstrap=float(bootstrap[e]))
+        per_turn = turn_rewards(batch, e)
+        turn_of_step = tb.act_turn.numpy()[boundary]
+        if per_turn is not None and len(per_turn) > turn_of_step.max():
+            # each turn's reward lands on that turn's last step (its only step for turn_gae)
+            last_step_of_turn = np.nonzero(np.append(turn_of_step[1:] != turn_of_step[:-1], True))[0]
+            rewards[last_step_of_turn] = per_turn[turn_of_step[last_step_of_turn]]
+        else:
+            rewards[-1] = returns[e]  # only the episode return is known: it arrives after the last turn
+        tail = float(bootstrap[e])
+        if truncated[e]:
+            # cut off, not ended: what follows is worth about what the critic saw at the last boundary
+            tail = float(v[boundary[-1]])
+        a, g = gae(rewards, v[boundary], gamma, lam, bootstrap=tail)
         step_index = np.searchsorted(first, np.arange(idx.size), side="right") - 1
         adv[idx] = a[step_index]  # broadcast each step's advantage to its action tokens
         targets[boundary] = g

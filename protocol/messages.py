@@ -150,6 +150,7 @@ class Batch(Message):
     ARRAYS: ClassVar[dict[str, str]] = {
         "tokens": "int32", "action_mask": "uint8", "behav_logprobs": "float32", "versions": "int32",
         "turn_index": "int32", "temperature": "float32", "mask_id": "int32", "episode_offsets": "int64",
+        "agent_ids": "int32", "truncated": "bool", "turn_rewards": "float32", "turn_offsets": "int64",
     }
     request_id: int
     learner_version: int
@@ -167,6 +168,12 @@ class Batch(Message):
     allowed_sets: list[list[int]] = field(default_factory=list)
     dropped_stale: int = 0
     status: str = "ok"  # "ok" | "timeout" | "cancelled" (the last two carry no episodes)
+    # per episode (empty from a peer that predates them): its agent, and whether it was cut off
+    agent_ids: np.ndarray = field(default_factory=_i32)
+    truncated: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    # the reward after each turn, episode after episode; turn_offsets delimits episodes (n_episodes + 1)
+    turn_rewards: np.ndarray = field(default_factory=_f32)
+    turn_offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 @dataclass

@@ -317,6 +317,18 @@ def test_missing_optional_fields_take_defaults():
     assert out.truncated is False and out.t_start == 0.0
 
 
+def test_a_batch_from_a_buffer_without_per_turn_fields_still_decodes():
+    frames = [bytes(f) for f in encode(sample_batch())]
+    h = header_of(frames)
+    names = list(h["a"])
+    added = ("agent_ids", "truncated", "turn_rewards", "turn_offsets")
+    for name in added:
+        del h["a"][name]
+    out = decode([msgpack.packb(h)] + [f for j, f in enumerate(frames[1:]) if names[j] not in added])
+    assert out.agent_ids.size == out.truncated.size == out.turn_rewards.size == out.turn_offsets.size == 0
+    assert out.episode_ids == ["e1", "e2"]
+
+
 @pytest.mark.parametrize("name,value", [
     ("seq", "17"), ("seq", 1.0), ("seq", True), ("done", 1), ("done", "true"), ("reward", "1.0"),
     ("reward", True), ("actor_id", 3), ("actor_id", b"actor"), ("epoch", None), ("temperature", [1.0]),

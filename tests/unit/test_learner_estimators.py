@@ -189,11 +189,51 @@ def test_agentwise_normalisation_uses_each_agents_own_statistics():
     assert np.ptp(glob[3:]) < 0.05 < 2.0 < np.ptp(out[3:])  # a global baseline flattens the small-scale agent
 
 
-def test_agent_ids_come_from_the_actor_stream_names():
+def test_agent_ids_come_from_the_batch():
     batch = synthetic_batch(4, seed=2)
-    assert estimators.episode_agent_ids(batch) is None
-    batch.episode_ids = ["g1/a0", "g1/a1", "g2/a0", "g2/a1"]
+    assert batch.agent_ids.tolist() == [0, 0, 0, 0]
+    assert estimators.episode_agent_ids(batch) is None  # one agent: nothing to normalise apart
+    batch.agent_ids = np.array([0, 1, 0, 1], np.int32)
     assert estimators.episode_agent_ids(batch).tolist() == [0, 1, 0, 1]
+
+
+def _three_turns(rewards, *, truncated=False):
+    from buffer.episodes import Episode, flatten
+    from protocol.messages import TurnChunk
+    ep = Episode("e", ("a", 0), "p")
+    for t, r in enumerate(rewards):
+        ep.add(TurnChunk(actor_id="a", epoch=0, seq=t, episode_id="e", turn=t, prompt_key="p",
+                         obs_tokens=np.array([1, 2], np.int32), gen_tokens=np.full(1, 5, np.int32),
+                         gen_logprobs=np.full(1, -0.7, np.float32), gen_versions=np.zeros(1, np.int32),
+                         reward=r, done=t == len(rewards) - 1, truncated=truncated and t == len(rewards) - 1))
+    batch = flatten([ep], 1, 0, 0)
+    return batch, to_tensors(batch, 64)
+
+
+def _raw_turn_gae(batch, tb, values, gamma=1.0, lam=1.0):
+    # the critic targets are the raw GAE returns per turn (the advantages come out whitened)
+    adv = estimators.compute("turn_gae", batch, tb, tracker=SpoTracker(), spo_normalize="token", gamma=gamma,
+                             lam=lam, old_values=torch.tensor(values))
+    return adv.value_targets.numpy()
+
+
+def test_the_buffer_sends_each_turns_reward_and_turn_gae_credits_it_to_that_turn():
+    batch, tb = _three_turns([0.5, 0.0, 1.0])
+    assert batch.turn_rewards.tolist() == [0.5, 0.0, 1.0] and batch.turn_offsets.tolist() == [0, 3]
+    assert batch.returns == [1.5]
+    targets = _raw_turn_gae(batch, tb, [0.0, 0.0, 0.0])
+    # gamma = lambda = 1: each turn's target is the reward from that turn on, not the whole return at the end
+    np.testing.assert_allclose(targets, [1.5, 1.0, 1.0])
+    batch.turn_rewards, batch.turn_offsets = np.zeros(0, np.float32), np.zeros(0, np.int64)  # an older buffer
+    np.testing.assert_allclose(_raw_turn_gae(batch, tb, [0.0, 0.0, 0.0]), [1.5, 1.5, 1.5])
+
+
+def test_a_truncated_episode_bootstraps_from_the_critic_instead_of_zero():
+    batch, tb = _three_turns([0.0, 0.0, 0.0], truncated=True)
+    assert batch.truncated.tolist() == [True]
+    np.testing.assert_allclose(_raw_turn_gae(batch, tb, [0.2, 0.4, 0.8]), [0.8, 0.8, 0.8])
+    batch, tb = _three_turns([0.0, 0.0, 0.0])
+    np.testing.assert_allclose(_raw_turn_gae(batch, tb, [0.2, 0.4, 0.8]), [0.0, 0.0, 0.0])
 
 
 def test_trainer_normalises_per_agent_when_asked():
@@ -202,10 +242,10 @@ def test_trainer_normalises_per_agent_when_asked():
     from turnstream.config import LearnerSection
 
     batch = synthetic_batch(8, seed=6, group=2)
-    batch.episode_ids = [f"g{i // 2}/a{i % 2}" for i in range(8)]
+    batch.agent_ids = np.array([i % 2 for i in range(8)], np.int32)
     batch.returns = [1.0, -5.0, 0.0, 5.0, 1.0, -5.0, 0.0, 5.0]  # agent 1 plays for much larger stakes
     tb = to_tensors(batch, 64)
     ids = Trainer._agent_ids(batch, tb)
-    assert ids.tolist() == [int(batch.episode_ids[e][-1]) for e in tb.act_episode.tolist()]
+    assert ids.tolist() == [int(batch.agent_ids[e]) for e in tb.act_episode.tolist()]
     trainer = Trainer(tiny_causal_lm(), LearnerSection(estimator="rloo", agent_norm=True))
     assert trainer.step(batch)["version"] == 1
