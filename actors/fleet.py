@@ -11,6 +11,9 @@
   be dropped as stale anyway.
 - Servers can be added and removed while running (`set_urls`); a removed server drains: it gets no new
   requests and its in-flight requests finish.
+- Busy time per server is the union of the intervals during which at least one request from this actor is
+  outstanding, accrued exactly at every request start and end (and at each health check, so a long busy
+  stretch shows before it ends). A sampled gauge misses requests that last milliseconds.
 When no server is usable, `generate` waits up to `wait_for_server_s` for one before giving up.
 """
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -40,19 +44,40 @@ class Server:
     failures: int = 0
     check_failures: int = 0  # health checks failed in a row
     last_error: str = ""
+    busy_s: float = 0.0  # seconds with outstanding > 0, accrued up to busy_mark
+    busy_mark: float = 0.0
+
+    def accrue(self, now: float) -> float:
+        """Adds the busy time since the last mark; returns it. Called at every change of `outstanding`, so
+        overlapping requests are counted once (the union of their intervals, not the sum)."""
+        added = max(0.0, now - self.busy_mark) if self.outstanding > 0 else 0.0
+        self.busy_s += added
+        self.busy_mark = now
+        return added
+
+    def begin(self, now: float) -> float:
+        added = self.accrue(now)
+        self.outstanding += 1
+        return added
+
+    def end(self, now: float) -> float:
+        added = self.accrue(now)
+        self.outstanding -= 1
+        return added
 
 
 class InferenceFleet:
     def __init__(self, urls: list[str], timeout_s: float = 60.0, *, retries: int = 2,
                  health_interval_s: float = 2.0, health_timeout_s: float = 5.0, wait_for_server_s: float = 10.0,
                  max_staleness: int | None = None, learner_version: Callable[[], int] = lambda: 0,
-                 metrics: ActorMetrics | None = None):
+                 metrics: ActorMetrics | None = None, clock: Callable[[], float] = time.monotonic):
         if not urls:
             raise ValueError("no vLLM server URLs")
         self.servers: dict[str, Server] = {}
         self.retries, self.health_interval_s, self.wait_for_server_s = retries, health_interval_s, wait_for_server_s
         self.max_staleness, self.learner_version = max_staleness, learner_version
         self.m = metrics or ActorMetrics()
+        self.clock = clock
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.health_timeout = aiohttp.ClientTimeout(total=health_timeout_s)
         self._rotation = itertools.count()
@@ -147,7 +172,7 @@ class InferenceFleet:
             if attempt:
                 self.m.inference_retries.inc()
             tried.add(s.url)
-            s.outstanding += 1
+            self._busy(s, s.begin(self.clock()))
             self.m.server_outstanding.labels(s.url).set(s.outstanding)
             try:
                 request = dict(max_tokens=max_tokens, temperature=temperature,
@@ -164,7 +189,7 @@ class InferenceFleet:
                 errors.append(str(exc))
                 continue
             finally:
-                s.outstanding -= 1
+                self._busy(s, s.end(self.clock()))
                 self.m.server_outstanding.labels(s.url).set(s.outstanding)
                 if s.draining:
                     self._forget_drained()
@@ -173,6 +198,16 @@ class InferenceFleet:
             return gen
         raise InferenceError("no vLLM server could serve the request" + (f": {'; '.join(errors)}" if errors
                                                                           else " (none usable)"))
+
+    def _busy(self, s: Server, added_s: float) -> None:
+        if added_s > 0:
+            self.m.server_busy_seconds.labels(s.url).inc(added_s)
+
+    def accrue_busy(self) -> None:
+        """Brings every server's busy counter up to now, also in the middle of a busy stretch."""
+        now = self.clock()
+        for s in list(self.servers.values()):
+            self._busy(s, s.accrue(now))
 
     def _mark_down(self, s: Server, reason: str) -> None:
         if s.healthy:
@@ -190,6 +225,7 @@ class InferenceFleet:
             await self.check_health()
 
     async def check_health(self) -> None:
+        self.accrue_busy()
         await asyncio.gather(*(self._check(s) for s in list(self.servers.values()) if not s.draining))
         self._changed.set()
 

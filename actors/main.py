@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
@@ -48,11 +49,17 @@ async def serve(cfg: Config, actor_index: int) -> None:
                            health_interval_s=v.health_interval_s, wait_for_server_s=v.wait_for_server_s,
                            max_staleness=cfg.buffer.max_staleness, learner_version=lambda: link.learner_version,
                            metrics=metrics)
-    async with fleet as client:
+    # the fixed policy never moves: its servers stay at their version, which is always "fresh enough"
+    frozen = InferenceFleet(v.frozen_urls, timeout_s=a.request_timeout_s, retries=v.retries,
+                            health_interval_s=v.health_interval_s, wait_for_server_s=v.wait_for_server_s,
+                            max_staleness=cfg.buffer.max_staleness, learner_version=lambda: 0,
+                            metrics=metrics) if a.frozen_agents else None
+    async with fleet as client, (frozen or contextlib.nullcontext()) as frozen_client:
         runner = EpisodeRunner(actor_id=actor_id, epoch=epoch, env_factory=lambda: make_env(cfg.env.name, **env_args),
                                chat=chat, client=client, link=link,
                                sampling=Sampling(a.temperature, a.max_new_tokens, v.max_model_len, a.max_turns),
-                               metrics=metrics, seed=hash((cfg.run.seed, actor_index, epoch)) % 2**31)
+                               metrics=metrics, seed=hash((cfg.run.seed, actor_index, epoch)) % 2**31,
+                               frozen_clients={agent: frozen_client for agent in a.frozen_agents})
         tasks = [asyncio.create_task(link.run()), asyncio.create_task(runner.run(a.concurrent_episodes))]
         if v.urls_file:
             tasks.append(asyncio.create_task(watch_urls_file(Path(v.urls_file), fleet, v.health_interval_s)))
@@ -98,4 +105,8 @@ def main(cfg: Config, actor_index: int) -> None:
         if not urls:
             raise ConfigError("vllm.urls: an actor needs at least one vLLM server URL (or a vllm.urls_file naming one)")
         cfg.vllm.urls = urls
+    if cfg.actor.frozen_agents and not cfg.vllm.frozen_urls:
+        from turnstream.configtools import ConfigError
+
+        raise ConfigError("vllm.frozen_urls: actor.frozen_agents needs the servers of the fixed policy they play")
     asyncio.run(serve(cfg, actor_index))

@@ -14,6 +14,9 @@ class ActorMetrics:
                                 ["outcome"], registry=r)
         self.turns = Counter("turnstream_actor_turns_total", "Turns played", registry=r)
         self.generated_tokens = Counter("turnstream_actor_generated_tokens_total", "Tokens sampled", registry=r)
+        self.frozen_tokens = Counter("turnstream_actor_frozen_policy_tokens_total",
+                                     "Tokens sampled by the fixed policy of actor.frozen_agents (never trained)",
+                                     registry=r)
         self.chunks_sent = Counter("turnstream_actor_chunks_sent_total", "Turn chunks sent (first sends)",
                                    registry=r)
         self.resends = Counter("turnstream_actor_chunk_resends_total", "Chunks resent for lack of an ack",
@@ -35,6 +38,10 @@ class ActorMetrics:
                                    ["server"], registry=r)
         self.server_outstanding = Gauge("turnstream_actor_server_outstanding_requests",
                                         "Requests in flight, by server", ["server"], registry=r)
+        self.server_busy_seconds = Counter(
+            "turnstream_actor_server_busy_seconds",
+            "Seconds during which at least one request was in flight to the server (union of request intervals)",
+            ["server"], registry=r)
         self.unacked = Gauge("turnstream_actor_unacked_chunks", "Chunks awaiting an ack", registry=r)
         self.running = Gauge("turnstream_actor_running_episodes", "Episodes in flight", registry=r)
         self.generate_seconds = Histogram("turnstream_actor_generate_seconds", "Latency of one generate call",

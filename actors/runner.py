@@ -5,6 +5,9 @@ id on every chunk): each agent has its own conversation, and the buffer assemble
 episode of its own, so the learner sees exactly the tokens that agent's context held. When the episode
 ends, every other agent's stream is closed with a chunk that has no generated tokens and carries that
 agent's outstanding reward (e.g. the loser's -1).
+
+Agents share the trained policy unless listed in `frozen_clients`: those are played by a fixed policy on
+other servers, and their turns reach the others only as observations; nothing of theirs is streamed.
 """
 from __future__ import annotations
 
@@ -48,9 +51,10 @@ class _Stream:
 
 class EpisodeRunner:
     def __init__(self, *, actor_id: str, epoch: int, env_factory, chat: ChatTokens, client, link,
-                 sampling: Sampling, metrics: ActorMetrics, seed: int):
+                 sampling: Sampling, metrics: ActorMetrics, seed: int, frozen_clients: dict | None = None):
         self.actor_id, self.epoch = actor_id, epoch
         self.env_factory, self.chat, self.client, self.link = env_factory, chat, client, link
+        self.frozen_clients = frozen_clients or {}  # agent id -> client of the fixed policy it plays
         self.sampling, self.m = sampling, metrics
         self._episode_counter = itertools.count()
         self.seed = seed
@@ -119,12 +123,12 @@ class EpisodeRunner:
                 return "truncated"
             t_start = time.time()
             started = time.monotonic()
-            gen = await self.client.generate(s.context, max_tokens=max_tokens,
-                                             temperature=self.sampling.temperature,
-                                             allowed_token_ids=allowed or None,
-                                             cache_salt=f"v{self.link.learner_version}")
+            client = self.frozen_clients.get(agent, self.client)
+            gen = await client.generate(s.context, max_tokens=max_tokens, temperature=self.sampling.temperature,
+                                        allowed_token_ids=allowed or None,
+                                        cache_salt=f"v{self.link.learner_version}")
             self.m.generate_seconds.observe(time.monotonic() - started)
-            self.m.generated_tokens.inc(len(gen.tokens))
+            (self.m.frozen_tokens if agent in self.frozen_clients else self.m.generated_tokens).inc(len(gen.tokens))
             step = await env.step(self.chat.decode(gen.tokens))
             self.m.turns.inc()
             reward = self._distribute(step, agent, streams) + s.pending_reward
@@ -160,6 +164,8 @@ class EpisodeRunner:
 
     async def _send(self, s: _Stream, obs_tokens, gen: Generation | None, allowed, reward, *, done, truncated,
                     t_start) -> None:
+        if s.agent in self.frozen_clients:
+            return  # the fixed policy is not trained: its turns stay out of the buffer
         empty_i, empty_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
         chunk = TurnChunk(
             actor_id=self.actor_id, epoch=self.epoch, seq=-1, episode_id=s.episode_id, turn=s.turn,

@@ -1,114 +1,195 @@
 """`turnstream bench async`: wall-clock to a target success, synchronous (eta=0) against asynchronous.
 
-Every setting runs the same code path (buffer admission with eta, decoupled PPO, in-flight weight
-pushes); eta=0 is generate-a-batch, train, push, repeat. One vLLM server is shared by all runs (its
-weights are reset by each learner's initial push), so start-up is paid once and not timed.
-Prints a table and, last, one JSON line with `speedup` = median over seeds of
-(sync seconds to target) / (best async seconds to target), plus `sync_s` and `async_s`.
+Grid: envs x eta x seeds (`--envs follow_signs --etas 0,2 --seeds 0` for a subset). Every setting runs the
+same code path (buffer admission with eta, decoupled PPO, in-flight weight pushes); eta=0 is generate a
+batch, train, push, repeat. One vLLM server is shared by all runs: before each run the bench serves the
+initial weights as version 0 and clears the prefix cache (cache salts name versions, which repeat across
+runs), so start-up is paid once and not timed.
+
+Per run: seconds to the target rolling success (or not reached within `--cap`), final success, episodes
+and tokens, busy fractions (learner in steps, learner in pushes, generation = >= 1 request in flight, all
+from monotonic Prometheus counters, delta over the window in which both roles answered), staleness of
+trained tokens, push time. In a synchronous run generation and learner time add up to at most the wall
+time (each waits for the other); asynchrony shows as their sum going past 1.
+
+Defaults (target 0.6, cap 100 s, batch 64, lr 1e-3, window 128) are sized for the 2-core development
+machine: the tiny model sits on the 2^-k floor for a number of steps, then rises to 0.9 within about five
+more, so a lower target saves little and the step count to leave the floor is what costs; lr 1e-3 left it
+in 7-19 steps in single runs where 3e-4 (batch 64) needed 17 to more than 31.
+
+Records go to <out>/records.jsonl (one per run, rewritten per invocation); a table and one JSON line
+(bench/async_grid.py) are printed last; `turnstream report <out>` plots wall-clock vs success per eta.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import shutil
 import statistics
-import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
-ENVS = {
-    "follow_signs": {"junctions": [2, 3, 4]},
-    # long-tail episode lengths, as agent tasks have: most episodes short, a few very long
-    "follow_signs_longtail": {"junctions": [2, 2, 2, 2, 3, 3, 4, 6, 10, 16]},
+from bench.async_grid import RunRecord, format_table, headline, settings
+
+log = logging.getLogger("turnstream.bench.async")
+
+ENVS = {  # bench name -> (registered environment, its args)
+    "follow_signs": ("follow_signs", {"junctions": [2, 3, 4]}),
+    # same signs plus heavy-tailed corridor turns: median 4 turns, 99th percentile 27 (see the env's doc)
+    "follow_signs_longtail": ("follow_signs_longtail", {"junctions": [2, 3, 4]}),
 }
+MAX_MODEL_LEN = 1024  # the longest long-tail episode (28 turns) needs ~750 tokens of context
 
 
 def _parse(argv):
     p = argparse.ArgumentParser(prog="turnstream bench async")
-    p.add_argument("--envs", default="follow_signs,follow_signs_longtail")
+    p.add_argument("--envs", default=",".join(ENVS))
     p.add_argument("--etas", default="0,1,2,4,8")
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--target", type=float, default=0.9)
-    p.add_argument("--time-limit", type=float, default=240.0, help="per run, seconds")
+    p.add_argument("--target", type=float, default=0.6, help="rolling success to reach")
+    p.add_argument("--cap", "--time-limit", dest="cap", type=float, default=100.0,
+                   help="per run, seconds; a run not at the target by then counts as not reached")
+    p.add_argument("--batch", type=int, default=64, help="episodes per learner batch")
+    p.add_argument("--window", type=int, default=128, help="episodes in the rolling success")
+    p.add_argument("--concurrent", type=int, default=64, help="episodes in flight in the actor")
+    p.add_argument("--lr", type=float, default=1e-3, help="learner learning rate")
+    p.add_argument("--microbatch-tokens", type=int, default=2048,
+                   help="learner padded-token budget per micro-batch (episodes sorted by length, so a long-tail "
+                        "batch does not pad every episode to its longest)")
     p.add_argument("--out", default="runs/bench-async")
     p.add_argument("--model", default="runs/tiny-model")
+    p.add_argument("--url", default="", help="a running vLLM server (started with --max-model-len >= 1024)")
     return p.parse_args(argv)
 
 
-class VllmBusySampler(threading.Thread):
-    """Polls vLLM's /metrics: the fraction of samples with at least one running request."""
+# ---- counters from the roles' /metrics ---------------------------------------------------------------
 
-    def __init__(self, url: str, period_s: float = 0.25):
-        super().__init__(daemon=True)
-        self.url, self.period_s = url, period_s
-        self.busy = self.total = 0
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.wait(self.period_s):
-            try:
-                text = urllib.request.urlopen(f"{self.url}/metrics", timeout=2).read().decode()
-            except OSError:
-                continue
-            running = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                          if line.startswith("vllm:num_requests_running"))
-            self.total += 1
-            self.busy += running > 0
-
-    @property
-    def fraction(self) -> float:
-        return self.busy / self.total if self.total else 0.0
+COUNTERS = {  # record key -> sample name, summed over labels
+    "gen_busy_s": "turnstream_actor_server_busy_seconds_total",
+    "tokens_generated": "turnstream_actor_generated_tokens_total",
+    "episodes_played": "turnstream_actor_episodes_total",
+    "step_s": "turnstream_learner_step_seconds_sum",
+    "push_s": "turnstream_learner_weight_push_seconds_sum",
+    "wait_s": "turnstream_learner_batch_wait_seconds_sum",
+}
 
 
-def run_one(env: str, eta: int, seed: int, url: str, args) -> dict:
+@dataclass
+class Snapshot:
+    at: float  # time.monotonic()
+    values: dict[str, float]
+
+
+def scrape(ports: list[int]) -> Snapshot | None:
+    """Every COUNTERS value from these /metrics ports; None while one of them does not answer yet."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {name: key for key, name in COUNTERS.items()}
+    values = dict.fromkeys(COUNTERS, 0.0)
+    at = time.monotonic()
+    for port in ports:
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+        except OSError:
+            return None
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in wanted:
+                    values[wanted[sample.name]] += sample.value
+    return Snapshot(at, values)
+
+
+# ---- one run -------------------------------------------------------------------------------------------
+
+def run_config(env: str, eta: int, seed: int, url: str, args):
     from turnstream.config import Config
-    from turnstream.launcher import LocalStack
-    from turnstream.report import read_steps, rolling_success
 
     cfg = Config()
     cfg.vllm.urls = [url]
+    cfg.vllm.max_model_len = MAX_MODEL_LEN
     cfg.model.path = args.model
-    cfg.env.name = "follow_signs"
-    cfg.env.args = ENVS[env]
+    cfg.env.name, cfg.env.args = ENVS[env][0], dict(ENVS[env][1])
+    cfg.buffer.batch_episodes = args.batch
     cfg.buffer.eta = eta
     cfg.buffer.max_staleness = eta + 2
+    cfg.actor.concurrent_episodes = args.concurrent
+    cfg.learner.lr = args.lr
+    cfg.learner.max_tokens_per_microbatch = args.microbatch_tokens
+    cfg.run.rolling_episodes = args.window
     cfg.run.seed = seed
-    cfg.run.run_dir = str(Path(args.out) / f"{env}-eta{eta}-seed{seed}")
-    _reset_server(url, args.model, Path(cfg.run.run_dir) / "reset-weights")
-    sampler = VllmBusySampler(url)
-    started = time.monotonic()
-    reached_s = None
+    cfg.run.run_dir = str(Path(args.out) / "runs" / f"{env}-eta{eta}-seed{seed}")
+    return cfg
+
+
+def run_one(env: str, eta: int, seed: int, url: str, args) -> RunRecord:
+    from turnstream.launcher import LocalStack
+    from turnstream.progress import Progress
+    from turnstream.report import read_steps, rolling_success
+
+    cfg = run_config(env, eta, seed, url, args)
+    shutil.rmtree(cfg.run.run_dir, ignore_errors=True)  # the learner appends to learner.jsonl and resumes
+    reset_server(url, args.model, Path(args.out) / "reset-weights")
+    progress = Progress(args.window, label=f"{env} eta={eta} seed={seed}")
+    t0, started = time.time(), time.monotonic()
+    reached_s = first = last = None
     with LocalStack(cfg) as stack:
-        sampler.start()
-        while time.monotonic() - started < args.time_limit:
-            stack.check_alive()
-            steps = read_steps(stack.run_dir)
-            if steps and sum(s["episodes"] for s in steps) >= cfg.run.rolling_episodes \
-                    and rolling_success(steps, cfg.run.rolling_episodes) >= args.target:
-                reached_s = time.monotonic() - started
-                break
-            time.sleep(0.25)
-        sampler.stop.set()
-        wall = time.monotonic() - started
+        ports = [stack.cfg.actor.metrics_port, stack.cfg.learner.metrics_port]
+        try:
+            while time.monotonic() - started < args.cap:
+                stack.check_alive()
+                if first is None:
+                    first = scrape(ports)
+                steps = read_steps(stack.run_dir)
+                progress.update(steps, time.monotonic() - started)
+                if sum(s["episodes"] for s in steps) >= args.window \
+                        and rolling_success(steps, args.window) >= args.target:
+                    reached_s = time.monotonic() - started
+                    break
+                time.sleep(0.5)
+            last = scrape(ports)
+        finally:
+            progress.close()
+    wall = time.monotonic() - started
     steps = read_steps(cfg.run.run_dir)
-    hist: dict[str, int] = {}
-    for s in steps:
-        for k, v in s["staleness_hist"].items():
-            hist[k] = hist.get(k, 0) + v
-    pushes = [s["push_s"] for s in steps if s.get("push_s") == s.get("push_s")]
-    return {
-        "env": env, "eta": eta, "seed": seed, "seconds_to_target": reached_s,
-        "final_success": rolling_success(steps, cfg.run.rolling_episodes) if steps else 0.0,
-        "episodes": sum(s["episodes"] for s in steps), "tokens": sum(s["tokens"] for s in steps),
-        "learner_busy": sum(s["step_s"] for s in steps) / wall, "generation_busy": sampler.fraction,
-        "staleness": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
-        "push_s_mean": statistics.mean(pushes) if pushes else None, "steps": len(steps),
-    }
+    return record(env, eta, seed, args, steps, reached_s, wall, first, last, t0,
+                  rolling=lambda upto: rolling_success(upto, args.window))
 
 
-def _reset_server(url: str, model_dir: str, weights_dir: Path) -> None:
-    """Serve the initial weights as version 0 before a run starts: the shared server still holds the
-    previous run's policy and version label, and actors start sampling before the new learner is up."""
+def record(env, eta, seed, args, steps, reached_s, wall, first: Snapshot | None, last: Snapshot | None, t0,
+           rolling) -> RunRecord:
+    from turnstream.report import staleness_totals
+
+    if first is not None and last is not None and last.at > first.at:
+        window = last.at - first.at
+        delta = {k: last.values[k] - first.values[k] for k in COUNTERS}
+        totals = last.values
+    else:  # the roles never answered together: no window to measure busy time over
+        window, delta, totals = 0.0, dict.fromkeys(COUNTERS, 0.0), dict.fromkeys(COUNTERS, 0.0)
+    pushes = [s["push_s"] for s in steps if s.get("push_s") == s.get("push_s")]  # NaN: a failed push
+    return RunRecord(
+        env=env, eta=eta, seed=seed, target=args.target, cap_s=args.cap,
+        seconds_to_target=round(reached_s, 2) if reached_s is not None else None, wall_s=round(wall, 2),
+        final_success=rolling(steps) if steps else 0.0,
+        episodes=sum(s["episodes"] for s in steps), tokens=sum(s["tokens"] for s in steps),
+        episodes_played=totals["episodes_played"], tokens_generated=totals["tokens_generated"],
+        learner_busy=delta["step_s"] / window if window else 0.0,
+        push_busy=delta["push_s"] / window if window else 0.0,
+        learner_wait=delta["wait_s"] / window if window else 0.0,
+        generation_busy=delta["gen_busy_s"] / window if window else 0.0, window_s=round(window, 2),
+        staleness={str(k): v for k, v in staleness_totals(steps).items()},
+        push_s_mean=statistics.mean(pushes) if pushes else None, steps=len(steps),
+        first_step_s=round(steps[0]["time"] - t0, 2) if steps else None,
+        curve=[[round(s["time"] - t0, 2), round(rolling(steps[: i + 1]), 4)] for i, s in enumerate(steps)],
+    )
+
+
+def reset_server(url: str, model_dir: str, weights_dir: Path) -> None:
+    """Serve the initial weights as version 0 before a run: the shared server still holds the previous run's
+    policy and version label, and actors start sampling before the new learner is up. The prefix cache
+    goes too: requests are salted by version label, and labels repeat from run to run."""
     import asyncio
 
     import torch
@@ -119,6 +200,19 @@ def _reset_server(url: str, model_dir: str, weights_dir: Path) -> None:
     state = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     sync = DiskWeightSync([url], weights_dir, model_dir)
     asyncio.run(sync.push(sync.save(state, 0), 0))
+    request = urllib.request.Request(f"{url}/reset_prefix_cache", data=b"", method="POST")
+    urllib.request.urlopen(request, timeout=30).read()
+
+
+# ---- the grid ------------------------------------------------------------------------------------------
+
+def grid(args) -> list[tuple[str, int, int]]:
+    envs = [e for e in args.envs.split(",") if e]
+    unknown = [e for e in envs if e not in ENVS]
+    if unknown:
+        raise SystemExit(f"bench async: unknown env(s) {unknown}; known: {', '.join(ENVS)}")
+    return [(env, int(eta), int(seed)) for env in envs for eta in args.etas.split(",")
+            for seed in args.seeds.split(",")]
 
 
 def main(argv: list[str]) -> int:
@@ -130,55 +224,29 @@ def main(argv: list[str]) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    runs = grid(args)
     cfg = Config()
     cfg.model.path = args.model
     ensure_model(cfg)
+    records_path = out / "records.jsonl"
+    records_path.write_text("")
+    (out / "grid.json").write_text(json.dumps(vars(args), indent=1) + "\n")
     procs = ProcessGroup(out)
-    results = []
+    records: list[RunRecord] = []
     try:
-        url = start_vllm_server(procs, str(Path(args.model).resolve()), VllmSection(), name="vllm-bench")
-        for env_name in args.envs.split(","):
-            for eta in (int(e) for e in args.etas.split(",")):
-                for seed in (int(s) for s in args.seeds.split(",")):
-                    r = run_one(env_name, eta, seed, url, args)
-                    results.append(r)
-                    print(json.dumps(r), flush=True)
-                    with (out / "results.jsonl").open("a") as f:
-                        f.write(json.dumps(r) + "\n")
+        url = args.url or start_vllm_server(procs, str(Path(args.model).resolve()),
+                                            VllmSection(max_model_len=MAX_MODEL_LEN), name="vllm-bench")
+        for i, (env, eta, seed) in enumerate(runs):
+            log.info("run %d/%d: %s eta=%d seed=%d", i + 1, len(runs), env, eta, seed)
+            r = run_one(env, eta, seed, url, args)
+            records.append(r)
+            with records_path.open("a") as f:
+                f.write(json.dumps(r.to_dict()) + "\n")
+            log.info("%s eta=%d seed=%d: %s s to %.2f, final %.3f, gen busy %.2f, learner busy %.2f", env, eta,
+                     seed, r.seconds_to_target, args.target, r.final_success, r.generation_busy, r.learner_busy)
     finally:
         procs.stop_all()
-    summary = summarize(results, args.time_limit)
-    print(json.dumps(summary), flush=True)
+    rows = settings(records)
+    print(format_table(rows), flush=True)
+    print(json.dumps(headline(rows, args.target, args.cap)), flush=True)
     return 0
-
-
-def summarize(results: list[dict], time_limit: float) -> dict:
-    """Median over seeds per (env, eta); unreached targets count as the time limit (a lower bound)."""
-    def secs(r):
-        return r["seconds_to_target"] if r["seconds_to_target"] is not None else time_limit
-
-    table = {}
-    print(f"{'env':24} {'eta':>3} {'to target s (median)':>21} {'reached':>8} {'final':>6} {'episodes':>9} "
-          f"{'learner busy':>12} {'gen busy':>9} {'push s':>7}")
-    for env in dict.fromkeys(r["env"] for r in results):
-        for eta in sorted({r["eta"] for r in results if r["env"] == env}):
-            rs = [r for r in results if r["env"] == env and r["eta"] == eta]
-            med = statistics.median(secs(r) for r in rs)
-            table[(env, eta)] = med
-            print(f"{env:24} {eta:>3} {med:>21.1f} {sum(r['seconds_to_target'] is not None for r in rs):>5}/{len(rs):<2} "
-                  f"{statistics.mean(r['final_success'] for r in rs):>6.2f} "
-                  f"{statistics.mean(r['episodes'] for r in rs):>9.0f} "
-                  f"{statistics.mean(r['learner_busy'] for r in rs):>12.2f} "
-                  f"{statistics.mean(r['generation_busy'] for r in rs):>9.2f} "
-                  f"{statistics.mean(r['push_s_mean'] or 0 for r in rs):>7.3f}")
-    per_env = {}
-    for env in dict.fromkeys(r["env"] for r in results):
-        sync = table.get((env, 0))
-        asyncs = {eta: t for (e, eta), t in table.items() if e == env and eta > 0}
-        if sync is None or not asyncs:
-            continue
-        best_eta = min(asyncs, key=asyncs.get)
-        per_env[env] = {"sync_s": sync, "async_s": asyncs[best_eta], "best_eta": best_eta,
-                        "speedup": sync / asyncs[best_eta]}
-    first = next(iter(per_env.values()), {"sync_s": None, "async_s": None, "speedup": None})
-    return {"speedup": first["speedup"], "sync_s": first["sync_s"], "async_s": first["async_s"], "per_env": per_env}

@@ -32,11 +32,15 @@ class ModelSection:
     path: str = "runs/tiny-model"  # Hugging Face checkpoint directory
     build_tiny_if_missing: bool = True  # `demo`/`up` build the tiny model here if the directory is empty
     tiny_seed: int = 0
+    frozen_path: str = ""  # checkpoint of the fixed opponent (actor.frozen_agents); empty: path
 
 
 @dataclass
 class VllmSection:
     urls: list[str] = field(default_factory=list)  # external servers; empty: the launcher starts them
+    # servers of the fixed policy that actor.frozen_agents play (never sent weights); empty: the launcher
+    # starts one from model.frozen_path (default: model.path, i.e. the policy as training starts)
+    frozen_urls: list[str] = field(default_factory=list)
     num_servers: int = 1
     base_port: int = 0
     max_num_seqs: int = 256
@@ -100,7 +104,6 @@ class NetworkSection:
     # host is not a loopback address, so traffic that leaves the machine is never plaintext
     curve: Literal["off", "on", "auto"] = "auto"
     keys_dir: str = ""  # from `turnstream keygen DIR`: server.key(_secret), client.key_secret, allowed_clients/
-
     # Roles on different hosts bind on one address and reach each other by name; each of these is `host`
     # when empty, so a single-host run sets only `host`.
     bind_host: str = ""  # where this process binds its sockets and /metrics, e.g. 0.0.0.0
@@ -118,6 +121,7 @@ class NetworkSection:
     @property
     def learner_address(self) -> str:
         return self.learner_host or self.host
+
     def validate(self, path: str) -> None:
         for name in ("buffer_ingest_port", "buffer_serve_port", "learner_pub_port"):
             port = getattr(self, name)
@@ -148,9 +152,13 @@ class ActorSection:
     request_timeout_s: float = 60.0
     metrics_port: int = 0  # first actor's port; actor i uses metrics_port + i
     max_turns: int = 0  # turns per episode before it is truncated; 0: only the context length limits it
+    # agents that do not share the trained policy: a fixed opponent sampled from vllm.frozen_urls, whose
+    # turns are part of the others' observations but are never streamed for training
+    frozen_agents: list[int] = field(default_factory=list)
 
     def validate(self, path: str) -> None:
         check(self.num_processes >= 1, f"{path}.num_processes", "must be >= 1")
+        check(all(a >= 0 for a in self.frozen_agents), f"{path}.frozen_agents", "agent ids must be >= 0")
         check(self.max_turns >= 0, f"{path}.max_turns", "must be >= 0")
         check(self.concurrent_episodes >= 1, f"{path}.concurrent_episodes", "must be >= 1")
         check(self.temperature > 0, f"{path}.temperature", "must be > 0 (greedy sampling has no log-probs to correct)")
@@ -171,8 +179,8 @@ class BufferSection:
     # first) or group (all group_size episodes of one prompt_key together, for group baselines)
     sampling: Literal["fifo", "freshest", "group"] = "fifo"
     group_size: int = 1
-    # Reverb-style rate limiter (samples per inserted episode); the slower side waits, nothing is dropped.
     group_timeout_s: float = 120.0  # a group still short of group_size this long after a member completed is dropped
+    # Reverb-style rate limiter (samples per inserted episode); the slower side waits, nothing is dropped.
     samples_per_insert: float = 1.0
     min_size_to_sample: int = 1  # complete episodes held before the first batch is served
     error_buffer: float = 0.0  # half-width of the allowed samples-vs-inserts window; 0: no window
@@ -194,8 +202,8 @@ class BufferSection:
         check(self.episode_timeout_s > 0, f"{path}.episode_timeout_s", "must be > 0")
         check(self.actor_timeout_s > 0, f"{path}.actor_timeout_s", "must be > 0")
         check(self.group_size >= 1, f"{path}.group_size", "must be >= 1")
-        check(self.sampling != "group" or self.group_size <= self.batch_episodes, f"{path}.group_size",
         check(self.group_timeout_s > 0, f"{path}.group_timeout_s", "must be > 0")
+        check(self.sampling != "group" or self.group_size <= self.batch_episodes, f"{path}.group_size",
               f"must be <= batch_episodes ({self.batch_episodes}), or no group fits in a batch (deadlock)")
         field_name, reason = limiter_problem(
             self.samples_per_insert, self.min_size_to_sample, self.error_buffer or float("inf"),

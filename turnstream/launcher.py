@@ -138,22 +138,28 @@ class LocalStack:
         return child
 
     def _start_vllm(self) -> None:
-        v = self.cfg.vllm
-        if v.urls:
-            return
+        v, m = self.cfg.vllm, self.cfg.model
         host = self.cfg.network.host
-        servers = []
-        for i in range(v.num_servers):
-            port = v.base_port + i if v.base_port else free_port(host)
-            argv, env = vllm_command(self.cfg.model.path, host, port, v)
-            servers.append((f"http://{host}:{port}", self._start(f"vllm-{i}", argv, env)))
-        for url, child in servers:
-            try:
-                wait_healthy(url, v.startup_timeout_s, alive=lambda c=child: c.proc.poll() is None)
-            except (RuntimeError, TimeoutError) as exc:
-                raise RoleFailed(f"{exc}; last log lines:\n{tail(child.log_path)}") from None
-        v.urls = [url for url, _ in servers]
-        log.info("vLLM ready at %s", ", ".join(v.urls))
+        servers: dict[str, list] = {"urls": [], "frozen_urls": []}
+        if not v.urls:
+            for i in range(v.num_servers):
+                port = v.base_port + i if v.base_port else free_port(host)
+                argv, env = vllm_command(m.path, host, port, v)
+                servers["urls"].append((f"http://{host}:{port}", self._start(f"vllm-{i}", argv, env)))
+        if self.cfg.actor.frozen_agents and not v.frozen_urls:
+            # the fixed opponent gets a server of its own, which the learner never pushes to
+            port = free_port(host)
+            argv, env = vllm_command(m.frozen_path or m.path, host, port, v)
+            servers["frozen_urls"].append((f"http://{host}:{port}", self._start("vllm-frozen", argv, env)))
+        for field_name, started in servers.items():
+            for url, child in started:
+                try:
+                    wait_healthy(url, v.startup_timeout_s, alive=lambda c=child: c.proc.poll() is None)
+                except (RuntimeError, TimeoutError) as exc:
+                    raise RoleFailed(f"{exc}; last log lines:\n{tail(child.log_path)}") from None
+            if started:
+                setattr(v, field_name, [url for url, _ in started])
+                log.info("vLLM (%s) ready at %s", field_name, ", ".join(getattr(v, field_name)))
 
     def check_alive(self) -> None:
         for child in self.procs.exited():

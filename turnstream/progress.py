@@ -18,8 +18,10 @@ class Progress:
     staleness of the newest batch, elapsed seconds.
     """
 
-    def __init__(self, window_episodes: int, stream: TextIO | None = None, interval_s: float = 15.0):
+    def __init__(self, window_episodes: int, stream: TextIO | None = None, interval_s: float = 15.0,
+                 label: str = ""):
         self.window = window_episodes
+        self.label = f"{label}: " if label else ""  # which run, when one process runs several (benchmarks)
         self.stream = stream or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.interval_s = interval_s
@@ -27,6 +29,9 @@ class Progress:
         self._width = 0
 
     def line(self, steps: list[dict], elapsed_s: float) -> str:
+        return self.label + self._status(steps, elapsed_s)
+
+    def _status(self, steps: list[dict], elapsed_s: float) -> str:
         if not steps:
             return f"waiting for the first learner step ({elapsed_s:.0f}s)"
         last = steps[-1]

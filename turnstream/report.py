@@ -198,7 +198,15 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, t0: flo
 
 
 def main(run_dir: str | Path) -> int:
-    """`turnstream report RUN_DIR`: the learning curve plus the report plots; prints each path."""
+    """`turnstream report RUN_DIR`: the learning curve plus the report plots; prints each path.
+
+    On the output directory of `turnstream bench async` (it holds records.jsonl): the success against
+    wall-clock plot, one curve per eta, written next to the records."""
+    from turnstream import bench_report
+
+    if (Path(run_dir) / bench_report.RECORDS).exists():
+        print(bench_report.plot(run_dir))
+        return 0
     if not (Path(run_dir) / "learner.jsonl").exists():
         print(f"turnstream report: {run_dir} has no learner.jsonl")
         return 1

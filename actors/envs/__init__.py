@@ -1,3 +1,3 @@
 """Environments shipped with turnstream; importing this package registers them."""
-from actors.envs import (follow_signs, goal_walk, http_env, math_tool, sokoban, tictactoe,  # noqa: F401
-                          trivial)
+from actors.envs import (follow_signs, follow_signs_longtail, goal_walk, http_env, math_tool,  # noqa: F401
+                          sokoban, tictactoe, trivial)

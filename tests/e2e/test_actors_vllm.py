@@ -116,6 +116,34 @@ def test_learner_trains_on_exactly_the_sampled_tokens(vllm_url, tiny_model):
     assert err < LOGPROB_TOLERANCE
 
 
+def test_a_frozen_opponent_samples_from_its_own_server_and_stays_out_of_training(vllm_url, tiny_model):
+    """Agent 1 of tic-tac-toe is a fixed policy: its moves come from the frozen fleet (here a second fleet on
+    the same real server), its turns are never streamed, and agent 0's stream still holds every token of
+    the context it was sampled from, the opponent's moves included as observation."""
+    async def run():
+        async with RecordingFleet([vllm_url], health_interval_s=60) as trained, \
+                RecordingFleet([vllm_url], health_interval_s=60, learner_version=lambda: 0) as frozen:
+            link, metrics = CollectingLink(), ActorMetrics()
+            runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=lambda: make_env("tictactoe"),
+                                   chat=ChatTokens(tiny_model), client=trained, link=link,
+                                   sampling=Sampling(1.0, 8, 512), metrics=metrics, seed=0, frozen_clients={1: frozen})
+            await asyncio.gather(*(runner.play(f"g{i}", seed=i) for i in range(6)))
+        return trained.record, frozen.record, link.chunks
+
+    trained, frozen, chunks = asyncio.run(run())
+    assert trained and frozen
+    assert {c.agent_id for c in chunks} == {0}
+    episodes = _episodes(chunks)
+    assert len(episodes) == 6
+    rows = [np.concatenate([np.concatenate([c.obs_tokens, c.gen_tokens]) for _, c in sorted(e.turns.items())])
+            for e in episodes]
+    for context, gen in trained:  # each of agent 0's samples sits in its stream exactly as sampled
+        assert any(r[: len(context) + len(gen.tokens)].tolist() == context + gen.tokens for r in rows)
+    opponent_moves = {tuple(g.tokens) for _, g in frozen}
+    assert sum(c.gen_tokens.size for c in chunks) == sum(len(g.tokens) for _, g in trained)
+    assert opponent_moves  # the fixed policy moved; its tokens reach agent 0 only through observations
+
+
 def _chunk_is_sound(c, vocab: int) -> bool:
     n = c.gen_tokens.size
     return (c.gen_logprobs.size == n and c.gen_versions.size == n

@@ -60,6 +60,23 @@ async def test_each_agent_stream_is_exactly_the_context_it_was_sampled_from(tiny
         assert next(contexts) == expected
 
 
+async def test_a_frozen_agent_plays_from_its_own_servers_and_is_never_streamed(tiny_model):
+    trained, fixed, link, metrics = ScriptedClient(seed=3), ScriptedClient(seed=4), CollectingLink(), ActorMetrics()
+    runner = EpisodeRunner(actor_id="a", epoch=1, env_factory=lambda: make_env("tictactoe"),
+                           chat=ChatTokens(tiny_model), client=trained, link=link, sampling=Sampling(1.0, 16, 512),
+                           metrics=metrics, seed=0, frozen_clients={1: fixed})
+    for i in range(10):
+        await runner.play(f"ep{i}", seed=i)
+    assert trained.calls and fixed.calls  # both sides moved, each from its own policy's servers
+    assert {c.agent_id for c in link.chunks} == {0}  # only the trained side reaches the buffer
+    by_stream = streams(link.chunks)
+    assert set(by_stream) == {f"ep{i}/a0" for i in range(10)}
+    assert all(s[-1].done for s in by_stream.values())
+    # agent 0 sampled exactly as many turns as its stream carries generated turns
+    assert sum(1 for c in link.chunks if c.gen_tokens.size) == len(trained.calls)
+    assert _counter(metrics, "turnstream_actor_frozen_policy_tokens_total") > 0
+
+
 async def test_single_agent_keeps_plain_episode_ids(tiny_model):
     link = CollectingLink()
     runner = _runner(tiny_model, lambda: make_env("follow_signs"), link=link)

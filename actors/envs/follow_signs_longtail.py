@@ -1,0 +1,83 @@
+"""Follow the signs with long-tailed episode lengths: the async-vs-sync benchmark's straggler task.
+
+The learnable signal is exactly follow_signs': `k` junctions (k drawn from `junctions`), each showing a
+sign L or R, reward 1 only if every sign was followed, given after the last turn. Between the junctions
+the agent walks through `c` corridor turns ("corridor 3 no sign") where either answer is fine. `c` is
+drawn per episode from a discrete Lomax (Pareto II) distribution, capped at `max_corridor`, so most
+episodes are a few turns long and a few are many times the median, as agent tasks with tool calls or
+retries are. With the defaults and junctions 2-4: median 4 turns, mean 4.6, 95th percentile 12, 99th 27
+(the cap, 28); 85% of batches of 64 episodes hold one of 20 turns or more. A synchronous batch waits for
+its longest episode; that is the cost asynchrony removes.
+
+The defaults keep the mean short on purpose: every corridor token is trained with the episode's
+advantage, which is noise for it, and dilutes the junction tokens' share of a token-mean loss (3 of 4.6
+tokens here); a fatter body (mean 5.8 turns) did not leave the 2^-k floor within 16 steps where
+follow_signs took 7.
+
+Why corridors and not more junctions: more junctions would make long episodes almost never succeed
+(2^-k at the start), which changes what is learned, not only how long it takes. Corridor turns keep the
+success rate of a policy a function of the junctions alone, so success is comparable to follow_signs.
+The corridor layout is left out of `prompt_key`: the task instance, for per-prompt baselines, is the sign
+sequence.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+from actors.env import Environment, Reset, Step, register
+
+
+def corridor_length(rng: random.Random, scale: float, alpha: float, cap: int) -> int:
+    """floor of a Lomax(alpha, scale) draw, capped: P(c >= x) = (1 + x/scale)^-alpha, a power-law tail."""
+    u = 1.0 - rng.random()  # in (0, 1], so the power below is finite
+    return min(cap, math.floor(scale * (u ** (-1.0 / alpha) - 1.0)))
+
+
+@register("follow_signs_longtail")
+class FollowSignsLongtail(Environment):
+    action_tokens = ["L", "R"]
+    max_action_tokens = 1
+
+    def __init__(self, junctions: list[int] | None = None, corridor_scale: float = 0.5,
+                 corridor_alpha: float = 1.0, max_corridor: int = 24):
+        if corridor_scale <= 0 or corridor_alpha <= 0 or max_corridor < 0:
+            raise ValueError("corridor_scale and corridor_alpha must be > 0, max_corridor >= 0")
+        self.junctions = junctions or [2, 3, 4]
+        self.corridor_scale, self.corridor_alpha, self.max_corridor = corridor_scale, corridor_alpha, max_corridor
+        self.plan: list[str | None] = []  # per turn: the sign to follow, or None for a corridor turn
+        self.signs = ""
+        self.turn = 0
+        self.all_followed = True
+
+    async def reset(self, seed: int) -> Reset:
+        rng = random.Random(seed)
+        k = rng.choice(self.junctions)
+        self.signs = "".join(rng.choice("LR") for _ in range(k))
+        c = corridor_length(rng, self.corridor_scale, self.corridor_alpha, self.max_corridor)
+        # the last turn is always a junction, so the reward arrives on a turn that mattered
+        corridor_at = set(rng.sample(range(k + c - 1), c))
+        signs = iter(self.signs)
+        self.plan = [None if t in corridor_at else next(signs) for t in range(k + c)]
+        self.turn, self.all_followed = 0, True
+        return Reset(observation=self._observation(), prompt_key=f"follow_signs_longtail/{self.signs}")
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.plan)
+
+    def _observation(self) -> str:
+        sign = self.plan[self.turn]
+        if sign is None:
+            return f"corridor {self.turn + 1} no sign"
+        return f"junction {self.turn + 1} sign {sign}"
+
+    async def step(self, action: str) -> Step:
+        sign = self.plan[self.turn]
+        if sign is not None:
+            self.all_followed &= action.strip() == sign
+        self.turn += 1
+        if self.turn == len(self.plan):
+            success = self.all_followed
+            return Step(observation="end", reward=1.0 if success else 0.0, done=True, info={"success": success})
+        return Step(observation=self._observation(), reward=0.0, done=False)
