@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from turnstream.config import Config
+from turnstream.urls_file import read_urls_file, watch_urls_file
 
 log = logging.getLogger("turnstream.actor")
 
@@ -62,7 +63,8 @@ async def serve(cfg: Config, actor_index: int) -> None:
                                frozen_clients={agent: frozen_client for agent in a.frozen_agents})
         tasks = [asyncio.create_task(link.run()), asyncio.create_task(runner.run(a.concurrent_episodes))]
         if v.urls_file:
-            tasks.append(asyncio.create_task(watch_urls_file(Path(v.urls_file), fleet, v.health_interval_s)))
+            tasks.append(asyncio.create_task(watch_urls_file(Path(v.urls_file), fleet.set_urls,
+                                                             v.health_interval_s)))
         stopper = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
         for t in [*tasks, stopper]:
@@ -73,28 +75,6 @@ async def serve(cfg: Config, actor_index: int) -> None:
     for t in done:
         if t is not stopper and not t.cancelled() and t.exception():
             raise t.exception()  # type: ignore[misc]
-
-
-def read_urls_file(path: Path) -> list[str] | None:
-    """Server URLs, one a line (# comments allowed); None if the file cannot be read or names no server."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return None
-    urls = [ln.split("#", 1)[0].strip() for ln in lines]
-    urls = [u for u in urls if u.startswith(("http://", "https://"))]
-    return urls or None
-
-
-async def watch_urls_file(path: Path, fleet, interval_s: float) -> None:
-    """Servers join or leave the fleet when the file changes (an operator or a scheduler edits it)."""
-    last: list[str] | None = None
-    while True:
-        urls = read_urls_file(path)
-        if urls is not None and urls != last:  # an unreadable or empty file keeps the current fleet
-            fleet.set_urls(urls)
-            last = urls
-        await asyncio.sleep(interval_s)
 
 
 def main(cfg: Config, actor_index: int) -> None:

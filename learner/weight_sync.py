@@ -69,6 +69,14 @@ class WeightSync:
             self.urls.remove(url)
             del self.versions[url]
 
+    def set_urls(self, urls: list[str]) -> None:
+        """Follow a changed server list (turnstream/urls_file.py): newcomers are behind until resynced."""
+        wanted = [u.rstrip("/") for u in urls]
+        for url in [u for u in self.urls if u not in wanted]:
+            self.remove_server(url)
+        for url in wanted:
+            self.add_server(url)
+
     def behind(self) -> list[str]:
         if self.latest is None:
             return []

@@ -12,6 +12,7 @@ from pathlib import Path
 from turnstream.config import Config
 from turnstream.launcher_metrics import LauncherMetrics, MetricsThread
 from turnstream.processes import ProcessGroup, free_port, free_port_block, tail
+from turnstream.urls_file import write_urls_file
 from turnstream.vllm_server import vllm_command, wait_healthy
 
 log = logging.getLogger("turnstream.launcher")
@@ -160,6 +161,10 @@ class LocalStack:
             if started:
                 setattr(v, field_name, [url for url, _ in started])
                 log.info("vLLM (%s) ready at %s", field_name, ", ".join(getattr(v, field_name)))
+        if not v.urls_file:
+            # the fleet's membership from now on: add or remove a server by editing this file while running
+            v.urls_file = str(self.run_dir / "vllm_urls.txt")
+            write_urls_file(Path(v.urls_file), v.urls)
 
     def check_alive(self) -> None:
         for child in self.procs.exited():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from actors.fleet import InferenceFleet
-from actors.main import read_urls_file, watch_urls_file
+from turnstream.urls_file import read_urls_file, watch_urls_file
 from turnstream.config import ConfigError, load_config
 from tests.unit.fake_vllm import FakeVllm
 
@@ -50,7 +50,7 @@ async def test_urls_file_adds_and_removes_servers_while_running(tmp_path):
     f.write_text(a.url + "\n")
     try:
         async with InferenceFleet([a.url], health_interval_s=0) as fleet:
-            watcher = asyncio.create_task(watch_urls_file(f, fleet, 0.02))
+            watcher = asyncio.create_task(watch_urls_file(f, fleet.set_urls, 0.02))
             f.write_text(b.url + "\n")
             for _ in range(200):
                 if list(fleet.servers) == [b.url]:

@@ -12,6 +12,7 @@ import torch
 from learner.weight_sync import DiskWeightSync, WeightSyncError, make_weight_sync
 from learner.weight_sync_nccl import NcclWeightSync
 from tests.unit.fake_vllm import FakeVllm
+from turnstream.urls_file import watch_urls_file, write_urls_file
 
 DISK_SEQUENCE = ["pause?mode=keep&clear_cache=false", "collective_rpc", "update_weight_version", "resume"]
 NCCL_SEQUENCE = ["init_weight_transfer_engine", "pause?mode=keep&clear_cache=false", "start_weight_update",
@@ -90,6 +91,30 @@ async def test_disk_watch_resyncs_in_the_background(servers, tmp_path):
         await asyncio.sleep(0.02)
     watcher.cancel()
     assert b.version == "4" and sync.behind() == []
+
+
+async def test_a_server_added_to_the_urls_file_is_brought_to_the_current_weights(servers, tmp_path):
+    a, b = servers
+    sync = DiskWeightSync([a.url], tmp_path / "w", tmp_path)
+    await sync.push(sync.save(_state(), 3), 3)
+    urls_file = tmp_path / "vllm_urls.txt"
+    write_urls_file(urls_file, [a.url, b.url])
+    tasks = [asyncio.create_task(watch_urls_file(urls_file, sync.set_urls, 0.02)),
+             asyncio.create_task(sync.watch(0.05))]
+    for _ in range(200):
+        if b.url in sync.urls and not sync.behind():
+            break
+        await asyncio.sleep(0.02)
+    assert b.version == "3" and sync.behind() == []
+    write_urls_file(urls_file, [b.url])  # a leaves the fleet: later pushes skip it
+    for _ in range(200):
+        if sync.urls == [b.url]:
+            break
+        await asyncio.sleep(0.02)
+    for t in tasks:
+        t.cancel()
+    await sync.push(sync.save(_state(), 4), 4)
+    assert (a.version, b.version) == ("3", "4")
 
 
 def test_factory_builds_each_backend(tmp_path):
