@@ -110,3 +110,23 @@ def known_envs() -> list[str]:
     import actors.envs  # noqa: F401
 
     return sorted(set(_REGISTRY) | set(_entry_points()))
+
+
+def describe(name: str) -> str:
+    """One line about environment `name`: the factory's `description` (a string, or a callable returning
+    one, e.g. to say that a library is missing), else the first line of its or its module's docstring.
+    Never raises: a plug-in that fails to load is described by its error."""
+    import sys
+
+    try:
+        factory = resolve(name)
+    except KeyError as exc:
+        return str(exc.args[0]) if exc.args else "failed to load"
+    try:
+        text = getattr(factory, "description", None)
+        text = text() if callable(text) else text
+        module = sys.modules.get(getattr(factory, "__module__", ""), None)
+        text = text or getattr(factory, "__doc__", None) or getattr(module, "__doc__", None) or ""
+    except Exception as exc:  # a plug-in's description must not break the listing
+        return f"description failed: {exc!r}"
+    return str(text).strip().split("\n")[0]

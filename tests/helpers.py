@@ -7,7 +7,7 @@ import urllib.request
 
 import numpy as np
 
-from protocol.messages import TurnChunk
+from protocol.messages import Ack, AckBatch, TurnChunk
 
 
 def chunk(episode_id: str, turn: int, *, seq: int, done: bool = False, actor_id: str = "actor-t", epoch: int = 1,
@@ -18,6 +18,15 @@ def chunk(episode_id: str, turn: int, *, seq: int, done: bool = False, actor_id:
         gen_logprobs=np.full(len(gen), -0.5, np.float32), gen_versions=np.full(len(gen), version, np.int32),
         reward=reward, done=done,
     )
+
+
+def acks_in(reply) -> list[tuple[int, str]]:
+    """(seq, status) of every ack a buffer reply carries: one `ack`, several in one `acks`, or none."""
+    if isinstance(reply, Ack):
+        return [(reply.seq, reply.status)]
+    if isinstance(reply, AckBatch):
+        return [(seq, AckBatch.STATUSES[code]) for seq, code in zip(reply.seq.tolist(), reply.status.tolist())]
+    return []
 
 
 def http_json(url: str, body: dict | None = None, timeout: float = 30.0) -> dict:

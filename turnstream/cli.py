@@ -79,9 +79,11 @@ def _dispatch(args) -> int:
 
         return keygen_main(args.dir)
     if args.command == "envs":
-        from actors.env import known_envs
+        from actors.env import describe, known_envs
 
-        print("\n".join(known_envs()))
+        names = known_envs()
+        width = max(map(len, names), default=0)
+        print("\n".join(f"{name:<{width}}  {describe(name)}" for name in names))
         return 0
 
     from turnstream.config import load_config

@@ -259,6 +259,19 @@ def test_eta_allows_that_many_extra_batches_in_flight():
     assert store.grant_credits() == [(ID, 3)]
 
 
+def test_scarce_credits_are_shared_round_the_actors_not_first_come():
+    store = make_store(eta=0, batch_episodes=6, max_staleness=5)
+    for i in range(3):
+        store.on_credit_request(f"id{i}".encode(), f"a{i}", 0, slots=10)  # a0 asked first
+    assert sorted(n for _, n in store.grant_credits()) == [2, 2, 2]
+    store.set_learner_version(1)  # room for 6 more; all three still want 8
+    assert sorted(n for _, n in store.grant_credits()) == [2, 2, 2]
+    store.on_credit_request(b"id-late", "a-late", 0, slots=10)  # joins while every credit is taken
+    store.set_learner_version(2)
+    grants = dict(store.grant_credits())
+    assert sum(grants.values()) == 6 and grants.get(b"id-late", 0) >= 1  # first-come order would give it 0
+
+
 def test_batch_request_at_a_newer_version_frees_room():
     store = make_store(eta=0, batch_episodes=2, max_staleness=1)
     store.on_credit_request(ID, "a0", 0, slots=10)

@@ -1,0 +1,70 @@
+"""The library adapters in the registry: `turnstream envs` lists each with a description, a missing
+library is named with its install command and fails clearly when used (never breaking the listing or
+other environments), and the shipped adapter configs pass the config loader."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from actors.env import describe, known_envs, make_env
+from actors.envs.adapters.common import LibraryNotInstalled
+from turnstream.cli import main as cli_main
+from turnstream.config import load_config
+from turnstream.configtools import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+ADAPTERS = {"textarena": ("textarena", "textarena"), "textworld": ("textworld", "textworld"),
+            "reasoning_gym": ("reasoning_gym", "reasoning-gym"), "gymnasium": ("gymnasium", "gymnasium")}
+CONFIGS = {"textarena_tictactoe.toml": "textarena", "textworld.toml": "textworld",
+           "reasoning_gym.toml": "reasoning_gym", "gymnasium_frozenlake.toml": "gymnasium"}
+
+
+def test_turnstream_envs_lists_every_adapter_with_a_description(capsys):
+    assert cli_main(["envs"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert set(ADAPTERS) | {"follow_signs", "tictactoe", "http"} <= set(lines)
+    for name in ADAPTERS:
+        assert len(lines[name].split(None, 1)[1]) > 20 and "not installed" not in lines[name]
+    assert "Two-player tic-tac-toe" in lines["tictactoe"]  # built-ins are described by their docstrings
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTERS))
+def test_a_missing_library_is_listed_and_fails_clearly(name, monkeypatch, capsys):
+    module, extra = ADAPTERS[name]
+    monkeypatch.setitem(sys.modules, module, None)  # `import <module>` now fails as if not installed
+    assert name in known_envs()
+    assert describe(name).endswith(f"(not installed: pip install turnstream[{extra}])")
+    assert cli_main(["envs"]) == 0
+    assert f"not installed: pip install turnstream[{extra}]" in capsys.readouterr().out
+    with pytest.raises(LibraryNotInstalled, match=rf"{module} is not installed: pip install turnstream\[{extra}\]"):
+        make_env(name)
+    with pytest.raises(ConfigError, match=rf"env.args: {module} is not installed"):
+        load_config(None, [f"env.name={name}"])
+    assert make_env("follow_signs") is not None  # the other environments are untouched
+
+
+def test_a_plugin_that_fails_to_load_does_not_break_the_listing(monkeypatch, capsys):
+    from importlib.metadata import EntryPoint
+
+    import actors.env
+
+    real = actors.env._entry_points()
+    broken = EntryPoint("broken_plugin", "no_such_module_anywhere:Env", actors.env.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(actors.env, "_entry_points", lambda: {**real, "broken_plugin": broken})
+    assert cli_main(["envs"]) == 0
+    out = capsys.readouterr().out
+    assert "failed to load" in next(line for line in out.splitlines() if line.startswith("broken_plugin"))
+    assert all(name in out for name in ADAPTERS)
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_shipped_adapter_configs_load(config, tmp_path):
+    overrides = []
+    if CONFIGS[config] == "textworld":  # the recipe's games are made at the first reset, not by the loader
+        overrides.append(f'env.args.games_dir="{tmp_path}"')
+    cfg = load_config(ROOT / "configs" / config, overrides)
+    assert cfg.env.name == CONFIGS[config]
+    assert cfg.vllm.max_model_len <= 1024  # the tiny model's positions
+    assert not list(tmp_path.iterdir())
