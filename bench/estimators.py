@@ -108,7 +108,7 @@ def run_one(env_key: str, estimator: str, seed: int, args, model_dir) -> dict:
     env_name, env_args = ENVS[env_key]
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    cfg = LearnerSection(estimator=estimator, lr=args.lr)
+    cfg = LearnerSection(estimator=estimator, lr=args.lr, device="cpu")  # the sampler shares the model, on the CPU
     trainer = Trainer(model, cfg, seed=seed, critic_path=str(model_dir))
     sampler = TorchSampler(model, 1.0, torch.Generator().manual_seed(seed))
     chat = ChatTokens(model_dir)

@@ -6,6 +6,9 @@ any learner must do: one forward, a log-softmax at the action positions, one bac
 step. The learner additionally applies temperature and allowed-token masks, computes advantages and the
 decoupled PPO loss, and (spo) re-reads the updated policy's log-probs for the tracker's drift D.
 Prints a table, then one JSON line.
+
+With `--model-config NAME` (tiny, 0.5b, 1.5b) it measures tokens/s, peak memory and MFU instead, on
+`--device` (bench/learner_mfu.py; the MFU formula is stated there and in BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -40,34 +43,41 @@ def _batch(tokenizer_vocab: int, episodes: int, seed: int):
 
 
 class BareLoop:
-    """Forward + action log-softmax + backward + AdamW over the same micro-batches: the floor of any learner."""
+    """Forward + action log-softmax + backward + AdamW over the same micro-batches: the floor of any learner.
 
-    def __init__(self, model, batch, budget: int, lr: float):
+    Same packed rows and action-position-only LM head as the learner (learner/forward.py)."""
+
+    def __init__(self, model, batch, budget: int, lr: float, where):
         import torch
 
+        from learner import forward
         from learner.batching import to_tensors
         from learner.packing import microbatches
 
-        self.model, self.tb = model, to_tensors(batch, model.config.vocab_size)
-        self.groups = microbatches(self.tb.lengths, torch.arange(self.tb.num_episodes), budget)
-        self.opt = torch.optim.AdamW(model.parameters(), lr=lr)
+        self.where, self.model = where, model.to(where.device)
+        self.tb = to_tensors(batch, model.config.vocab_size)
+        groups = microbatches(self.tb.lengths, torch.arange(self.tb.num_episodes), budget, packed=True)
+        self.micro = [forward.build(self.tb, g, True, where.device) for g in groups]
+        self.tokens = [self.tb.act_tokens[mb.select, None].to(where.device) for mb in self.micro]
+        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=where.device.type == "cuda")
 
     def step(self) -> float:
         import torch
 
-        from learner.batching import crop, gather_at_actions
+        from learner.forward import action_logits
 
         tb = self.tb
         started = time.perf_counter()
         self.opt.zero_grad(set_to_none=True)
-        for rows in self.groups:
-            ids, att = crop(tb, rows)
-            logits = gather_at_actions(self.model(input_ids=ids, attention_mask=att).logits, tb, rows)
-            select = torch.isin(tb.act_episode, rows)
-            logp = torch.log_softmax(logits.float(), -1).gather(1, tb.act_tokens[select, None]).squeeze(1)
+        for mb, tokens in zip(self.micro, self.tokens):
+            with self.where.autocast():
+                logits = action_logits(self.model, mb).logits
+            logp = torch.log_softmax(logits.float(), -1).gather(1, tokens).squeeze(1)
             (-logp.sum() / tb.act_tokens.numel()).backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0))  # read, as the learner does
         self.opt.step()
+        if self.where.device.type == "cuda":
+            torch.cuda.synchronize()
         return time.perf_counter() - started
 
 
@@ -81,11 +91,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-tokens-per-microbatch", type=int, default=2048)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    from bench import learner_mfu
+
+    learner_mfu.add_arguments(p)
     args = p.parse_args(argv)
+    if args.model_config:  # throughput and MFU at a named model size (bench/learner_mfu.py)
+        return learner_mfu.main(args)
 
     import torch
     from transformers import AutoModelForCausalLM
 
+    from learner.device import placement
     from learner.trainer import Trainer
     from turnstream.config import LearnerSection
     from turnstream.tiny_model import make_tiny_model
@@ -103,12 +119,12 @@ def main(argv: list[str]) -> int:
     rows, result = [], {"tokens_per_batch": tokens, "episodes": args.episodes, "threads": args.threads}
     bare_all = []
     for name in args.estimators.split(","):
-        cfg = LearnerSection(estimator=name.removesuffix("_prox"),
+        cfg = LearnerSection(estimator=name.removesuffix("_prox"), device=args.device, precision=args.precision,
                              max_tokens_per_microbatch=args.max_tokens_per_microbatch)
         if name == "spo_prox":  # SPO with the drift D read at pi_prox: no extra forward pass
             cfg.spo.drift = "proximal"
         trainer = Trainer(fresh(), cfg, seed=args.seed, critic_path=str(model_dir))
-        bare = BareLoop(fresh(), batch, args.max_tokens_per_microbatch, cfg.lr)
+        bare = BareLoop(fresh(), batch, args.max_tokens_per_microbatch, cfg.lr, placement(args.device, args.precision))
         bare.step(), trainer.step(batch)  # warm-up (allocator, kernels)
         # Interleave the two sides so both see the same machine load; the median pair ratio is reported.
         pairs = []

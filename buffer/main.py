@@ -11,6 +11,7 @@ log = logging.getLogger("turnstream.buffer")
 
 
 async def serve(cfg: Config) -> None:
+    from buffer.audit import attach_audit
     from buffer.metrics import BufferMetrics
     from buffer.ratelimit import RateLimiter
     from buffer.server import BufferServer
@@ -27,6 +28,7 @@ async def serve(cfg: Config) -> None:
                         actor_timeout_s=b.actor_timeout_s, metrics=metrics, policy=b.sampling,
                         group_size=b.group_size, limiter=limiter, group_timeout_s=b.group_timeout_s)
     journal = open_journal(cfg, store, metrics) if b.wal else None
+    journal = attach_audit(cfg.run.run_dir, store, journal)  # a no-op unless TURNSTREAM_AUDIT=1
     version_addr = bind_address(net.learner_address, net.learner_pub_port) if net.learner_pub_port else None
     server = BufferServer(store, metrics, ingest_addr=bind_address(net.listen_host, net.buffer_ingest_port),
                           serve_addr=bind_address(net.listen_host, net.buffer_serve_port), version_addr=version_addr,

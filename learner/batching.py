@@ -96,14 +96,23 @@ def logprobs_from_logits(logits: torch.Tensor, tb: TensorBatch,
     row_index = torch.full((tb.num_episodes,), -1, dtype=torch.long)
     row_index[rows] = torch.arange(len(rows))
     ep, pos = row_index[tb.act_episode[select]], tb.act_pos[select]
-    act_logits = logits[ep, pos - 1].float() / tb.temperature[select, None]
-    mid = tb.mask_id[select]
-    restricted = mid >= 0
+    return logprobs_from_action_logits(logits[ep, pos - 1], tb.temperature[select], tb.mask_id[select],
+                                       tb.allowed, tb.act_tokens[select])
+
+
+def logprobs_from_action_logits(act_logits: torch.Tensor, temperature: torch.Tensor, mask_id: torch.Tensor,
+                                allowed: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of `tokens` and entropy under softmax(logits / T) restricted to the allowed set, in fp32.
+
+    [n, V] logits of the n action tokens (any dtype, any device; the other arguments on the same device).
+    """
+    act_logits = act_logits.float() / temperature[:, None]
+    restricted = mask_id >= 0
     if restricted.any():
-        keep = tb.allowed[mid.clamp(min=0)] | ~restricted[:, None]
+        keep = allowed[mask_id.clamp(min=0)] | ~restricted[:, None]
         act_logits = act_logits.masked_fill(~keep, float("-inf"))
     logp_all = torch.log_softmax(act_logits, dim=-1)
-    logp = logp_all.gather(1, tb.act_tokens[select, None]).squeeze(1)
+    logp = logp_all.gather(1, tokens[:, None]).squeeze(1)
     probs = logp_all.exp()
     entropy = -(probs * torch.where(probs > 0, logp_all, torch.zeros_like(logp_all))).sum(-1)
     return logp, entropy

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from learner.forward import MicroBatch, action_logits
+
 
 class ValueHead(nn.Module):
     """Linear read-out of the last hidden state; zero-initialised so early values do not swamp GAE."""
@@ -30,8 +32,8 @@ class SeparateCritic(nn.Module):
         self.backbone = backbone
         self.head = ValueHead(backbone.config.hidden_size)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    def forward(self, **inputs) -> torch.Tensor:
+        out = self.backbone(**inputs, output_hidden_states=True, logits_to_keep=1)  # values need no logits
         return self.head(out.hidden_states[-1])
 
 
@@ -50,13 +52,17 @@ class PolicyAndValue:
 
             self.critic = SeparateCritic(AutoModelForCausalLM.from_pretrained(critic_path, dtype=torch.float32))
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    def __call__(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [n, V] and values [n] (or None) at the micro-batch's action positions (learner/forward.py)."""
         if self.mode == "shared":
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-            return out.logits, self.head(out.hidden_states[-1])
-        logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
-        values = self.critic(input_ids, attention_mask) if self.critic is not None else None
+            out = action_logits(self.model, mb, output_hidden_states=True)
+            return out.logits, self.head(mb.at_actions(out.hidden_states[-1]))
+        logits = action_logits(self.model, mb).logits
+        values = mb.at_actions(self.critic(**mb.inputs())) if self.critic is not None else None
         return logits, values
+
+    def modules(self) -> list[nn.Module]:
+        return [m for m in (self.model, self.head, self.critic) if m is not None]
 
     def critic_parameters(self) -> list[nn.Parameter]:
         if self.head is not None:

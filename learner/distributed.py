@@ -1,4 +1,4 @@
-"""Data-parallel plumbing for `torchrun --nproc-per-node N -m turnstream.cli learner ...` (gloo on CPU).
+"""Data-parallel plumbing for `torchrun --nproc-per-node N -m turnstream.cli learner ...` (gloo/nccl).
 
 Rank 0 owns every socket (buffer, version PUB, vLLM pushes, metrics, checkpoints); it broadcasts each
 batch to the other ranks, and every rank runs the same Trainer.step on it (learner/trainer.py deals out
@@ -11,10 +11,16 @@ import os
 import torch.distributed as dist
 
 
-def init_from_env() -> tuple[int, int]:
+def init_from_env(device: str = "auto") -> tuple[int, int]:
+    """nccl when the learner runs on GPUs (each rank on its LOCAL_RANK device), gloo on CPU."""
+    import torch
+
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("gloo")  # CPU; on GPUs use nccl for gradients (not tested here)
+        on_gpu = device != "cpu" and torch.cuda.is_available()
+        if on_gpu:  # before the group exists: nccl binds each rank to the current device
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if on_gpu else "gloo")
     return (dist.get_rank(), world) if world > 1 else (0, 1)
 
 

@@ -27,8 +27,8 @@ def behaviour_weights(prox_logp: torch.Tensor, behav_logp: torch.Tensor, *, mode
     elif mode == "mask_sequence":
         assert seq_index is not None, "sequence masking needs each token's sequence index"
         n = int(seq_index.max()) + 1 if seq_index.numel() else 0
-        sums = torch.zeros(n, dtype=log_w.dtype).index_add_(0, seq_index, log_w)
-        counts = torch.zeros(n, dtype=log_w.dtype).index_add_(0, seq_index, torch.ones_like(log_w))
+        sums = torch.zeros(n, dtype=log_w.dtype, device=log_w.device).index_add_(0, seq_index, log_w)
+        counts = torch.zeros_like(sums).index_add_(0, seq_index, torch.ones_like(log_w))
         geo = torch.exp(sums / counts.clamp(min=1))
         keep = ((geo >= low) & (geo <= high))[seq_index]
         out = w * keep
@@ -64,8 +64,8 @@ def aggregation_weights(act_episode: torch.Tensor, num_episodes: int, mode: str 
 def group_log_ratio(log_ratio: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
     """Turn-level ratio: the mean log-ratio of each group (turn), broadcast back to its tokens."""
     n = int(group.max()) + 1 if group.numel() else 0
-    sums = torch.zeros(n, dtype=log_ratio.dtype).index_add(0, group, log_ratio)
-    counts = torch.zeros(n, dtype=log_ratio.dtype).index_add_(0, group, torch.ones_like(log_ratio.detach()))
+    sums = torch.zeros(n, dtype=log_ratio.dtype, device=log_ratio.device).index_add(0, group, log_ratio)
+    counts = torch.zeros_like(sums).index_add_(0, group, torch.ones_like(log_ratio.detach()))
     return (sums / counts.clamp(min=1))[group]
 
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from turnstream.config import Config
+from turnstream.urls_file import watch_urls_file
 
 log = logging.getLogger("turnstream.learner")
 
@@ -56,17 +57,26 @@ def build_trainer(cfg: Config):
     from transformers import AutoModelForCausalLM
 
     from learner import checkpoint
+    from learner.device import attn_implementation, placement
     from learner.trainer import Trainer
 
     lc = cfg.learner
+    where = placement(lc.device, lc.precision)
     resume_from = checkpoint.latest(Path(cfg.run.run_dir) / "checkpoints") if lc.resume else None
     model_dir = resume_from / "model" if resume_from else cfg.model.path
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    attn = attn_implementation(lc.attn_implementation, where.device)
+    kw = {"attn_implementation": attn} if attn else {}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kw)
     ref = None
     if lc.kl_coef > 0:  # the KL anchors to the initial policy, also after a resume
-        ref = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32).eval()
+        # frozen and never stepped: held in the compute dtype (bf16 on cuda), half the memory of fp32
+        ref = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=where.compute_dtype or torch.float32,
+                                                   **kw).eval()
         ref.requires_grad_(False)
-    trainer = Trainer(model, lc, seed=cfg.run.seed, critic_path=lc.critic.path or cfg.model.path, ref_model=ref)
+    trainer = Trainer(model, lc, seed=cfg.run.seed, critic_path=lc.critic.path or cfg.model.path, ref_model=ref,
+                      where=where)
+    log.info("learner on %s, %s, attention %s, activation checkpointing %s", where.device, where.precision,
+             model.config._attn_implementation, lc.activation_checkpointing)
     if resume_from:
         trainer.load_state_dict(*checkpoint.load(resume_from))
         log.info("resumed from %s at version %d", resume_from, trainer.version)
@@ -81,14 +91,17 @@ async def train(cfg: Config) -> None:
     lc = cfg.learner
     torch.set_num_threads(lc.torch_threads)
     torch.manual_seed(cfg.run.seed)
-    rank, world = init_from_env()
+    rank, world = init_from_env(lc.device)
     model, trainer, _ = build_trainer(cfg)
     try:
         if rank == 0:
             await _serve(cfg, model, trainer, world)
         else:
             while (batch := broadcast(None, rank, world)) is not None:
-                trainer.step(batch)
+                try:
+                    trainer.step(batch)
+                except ValueError as exc:  # rank 0 skips the same batch for the same reason
+                    log.error("rank %d skipped a batch: %s", rank, exc)
     finally:
         shutdown(world)
 
@@ -98,14 +111,18 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
     import zmq.asyncio
 
     from learner import checkpoint
+    from learner.device import served_dtype, serving_state_dict
     from learner.distributed import broadcast
     from learner.metrics import LearnerMetrics
+    from learner.trainer import BatchOverBudget
     from learner.weight_sync import WeightSyncError, make_weight_sync
-    from protocol.auth import keys_for, make_server, start_authenticator
+    from protocol.auth import (count_refusals, keys_for, make_server, refusal_counter, refusal_monitor,
+                               start_authenticator)
     from protocol.codec import encode
     from protocol.http_metrics import start_metrics_server
     from protocol.messages import VersionAnnouncement
     from protocol.sockets import bind_address, configure
+    from turnstream.audit import open_audit
 
     lc, net = cfg.learner, cfg.network
     metrics = LearnerMetrics()
@@ -114,10 +131,11 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
     sync = make_weight_sync(cfg.vllm.weight_sync, cfg.vllm.urls, weights_dir=lc.weights_dir or run_dir / "weights",
                             model_dir=cfg.model.path, keep=lc.keep_weight_versions,
                             master_address=cfg.vllm.nccl_master_address, master_port=cfg.vllm.nccl_master_port)
+    push_dtype = served_dtype(cfg.vllm.dtype, cfg.model.path)  # master weights stay fp32; pushes are cast
     # The servers may hold other weights (a checkpoint we resumed past, an earlier run on a shared server):
     # give them ours before announcing, so version labels always name the weights that sampled.
     try:
-        await sync.push(sync.save(model.state_dict(), trainer.version), trainer.version)
+        await sync.push(sync.save(serving_state_dict(model, push_dtype), trainer.version), trainer.version)
     except WeightSyncError as exc:
         metrics.push_failures.inc()
         log.error("initial push of version %d failed: %s", trainer.version, exc)
@@ -125,11 +143,14 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
 
     ctx = zmq.asyncio.Context()
     curve = keys_for(net)
-    pub = configure(ctx.socket(zmq.PUB))
-    authenticator = None
+    pub = configure(ctx.socket(zmq.PUB), max_bytes=net.max_message_bytes)
+    authenticator, refusals = None, None
     if curve is not None:  # the PUB is a server: only allow-listed subscribers hear the versions
         authenticator = start_authenticator(ctx, curve)
         make_server(pub, curve)
+        # refused subscribers are counted (and logged sparingly), as the buffer counts refused peers
+        refusals = asyncio.create_task(count_refusals(
+            refusal_monitor(pub), refusal_counter(metrics.auth_failures, "pub", log)))
     pub.bind(bind_address(net.listen_host, net.learner_pub_port))
     batches = BatchClient(ctx, bind_address(net.buffer_address, net.buffer_serve_port), net.max_message_bytes, curve)
     http, port = await start_metrics_server(metrics.registry, net.listen_host, lc.metrics_port,
@@ -143,7 +164,10 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log_file = (run_dir / "learner.jsonl").open("a")
+    audit = open_audit(run_dir, "learner")  # None unless TURNSTREAM_AUDIT=1 (tests/fault/)
     watcher = asyncio.create_task(sync.watch())  # re-syncs servers that missed a push once they answer again
+    members = asyncio.create_task(watch_urls_file(Path(cfg.vllm.urls_file), sync.set_urls,
+                                                  cfg.vllm.health_interval_s)) if cfg.vllm.urls_file else None
     started = time.monotonic()
     try:
         while not stop.is_set() and not (lc.max_steps and trainer.version >= lc.max_steps):
@@ -160,11 +184,21 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
             try:
                 batch = broadcast(batch, 0, world)
                 stats = await asyncio.to_thread(trainer.step, batch)
+            except BatchOverBudget as exc:  # every episode too long: counted, the learner keeps serving
+                metrics.over_budget.inc(exc.dropped)
+                metrics.rejected_batches.inc()
+                log.error("skipped a batch: %s", exc)
+                continue
             except ValueError as exc:  # a batch the model cannot take (e.g. token ids beyond its vocabulary)
                 metrics.rejected_batches.inc()
                 log.error("skipped a batch: %s", exc)
                 continue
-            path = await asyncio.to_thread(sync.save, model.state_dict(), trainer.version)
+            if audit is not None:  # before the checkpoint, so a checkpointed step always has its line
+                audit.write({"version": trainer.version, "batch_version": batch.learner_version,
+                             "episodes": list(batch.episode_ids),
+                             "tokens": [int(n) for n in batch.episode_offsets[1:] - batch.episode_offsets[:-1]],
+                             "staleness_max": stats["staleness_max"]})
+            path = await asyncio.to_thread(sync.save, serving_state_dict(model, push_dtype), trainer.version)
             try:
                 push_s = await sync.push(path, trainer.version)
             except WeightSyncError as exc:
@@ -192,8 +226,14 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
                      stats["step_s"], push_s, wait_s)
     finally:
         watcher.cancel()
+        if members is not None:
+            members.cancel()
+        if refusals is not None:
+            refusals.cancel()
         broadcast(None, 0, world)  # release the other ranks
         log_file.close()
+        if audit is not None:
+            audit.close()
         if authenticator is not None:
             authenticator.stop()
         ctx.destroy(linger=0)

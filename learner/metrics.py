@@ -24,9 +24,17 @@ class LearnerMetrics:
                                       "Pause-to-resume time of a weight push over all servers", registry=r)
         self.push_failures = Counter("turnstream_learner_weight_push_failures_total", "Failed weight pushes",
                                      registry=r)
+        self.auth_failures = Counter("turnstream_learner_auth_failures_total",
+                                     "Subscribers refused by CURVE on the version PUB socket: reason auth = key not "
+                                     "on the allow-list, protocol or no_detail = bad handshake (e.g. plaintext)",
+                                     ["socket", "reason"], registry=r)
         # staleness is bounded by buffer.max_staleness, so it is a bounded label
         self.rejected_batches = Counter("turnstream_learner_rejected_batches_total",
                                         "Batches skipped because the model cannot take them", registry=r)
+        # one episode longer than learner.max_tokens_per_microbatch: dropped before the step (learner/packing.py)
+        self.over_budget = Counter("turnstream_learner_over_budget_episodes_total",
+                                   "Episodes dropped because alone they exceed max_tokens_per_microbatch",
+                                   registry=r)
         self.staleness = Counter("turnstream_learner_trained_tokens_total",
                                  "Action tokens trained on, by staleness in policy versions", ["staleness"],
                                  registry=r)
@@ -40,6 +48,7 @@ class LearnerMetrics:
         self.version.set(stats["version"])
         self.episodes.inc(stats["episodes"])
         self.step_seconds.observe(stats["step_s"])
+        self.over_budget.inc(stats.get("dropped_over_budget", 0))
         for staleness, count in stats["staleness_hist"].items():
             self.staleness.labels(str(staleness)).inc(count)
         for name in self.GAUGES:

@@ -1,37 +1,133 @@
-"""Split a batch's episodes into micro-batches under a padded-token budget, for gradient accumulation.
+"""Split a batch's episodes into micro-batches under a token budget, for gradient accumulation.
 
-Episodes are sorted by length so that each micro-batch pads to a similar width; a micro-batch costs
-rows x (its longest episode) tokens. The loss uses batch-global aggregation weights, so the way episodes
-are grouped here does not change the update, only the peak memory and the padding overhead.
+Packed (learner.pack_sequences, the default): a micro-batch is one row holding its episodes back to back,
+position ids restarting at 0 for each (learner/forward.py); it costs the sum of their lengths, so memory
+is bounded by the budget, not by the longest episode, and nothing is spent on padding. Episodes are
+placed first-fit by decreasing length. Padded: rows x longest episode within the budget; episodes are
+sorted by length so that each micro-batch pads to a similar width.
+
+The loss uses batch-global aggregation weights, so the grouping changes neither the loss nor the update,
+only the peak memory. An episode longer than the budget cannot be split without changing its attention
+context: `microbatches` raises SequenceTooLong before any forward pass (instead of an out-of-memory error
+in the middle of a step), and the trainer drops such episodes up front with `drop_over_budget`.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import torch
 
+from protocol.messages import Batch
 
-def microbatches(lengths: np.ndarray, rows: torch.Tensor, budget: int) -> list[torch.Tensor]:
-    """Groups of `rows` whose padded size rows * max_len stays within `budget` (0: one group).
 
-    An episode longer than the budget still gets a micro-batch of its own: it cannot be split without
-    changing its attention context.
+class SequenceTooLong(ValueError):
+    """One episode alone exceeds learner.max_tokens_per_microbatch."""
+
+    def __init__(self, episode: str, length: int, budget: int):
+        self.episode, self.length, self.budget = episode, length, budget
+        super().__init__(
+            f"episode {episode} has {length} tokens, more than learner.max_tokens_per_microbatch = {budget}; "
+            f"raise the budget to at least {length} (if memory allows, e.g. with learner.activation_checkpointing) "
+            f"or cap episode length (actor.max_turns, vllm.max_model_len)")
+
+
+class BatchOverBudget(ValueError):
+    """Every episode of a batch exceeded the budget: nothing was left to train on (the learner skips it)."""
+
+    def __init__(self, errors: list[SequenceTooLong]):
+        self.dropped = len(errors)
+        super().__init__(f"all {len(errors)} episode(s) dropped; first: {errors[0]}")
+
+
+def microbatches(lengths, rows: torch.Tensor, budget: int, packed: bool = False,
+                 names: list[str] | None = None) -> list[torch.Tensor]:
+    """Groups of `rows` within `budget` tokens (0: one group); each group's rows ascending.
+
+    packed: sum of lengths <= budget. Padded: rows x the group's longest <= budget.
+    Raises SequenceTooLong naming the first episode (`names[row]`, else its row) that alone exceeds it.
     """
     if budget <= 0 or len(rows) == 0:
         return [rows] if len(rows) else []
+    lengths = np.asarray(lengths)
     order = sorted(rows.tolist(), key=lambda r: (-int(lengths[r]), r))
+    if int(lengths[order[0]]) > budget:
+        r = order[0]
+        raise SequenceTooLong(names[r] if names else f"row {r}", int(lengths[r]), budget)
     groups: list[list[int]] = []
-    current: list[int] = []
-    for r in order:
-        width = int(lengths[current[0]]) if current else int(lengths[r])
-        if current and (len(current) + 1) * width > budget:
+    if packed:
+        room: list[int] = []
+        for r in order:  # first fit, decreasing: within 11/9 of the fewest micro-batches
+            n = int(lengths[r])
+            slot = next((i for i, free in enumerate(room) if free >= n), None)
+            if slot is None:
+                groups.append([])
+                room.append(budget)
+                slot = len(groups) - 1
+            groups[slot].append(r)
+            room[slot] -= n
+    else:
+        current: list[int] = []
+        for r in order:
+            width = int(lengths[current[0]]) if current else int(lengths[r])
+            if current and (len(current) + 1) * width > budget:
+                groups.append(current)
+                current = []
+            current.append(r)
+        if current:
             groups.append(current)
-            current = []
-        current.append(r)
-    if current:
-        groups.append(current)
     return [torch.tensor(sorted(g), dtype=torch.long) for g in groups]
 
 
 def shard(groups: list[torch.Tensor], rank: int, world: int) -> list[torch.Tensor]:
     """Round-robin micro-batches over data-parallel ranks (biggest first, so work spreads evenly)."""
     return groups[rank::world]
+
+
+def drop_over_budget(batch: Batch, budget: int) -> tuple[Batch, list[SequenceTooLong]]:
+    """The batch without the episodes that alone exceed `budget`, and one error per dropped episode.
+
+    Dropped, not truncated: the reward arrives at the episode's end, so a cut-off prefix would be trained
+    on a return its actions did not earn (and GAE would need a bootstrap value at the cut); cutting from
+    the front instead changes the context of every kept token, so the learner's log-probs would no longer
+    be those of the policy that sampled them and the off-policy correction would be wrong.
+    """
+    lengths = np.diff(batch.episode_offsets)
+    over = np.nonzero(lengths > budget)[0] if budget > 0 else np.zeros(0, np.int64)
+    if not over.size:
+        return batch, []
+    errors = [SequenceTooLong(batch.episode_ids[i], int(lengths[i]), budget) for i in over]
+    return subset(batch, np.nonzero(lengths <= budget)[0]), errors
+
+
+def _ranges(offsets: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Flat indices of the kept segments [offsets[i], offsets[i+1]), and their new offsets."""
+    sizes = np.diff(offsets)[keep]
+    index = (np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in keep]) if keep.size
+             else np.zeros(0, np.int64))
+    return index, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+
+def subset(batch: Batch, keep: np.ndarray) -> Batch:
+    """The batch with only the episodes `keep` (ascending). Fields are told apart by their length: per token
+    (the token arrays), per episode (ids, keys, returns and any per-episode array), or per turn (delimited
+    by `turn_offsets`), so fields added to the Batch later are carried along without a change here."""
+    n_tokens, n_episodes = batch.tokens.size, len(batch.episode_ids)
+    token_index, episode_offsets = _ranges(batch.episode_offsets, keep)
+    changes: dict = {"episode_offsets": episode_offsets}
+    turn_offsets = getattr(batch, "turn_offsets", None)
+    per_turn = turn_offsets is not None and len(turn_offsets) == n_episodes + 1
+    if per_turn:
+        turn_index, changes["turn_offsets"] = _ranges(np.asarray(turn_offsets), keep)
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if f.name in changes or f.name == "allowed_sets" or not isinstance(value, (list, np.ndarray)):
+            continue
+        if per_turn and f.name.startswith("turn_") and isinstance(value, np.ndarray) and \
+                len(value) == turn_offsets[-1] and f.name != "turn_index":
+            changes[f.name] = value[turn_index]
+        elif isinstance(value, np.ndarray) and value.ndim == 1 and value.size == n_tokens:
+            changes[f.name] = value[token_index]
+        elif len(value) == n_episodes and n_episodes:
+            changes[f.name] = value[keep] if isinstance(value, np.ndarray) else [value[i] for i in keep]
+    return dataclasses.replace(batch, **changes)

@@ -3,9 +3,14 @@
 Data parallel: every rank holds the same batch and computes the same advantages; micro-batches are dealt
 round-robin over ranks, and gradients are summed across ranks. Because the loss carries batch-global
 aggregation weights (learner/loss.py), the sum over micro-batches and ranks is exactly the one-rank loss.
+
+Device and precision (learner/device.py): the model, critic and optimizer state live on `learner.device`
+in fp32; forwards run under autocast (bf16 on cuda by default). Batch bookkeeping (TensorBatch, indices,
+advantages) stays on the CPU; each micro-batch's inputs and per-token loss terms are copied over.
 """
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -13,28 +18,47 @@ import torch
 import torch.distributed as dist
 
 from learner import estimators
-from learner.batching import TensorBatch, crop, gather_at_actions, logprobs_from_logits, to_tensors
+from learner import forward
+from learner.batching import TensorBatch, logprobs_from_action_logits, to_tensors
 from learner.checkpoint import rng_state, set_rng_state
 from learner.critic import PolicyAndValue
+from learner.device import Placement, enable_checkpointing, keep_checkpointing_active, placement
 from learner.loss import aggregation_weights, decoupled_ppo_loss, explained_variance, kl_k3, value_loss
-from learner.packing import microbatches, shard
+from learner.packing import BatchOverBudget, drop_over_budget, microbatches, shard
 from learner.spo import SpoConfig, SpoTracker
 from protocol.messages import Batch
 from turnstream.config import LearnerSection
 
+__all__ = ["BatchOverBudget", "Trainer"]  # BatchOverBudget: raised by step(), caught by learner/main.py
+
+log = logging.getLogger("turnstream.learner")
+
 
 class Trainer:
-    def __init__(self, model, cfg: LearnerSection, seed: int = 0, *, critic_path: str = "", ref_model=None):
-        self.model = model
+    def __init__(self, model, cfg: LearnerSection, seed: int = 0, *, critic_path: str = "", ref_model=None,
+                 where: Placement | None = None):
+        self.where = where or placement(cfg.device, cfg.precision)
+        self.device = self.where.device
+        self.model = model.to(self.device, dtype=torch.float32)  # fp32 master weights; autocast does the rest
         self.cfg = cfg
         self.vocab_size = model.config.vocab_size
         self.pad_id = model.config.pad_token_id or 0
         value_based = cfg.estimator in estimators.VALUE_BASED
         self.net = PolicyAndValue(model, cfg.critic.mode if value_based else None, critic_path)
+        for m in self.net.modules():
+            m.to(self.device, dtype=torch.float32)
+        if ref_model is not None:
+            ref_model.to(self.device)
+        if cfg.pack_sequences:
+            forward.check_packing_support(model)
+        if cfg.activation_checkpointing:
+            enable_checkpointing(model, self.net.critic.backbone if self.net.critic is not None else None)
         groups = [{"params": list(model.parameters()), "lr": cfg.lr}]
         if self.net.critic_parameters():
             groups.append({"params": self.net.critic_parameters(), "lr": cfg.critic.lr})
-        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        # fused: one kernel for every parameter's update instead of several per tensor (cuda only)
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                           fused=self.device.type == "cuda")
         # Early Adam steps are close to sign descent (one-sample second moments); a warm-up keeps those
         # noisy steps small, which matters for RL where the first batches' gradients are mostly noise.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -49,35 +73,48 @@ class Trainer:
         # weights, no dropout), so its log-probs are that forward's, detached: one forward pass saved.
         self.fuse_prox = True
         self._collected: torch.Tensor | None = None
+        self._allowed: torch.Tensor | None = None  # the batch's allowed-token sets, on the device
 
     # ---- helpers ------------------------------------------------------------------------------------
 
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
 
-    def _my_microbatches(self, tb: TensorBatch, rows: torch.Tensor) -> list[torch.Tensor]:
-        return shard(microbatches(tb.lengths, rows, self.cfg.max_tokens_per_microbatch), self.rank, self.world)
+    def _my_microbatches(self, tb: TensorBatch, rows: torch.Tensor) -> list[forward.MicroBatch]:
+        groups = microbatches(tb.lengths, rows, self.cfg.max_tokens_per_microbatch, self.cfg.pack_sequences)
+        return [forward.build(tb, g, self.cfg.pack_sequences, self.device)
+                for g in shard(groups, self.rank, self.world)]
+
+    def _set_eval(self) -> None:
+        """No dropout: pi_prox and pi_theta must be the same function at equal weights."""
+        self.net.train(False)
+        keep_checkpointing_active(*self.net.modules())
+
+    def _logprobs(self, act_logits: torch.Tensor, tb: TensorBatch, mb: forward.MicroBatch):
+        temperature, mask_id, tokens = forward.sampling_params(tb, mb.select, self.device)
+        return logprobs_from_action_logits(act_logits, temperature, mask_id, self._allowed, tokens)
 
     def _sum_over_ranks(self, *tensors: torch.Tensor) -> None:
         if self.world > 1:
-            for t in tensors:
-                dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            for t in tensors:  # CPU bookkeeping; nccl reduces device tensors only
+                on_device = t.to(self.device)
+                dist.all_reduce(on_device, op=dist.ReduceOp.SUM)
+                t.copy_(on_device.cpu())
 
     @torch.no_grad()
     def _evaluate(self, tb: TensorBatch, want_values: bool, want_ref: bool):
         """Log-probs (and values, reference log-probs) of every action token; each rank fills its share."""
         n = tb.act_tokens.numel()
         logp, values, ref = torch.zeros(n), torch.zeros(n), torch.zeros(n)
-        for rows in self._my_microbatches(tb, torch.arange(tb.num_episodes)):
-            select = torch.isin(tb.act_episode, rows)
-            ids, att = crop(tb, rows)
-            logits, v = self.net(ids, att)
-            logp[select] = logprobs_from_logits(logits, tb, rows)[0]
+        for mb in self._my_microbatches(tb, torch.arange(tb.num_episodes)):
+            with self.where.autocast():
+                logits, v = self.net(mb)
+                ref_logits = forward.action_logits(self.ref_model, mb).logits if want_ref else None
+            logp[mb.select] = self._logprobs(logits, tb, mb)[0].cpu()
             if want_values:
-                values[select] = gather_at_actions(v, tb, rows)
+                values[mb.select] = v.float().cpu()
             if want_ref:
-                ref[select] = logprobs_from_logits(self.ref_model(input_ids=ids, attention_mask=att).logits,
-                                                   tb, rows)[0]
+                ref[mb.select] = self._logprobs(ref_logits, tb, mb)[0].cpu()
         self._sum_over_ranks(logp, values, ref)
         return logp, (values if want_values else None), (ref if want_ref else None)
 
@@ -92,8 +129,14 @@ class Trainer:
     def step(self, batch: Batch) -> dict:
         started = time.monotonic()
         cfg = self.cfg
+        batch, too_long = drop_over_budget(batch, cfg.max_tokens_per_microbatch)
+        for err in too_long:
+            log.warning("dropped from the batch: %s", err)
+        if too_long and not batch.episode_ids:
+            raise BatchOverBudget(too_long)
         tb = to_tensors(batch, self.vocab_size, self.pad_id)
-        self.net.train(False)  # no dropout: pi_prox and pi_theta must be the same function at equal weights
+        self._allowed = tb.allowed.to(self.device)
+        self._set_eval()
         value_based = cfg.estimator in estimators.VALUE_BASED
         fused = self.fuse_prox and cfg.epochs * cfg.minibatches == 1 and not value_based
         if fused and cfg.kl_coef == 0:
@@ -141,9 +184,11 @@ class Trainer:
             baseline_mean=adv.baseline_mean, spo_rho_mean=rho_mean,
             staleness_max=int(staleness.max()), staleness_mean=float(staleness.mean()),
             staleness_hist={int(k): int(v) for k, v in zip(*np.unique(staleness, return_counts=True))},
-            dropped_stale=batch.dropped_stale, step_s=step_s,
+            dropped_stale=batch.dropped_stale, dropped_over_budget=len(too_long), step_s=step_s,
             tokens_per_s=float(tb.attention_mask.sum()) * cfg.epochs / max(step_s, 1e-9),
         )
+        if too_long:  # which episodes were not trained (learner/main.py's audit trail, logs)
+            out["dropped_over_budget_ids"] = [e.episode for e in too_long]
         if value_based:
             m = adv.value_mask
             out["explained_variance"] = explained_variance(old_values[m], adv.value_targets[m])
@@ -165,31 +210,31 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         stats: dict[str, float] = {}
         count = 0
+        dev = self.device
         for mb in self._my_microbatches(tb, rows):
-            sel = torch.isin(tb.act_episode, mb)
-            ids, att = crop(tb, mb)
-            logits, values = self.net(ids, att)
-            logp, entropy = logprobs_from_logits(logits, tb, mb)
-            prox = logp.detach() if prox_logp is None else prox_logp[sel]
+            sel = mb.select
+            with self.where.autocast():
+                logits, values = self.net(mb)
+            logp, entropy = self._logprobs(logits, tb, mb)
+            prox = logp.detach() if prox_logp is None else prox_logp[sel].to(dev)
             if self._collected is not None:
-                self._collected[sel] = prox
-            w = weights[sel]
+                self._collected[sel] = prox.cpu()
+            w = weights[sel].to(dev)
             loss, s = decoupled_ppo_loss(
-                logp, prox, tb.behav_logp[sel], adv.token_adv[sel], clip_low=cfg.clip_low,
+                logp, prox, tb.behav_logp[sel].to(dev), adv.token_adv[sel].to(dev), clip_low=cfg.clip_low,
                 clip_high=cfg.clip_high, weight_cap=cfg.behaviour_weight_cap, mode=cfg.behaviour_weight_mode,
-                mask_low=cfg.is_mask_low, mask_high=cfg.is_mask_high, seq_index=tb.act_episode[sel],
-                ratio_group=None if ratio_group is None else ratio_group[sel], token_weights=w)
+                mask_low=cfg.is_mask_low, mask_high=cfg.is_mask_high, seq_index=tb.act_episode[sel].to(dev),
+                ratio_group=None if ratio_group is None else ratio_group[sel].to(dev), token_weights=w)
             s["entropy"] = float((w * entropy.detach()).sum() / w.sum().clamp(min=1e-12))
             if cfg.entropy_coef:
                 loss = loss - cfg.entropy_coef * (w * entropy).sum()
             if ref_logp is not None:
-                kl = kl_k3(logp, ref_logp[sel])
+                kl = kl_k3(logp, ref_logp[sel].to(dev))
                 s["ref_kl"] = float((w * kl.detach()).sum() / w.sum().clamp(min=1e-12))
                 loss = loss + cfg.kl_coef * (w * kl).sum()
             if values is not None:
-                v_now = gather_at_actions(values, tb, mb)
-                vl, vs = value_loss(v_now, old_values[sel], adv.value_targets[sel], cfg.critic.value_clip,
-                                    value_weights[sel])
+                vl, vs = value_loss(values.float(), old_values[sel].to(dev), adv.value_targets[sel].to(dev),
+                                    cfg.critic.value_clip, value_weights[sel].to(dev))
                 s.update(vs, value_loss=vl.item())
                 loss = loss + cfg.critic.value_coef * vl
             loss.backward()
@@ -225,7 +270,7 @@ class Trainer:
         D = mean |log mu - log pi| over the episode's action tokens, pi the updated policy (default) or `logp`.
         """
         if logp is None:
-            self.net.train(False)
+            self._set_eval()
             logp, _, _ = self._evaluate(tb, False, False)
         new_logp = logp
         drift = (new_logp - tb.behav_logp).abs()

@@ -14,6 +14,7 @@ Key directory layout (`turnstream keygen DIR` writes it):
 from __future__ import annotations
 
 import ipaddress
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,6 +136,21 @@ def refusal_monitor(sock: zmq.Socket) -> zmq.Socket:
 def keys_for(network) -> CurveKeys | None:
     """The role's keys when `network` (a NetworkSection) turns CURVE on; None keeps sockets plaintext."""
     return CurveKeys.load(network.keys_dir) if network.curve_enabled else None
+
+
+def refusal_counter(counter, socket_name: str, log: logging.Logger):
+    """An `on_refusal` for count_refusals: counts into `counter{socket, reason}` and logs the 1st, 2nd, 4th,
+    8th ... refusal, so a stranger reconnecting every 100 ms cannot flood the log."""
+    refusals = 0
+
+    def refused(reason: str) -> None:
+        nonlocal refusals
+        counter.labels(socket_name, reason).inc()
+        refusals += 1
+        if refusals & (refusals - 1) == 0:
+            log.warning("refused a peer on the %s socket: CURVE handshake failed (%s); %d refusals so far",
+                        socket_name, reason, refusals)
+    return refused
 
 
 async def count_refusals(monitor: zmq.Socket, on_refusal) -> None:

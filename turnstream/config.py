@@ -5,6 +5,7 @@ into the run directory and hands that file to every role.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -272,7 +273,17 @@ class LearnerSection:
     agent_norm: bool = False  # Dr. MAS: normalise advantages per agent id (when batches carry agent ids)
     minibatches: int = 1
     epochs: int = 1
-    max_tokens_per_microbatch: int = 0  # padded-token budget of one forward/backward; 0: whole minibatch
+    # token budget of one forward/backward (learner/packing.py): packed tokens, or rows x longest episode when
+    # pack_sequences is off; it bounds activation memory. An episode longer than the budget alone is dropped
+    # (counted, logged). 0: no budget, the whole minibatch in one micro-batch
+    max_tokens_per_microbatch: int = 0
+    pack_sequences: bool = True  # episodes back to back in one row, no padding (position ids delimit them)
+    # where and how the learner computes (learner/device.py): auto = cuda when present, else cpu;
+    # precision auto = bf16 autocast on cuda (fp32 master weights and AdamW state), fp32 on cpu
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    activation_checkpointing: bool = False  # recompute each decoder layer in backward: less memory, ~1/3 more compute
+    attn_implementation: str = "auto"  # auto: flash_attention_2 on cuda if installed, else sdpa; or any HF name
     max_steps: int = 0  # 0: run until stopped
     torch_threads: int = 1
     weights_dir: str = ""  # where pushed weights are written; empty: <run_dir>/weights
@@ -295,6 +306,9 @@ class LearnerSection:
         check(self.kl_coef >= 0, f"{path}.kl_coef", "must be >= 0")
         check(self.minibatches >= 1 and self.epochs >= 1, f"{path}.minibatches", "minibatches and epochs must be >= 1")
         check(self.max_tokens_per_microbatch >= 0, f"{path}.max_tokens_per_microbatch", "must be >= 0")
+        check(self.device == "auto" or self.device == "cpu" or re.fullmatch(r"cuda(:\d+)?", self.device) is not None,
+              f"{path}.device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        check(self.precision in ("auto", "fp32", "bf16"), f"{path}.precision", "must be auto, fp32 or bf16")
         check(self.keep_weight_versions >= 1, f"{path}.keep_weight_versions", "must be >= 1")
         check(self.checkpoint_every >= 0, f"{path}.checkpoint_every", "must be >= 0")
         check(self.keep_checkpoints >= 1, f"{path}.keep_checkpoints", "must be >= 1")

@@ -37,3 +37,23 @@ def test_sampler_respects_the_allowed_tokens_and_reports_their_logprobs():
     tokens, logps = sampler.sample([[1, 2, 3], [4, 5]], allowed=[7, 9])
     assert set(tokens) <= {7, 9}
     assert all(lp <= 0 and math.isfinite(lp) for lp in logps)
+
+
+def test_bench_learner_mfu_mode_at_tiny_size(capsys):
+    """The GPU benchmark's code path, on the CPU at the tiny size: real Trainer steps on packed rows."""
+    args = ["--model-config", "tiny", "--device", "cpu", "--seq-len", "256", "--microbatches", "2", "--steps", "1"]
+    assert learner.main(args) == 0
+    out = last_json(capsys)
+    assert out["device"] == "cpu" and out["precision"] == "fp32" and out["mfu"] is None  # no CPU peak claimed
+    assert out["tokens_per_s"] > 0 and out["step_s"] > 0 and out["model_tflops_per_step"] > 0
+    assert out["tokens_per_step"] <= out["microbatches_per_step"] * 256 and 0 < out["packing_efficiency"] <= 1
+    assert out["peak_memory_gib"] > 0 and "6*N_body*T" in out["mfu_formula"]
+
+
+def test_mfu_flops_formula():
+    from bench.learner_mfu import model_config, step_flops
+
+    cfg = model_config("1.5b")
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size) == (28, 1536, 151936)
+    # dense + LM head at action positions + causal attention over each packed episode
+    assert step_flops(cfg, 10, 100, 7, 50) == 6 * 10 * 100 + 6 * 151936 * 1536 * 7 + 6 * 28 * 12 * 128 * 50

@@ -14,7 +14,7 @@ TOLERANCE = 1e-5
 
 
 def test_two_gloo_ranks_match_one_rank(tmp_path):
-    cfg = LearnerSection(estimator="turn_gae", lr=1e-2, max_tokens_per_microbatch=40)
+    cfg = LearnerSection(estimator="turn_gae", lr=1e-2, max_tokens_per_microbatch=40, device="cpu")
     one_rank = params_after_steps(cfg)
     mp.spawn(dp_worker, args=(2, str(tmp_path / "init"), cfg, str(tmp_path)), nprocs=2, join=True)
     r0, r1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
@@ -22,4 +22,4 @@ def test_two_gloo_ranks_match_one_rank(tmp_path):
     diff = (r0 - one_rank).abs().max().item()
     print(f"max |2 ranks - 1 rank| = {diff:.3g}")
     assert diff < TOLERANCE
-    assert (one_rank - params_after_steps(LearnerSection(estimator="turn_gae", lr=1e-2), steps=0)).abs().max() > 1e-3
+    assert (one_rank - params_after_steps(LearnerSection(estimator="turn_gae", lr=1e-2, device="cpu"), steps=0)).abs().max() > 1e-3

@@ -15,8 +15,8 @@ from turnstream.config import LearnerSection
 
 
 def cfg_for(estimator="spo", **kw) -> LearnerSection:
-    cfg = LearnerSection(estimator=estimator, lr=1e-2, **kw)
-    return cfg
+    # fp32 on the CPU, also on a GPU machine: these tolerances are for exact arithmetic (tests/gpu for CUDA)
+    return LearnerSection(estimator=estimator, lr=1e-2, device="cpu", **kw)
 
 
 @pytest.mark.parametrize("estimator,critic", [("spo", "shared"), ("grpo", "shared"), ("rloo", "shared"),
@@ -42,12 +42,15 @@ def test_each_estimator_takes_a_step(estimator, critic, tmp_path):
 
 def test_packing_groups_by_token_budget():
     lengths = [10, 3, 7, 7, 2, 12]
-    groups = microbatches(lengths, torch.arange(6), budget=16)
+    groups = microbatches(lengths, torch.arange(6), budget=16)  # padded: rows x longest
     for g in groups:
         assert len(g) == 1 or len(g) * max(lengths[i] for i in g) <= 16
     assert sorted(torch.cat(groups).tolist()) == list(range(6))
+    packed = microbatches(lengths, torch.arange(6), budget=16, packed=True)  # packed: sum of lengths
+    assert all(sum(lengths[i] for i in g) <= 16 for g in packed)
+    assert sorted(torch.cat(packed).tolist()) == list(range(6))
+    assert len(packed) == 3 < len(groups)  # 41 tokens in 3 rows of 16: no padding
     assert len(microbatches(lengths, torch.arange(6), budget=0)) == 1
-    assert microbatches(lengths, torch.arange(6), budget=5)[0].tolist() == [5]  # too long: alone
     assert [g.tolist() for g in shard([torch.tensor([0]), torch.tensor([1]), torch.tensor([2])], 1, 2)] == [[1]]
 
 

@@ -1,0 +1,105 @@
+"""The buffer's audit trail (turnstream/audit.py; on only with TURNSTREAM_AUDIT=1): acked chunk keys,
+served and dropped episodes.
+
+Where a line sits relative to the write-ahead log decides what a `kill -9` can make it over- or
+under-report:
+- `ack` lines (status ok or duplicate) are written after the log commit, before the acks leave: a crash
+  in between leaves a logged chunk without a line, but its actor never saw the ack, resends it and gets a
+  `duplicate` line from the restarted buffer;
+- `served` and `dropped` lines are written before the log records the consumption or the drop: a crash
+  in between over-reports (the episode is still held after the restart), it never hides a loss.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from turnstream.audit import AuditLog, open_audit
+
+
+class AckNotes:
+    """Acks about to be sent; written only once the log holding their chunks is committed."""
+
+    def __init__(self, audit: AuditLog):
+        self.audit, self.pending = audit, []
+
+    def note(self, chunk, status: str) -> None:
+        self.pending.append({"ack": status, "key": [chunk.actor_id, chunk.epoch, chunk.seq],
+                             "ep": chunk.episode_id, "turn": chunk.turn, "done": bool(chunk.done),
+                             "tokens": int(chunk.obs_tokens.size + chunk.gen_tokens.size)})
+
+    def flush(self) -> None:
+        records, self.pending = self.pending, []
+        self.audit.write(*records)
+
+
+class AuditedJournal:
+    """Passes every store event on to the real journal (or none), writing served/dropped lines first.
+
+    The server commits through it too: `commit` makes the log durable, then writes the ack lines noted
+    since the last commit, so an `ack` line never names a chunk the log could still lose to `kill -9`.
+    """
+
+    def __init__(self, inner, audit: AuditLog, acks: AckNotes):
+        self.inner, self.audit, self.acks = inner, audit, acks
+
+    def __getattr__(self, name):  # wal, maybe_compact, ...: the real journal's
+        return getattr(self.inner, name)
+
+    def chunks(self, frames: list) -> None:
+        if self.inner is not None:
+            self.inner.chunks(frames)
+
+    def chunk(self, chunk, raw) -> None:  # the single-chunk form of the Journal protocol
+        if self.inner is not None:
+            self.inner.chunk(chunk, raw)
+
+    def consumed(self, episode_ids: list[str]) -> None:
+        self.audit.write({"served": list(episode_ids), "time": time.time()})
+        if self.inner is not None:
+            self.inner.consumed(episode_ids)
+
+    def closed(self, episode_ids: list[str], reason: str) -> None:
+        self.audit.write({"dropped": list(episode_ids), "reason": reason})
+        if self.inner is not None:
+            self.inner.closed(episode_ids, reason)
+
+    def version(self, version: int) -> None:
+        if self.inner is not None:
+            self.inner.version(version)
+
+    def commit(self) -> None:
+        if self.inner is not None:
+            self.inner.commit()
+        self.acks.flush()
+
+    def close(self) -> None:
+        if self.inner is not None:
+            self.inner.close()
+        self.audit.close()
+
+
+def attach_audit(run_dir: str | Path, store, journal):
+    """With TURNSTREAM_AUDIT=1: audit `store` and return the journal the server should commit through.
+
+    Otherwise returns `journal` unchanged. Call after the log was replayed (replay is not new traffic).
+    """
+    audit = open_audit(run_dir, "buffer")
+    if audit is None:
+        return journal
+    acks = AckNotes(audit)
+    audited = AuditedJournal(journal, audit, acks)
+    store.journal = audited
+    ingest_many = store.ingest_many
+
+    def ingest_and_note(identity, chunks, *args, **kwargs):
+        results = ingest_many(identity, chunks, *args, **kwargs)
+        for chunk, (status, _reason) in zip(chunks, results):
+            if status in ("ok", "duplicate"):
+                acks.note(chunk, status)
+        if journal is None:  # no log to commit first: the acks leave right after this
+            acks.flush()
+        return results
+
+    store.ingest_many = ingest_and_note  # this store only; ReplayStore itself stays as it is
+    return audited if journal is not None else None

@@ -1,0 +1,108 @@
+"""One micro-batch's model inputs on the device, and the model outputs at its action positions only.
+
+Packed: the micro-batch's episodes are concatenated into one row [1, T] with position ids that restart
+at 0 for each episode and no attention mask. transformers reads the episode boundaries from the position
+ids (a position that does not follow its predecessor starts a new sequence) and builds a block-diagonal
+causal mask (sdpa, eager) or cu_seqlens (flash-attention), so no token sees another episode, and rotary
+positions are each episode's own: the log-probs equal the padded forward's (tests/unit/test_learner_gpu_ready.py).
+`use_cache=False` is required for that: with a KV cache object transformers skips the packed-sequence check.
+
+Only the action positions need logits: the LM head runs on those rows alone (`logits_to_keep` with an
+index tensor), which for a 150k-token vocabulary saves most of the head's FLOPs and the [T, V] logits tensor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from learner.batching import TensorBatch
+
+
+@dataclass
+class MicroBatch:
+    rows: torch.Tensor  # episode rows of the batch, ascending (CPU)
+    select: torch.Tensor  # [N] bool over the batch's action tokens: those of these rows (CPU)
+    input_ids: torch.Tensor  # [1, T] packed or [R, W] padded, on the device
+    position_ids: torch.Tensor | None  # [1, T] when packed
+    attention_mask: torch.Tensor | None  # [R, W] when padded
+    act_index: torch.Tensor  # packed: [n] positions in the row; padded: [2, n] (row, column); on the device
+    tokens: int  # real (unpadded) tokens
+
+    @property
+    def packed(self) -> bool:
+        return self.position_ids is not None
+
+    def inputs(self) -> dict:
+        kw = {"input_ids": self.input_ids, "use_cache": False}
+        if self.packed:
+            kw["position_ids"] = self.position_ids
+        else:
+            kw["attention_mask"] = self.attention_mask
+        return kw
+
+    def at_actions(self, per_position: torch.Tensor) -> torch.Tensor:
+        """[B, T, ...] per-position outputs at the position before each action token, in flat action order."""
+        if self.packed:
+            return per_position[0, self.act_index]
+        return per_position[self.act_index[0], self.act_index[1]]
+
+
+def check_packing_support(model) -> None:
+    """Fail at start-up, not silently: packed rows are only isolated where transformers reads episode
+    boundaries from the position ids (its masking_utils packed-sequence detection, or flash-attention)."""
+    impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    if impl.startswith("flash_attention"):
+        return
+    import importlib
+
+    import transformers
+
+    try:
+        supported = hasattr(importlib.import_module("transformers.masking_utils"), "find_packed_sequence_indices")
+    except ImportError:
+        supported = False
+    if not supported:
+        from turnstream.configtools import ConfigError
+
+        raise ConfigError(f"learner.pack_sequences: transformers {transformers.__version__} with {impl} attention "
+                          "does not separate packed episodes; set it to false or upgrade transformers")
+
+
+def build(tb: TensorBatch, rows: torch.Tensor, packed: bool, device: torch.device | str = "cpu") -> MicroBatch:
+    rows = rows.sort().values
+    select = torch.isin(tb.act_episode, rows)
+    lengths = tb.lengths[rows.numpy()]
+    ep, pos = tb.act_episode[select], tb.act_pos[select]
+    if packed:
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        ids = torch.cat([tb.input_ids[r, :n] for r, n in zip(rows.tolist(), lengths.tolist())])[None]
+        position_ids = torch.from_numpy(np.concatenate([np.arange(n) for n in lengths]).astype(np.int64))[None]
+        start_of = torch.zeros(tb.num_episodes, dtype=torch.long)
+        start_of[rows] = torch.from_numpy(starts)
+        act_index = start_of[ep] + pos - 1  # the logits predicting token p sit at p - 1
+        return MicroBatch(rows, select, ids.to(device), position_ids.to(device), None, act_index.to(device),
+                          int(lengths.sum()))
+    width = int(lengths.max()) if len(lengths) else 0
+    row_index = torch.full((tb.num_episodes,), -1, dtype=torch.long)
+    row_index[rows] = torch.arange(len(rows))
+    act_index = torch.stack([row_index[ep], pos - 1])
+    return MicroBatch(rows, select, tb.input_ids[rows, :width].to(device), None,
+                      tb.attention_mask[rows, :width].to(device), act_index.to(device), int(lengths.sum()))
+
+
+def action_logits(model, mb: MicroBatch, **kwargs):
+    """The model's output object, with `.logits` [n, V] at the action positions only (flat action order)."""
+    if mb.packed:
+        out = model(**mb.inputs(), logits_to_keep=mb.act_index, **kwargs)
+        out.logits = out.logits[0]
+    else:
+        out = model(**mb.inputs(), **kwargs)
+        out.logits = mb.at_actions(out.logits)
+    return out
+
+
+def sampling_params(tb: TensorBatch, select: torch.Tensor, device) -> tuple[torch.Tensor, ...]:
+    """Per action token (temperature, mask id, chosen token) of the selected tokens, on the device."""
+    return (tb.temperature[select].to(device), tb.mask_id[select].to(device), tb.act_tokens[select].to(device))
