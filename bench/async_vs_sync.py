@@ -42,6 +42,8 @@ ENVS = {  # bench name -> (registered environment, its args)
     "follow_signs_longtail": ("follow_signs_longtail", {"junctions": [2, 3, 4]}),
 }
 MAX_MODEL_LEN = 1024  # the longest long-tail episode (28 turns) needs ~750 tokens of context
+# --pin: each side on its own core, as inference and training run on separate GPUs in production
+GENERATION_CPUS, LEARNER_CPUS = (0,), (1,)
 
 
 def _parse(argv):
@@ -62,6 +64,8 @@ def _parse(argv):
     p.add_argument("--out", default="runs/bench-async")
     p.add_argument("--model", default="runs/tiny-model")
     p.add_argument("--url", default="", help="a running vLLM server (started with --max-model-len >= 1024)")
+    p.add_argument("--pin", action="store_true",
+                   help="generation (vLLM server, actor, buffer) on CPU 0, the learner on CPU 1")
     return p.parse_args(argv)
 
 
@@ -121,6 +125,9 @@ def run_config(env: str, eta: int, seed: int, url: str, args):
     cfg.run.rolling_episodes = args.window
     cfg.run.seed = seed
     cfg.run.run_dir = str(Path(args.out) / "runs" / f"{env}-eta{eta}-seed{seed}")
+    if args.pin:
+        cfg.actor.cpus = cfg.buffer.cpus = list(GENERATION_CPUS)
+        cfg.learner.cpus = list(LEARNER_CPUS)
     return cfg
 
 
@@ -235,7 +242,9 @@ def main(argv: list[str]) -> int:
     records: list[RunRecord] = []
     try:
         url = args.url or start_vllm_server(procs, str(Path(args.model).resolve()),
-                                            VllmSection(max_model_len=MAX_MODEL_LEN), name="vllm-bench")
+                                            VllmSection(max_model_len=MAX_MODEL_LEN,
+                                                        cpus=list(GENERATION_CPUS) if args.pin else []),
+                                            name="vllm-bench")
         for i, (env, eta, seed) in enumerate(runs):
             log.info("run %d/%d: %s eta=%d seed=%d", i + 1, len(runs), env, eta, seed)
             r = run_one(env, eta, seed, url, args)

@@ -31,7 +31,7 @@ class BatchClient:
         self.max_message_bytes = max_message_bytes
         self.ids = itertools.count(1)
 
-    async def get(self, version: int, episodes: int, retry_s: float = 5.0):
+    async def get(self, version: int, episodes: int, max_tokens: int = 0, retry_s: float = 5.0):
         import zmq
 
         from protocol.codec import DecodeError, decode, encode
@@ -39,7 +39,7 @@ class BatchClient:
 
         request_id = next(self.ids)
         while True:
-            await self.sock.send_multipart(encode(BatchRequest(request_id, version, episodes)))
+            await self.sock.send_multipart(encode(BatchRequest(request_id, version, episodes, max_tokens)))
             if await self.sock.poll(retry_s * 1000, zmq.POLLIN):
                 frames = await self.sock.recv_multipart(copy=False)
                 try:
@@ -172,7 +172,7 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
     try:
         while not stop.is_set() and not (lc.max_steps and trainer.version >= lc.max_steps):
             waited = time.monotonic()
-            fetch = asyncio.create_task(batches.get(trainer.version, cfg.buffer.batch_episodes))
+            fetch = asyncio.create_task(batches.get(trainer.version, cfg.buffer.batch_episodes, lc.batch_max_tokens))
             await asyncio.wait([fetch, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
             if stop.is_set():
                 fetch.cancel()

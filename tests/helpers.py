@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.request
 
 import numpy as np
@@ -27,6 +28,24 @@ def acks_in(reply) -> list[tuple[int, str]]:
     if isinstance(reply, AckBatch):
         return [(seq, AckBatch.STATUSES[code]) for seq, code in zip(reply.seq.tolist(), reply.status.tolist())]
     return []
+
+
+def wait_for_child(predicate, what: str, child, timeout_s: float = 120.0):
+    """Poll `predicate` until it returns something truthy (returned); fail with the child's log tail if the
+    child exits or time runs out. OSError counts as "not yet" (a port that does not answer yet)."""
+    from turnstream.processes import tail
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except OSError:
+            pass
+        assert child.proc.poll() is None, f"{child.name} exited:\n{tail(child.log_path, 30)}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{tail(child.log_path, 30)}"
+        time.sleep(0.2)
 
 
 def http_json(url: str, body: dict | None = None, timeout: float = 30.0) -> dict:

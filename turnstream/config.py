@@ -13,6 +13,14 @@ from typing import Literal
 from turnstream.configtools import ConfigError, check, dump_toml, from_dict, load_toml, to_dict
 
 
+def check_cpus(cpus: list[int], path: str) -> None:
+    # the machine's CPUs, not this process's affinity: a pinned role reads the other roles' pins too
+    import os
+
+    n = os.cpu_count() or 1
+    check(all(0 <= c < n for c in cpus), path, f"CPU ids must be in 0..{n - 1} on this machine, got {cpus}")
+
+
 @dataclass
 class RunSection:
     name: str = "run"
@@ -51,6 +59,7 @@ class VllmSection:
     dtype: str = "float32"
     startup_timeout_s: float = 180.0
     extra_args: list[str] = field(default_factory=list)
+    cpus: list[int] = field(default_factory=list)  # CPU ids this role is pinned to (os affinity); empty: any
     # the actors' inference fleet (actors/fleet.py)
     urls_file: str = ""  # optional file of server URLs, one a line, re-read while running (add/remove servers)
     retries: int = 2  # a failed generate is retried on up to this many other servers
@@ -63,6 +72,7 @@ class VllmSection:
 
     def validate(self, path: str) -> None:
         check(self.num_servers >= 1 or bool(self.urls), f"{path}.num_servers", "must be >= 1")
+        check_cpus(self.cpus, f"{path}.cpus")
         check(self.max_num_seqs >= 1, f"{path}.max_num_seqs", "must be >= 1")
         check(self.kv_cache_gib >= 1, f"{path}.kv_cache_gib", "must be >= 1")
         for url in self.urls:
@@ -156,10 +166,12 @@ class ActorSection:
     # agents that do not share the trained policy: a fixed opponent sampled from vllm.frozen_urls, whose
     # turns are part of the others' observations but are never streamed for training
     frozen_agents: list[int] = field(default_factory=list)
+    cpus: list[int] = field(default_factory=list)  # CPU ids this role is pinned to (os affinity); empty: any
 
     def validate(self, path: str) -> None:
         check(self.num_processes >= 1, f"{path}.num_processes", "must be >= 1")
         check(all(a >= 0 for a in self.frozen_agents), f"{path}.frozen_agents", "agent ids must be >= 0")
+        check_cpus(self.cpus, f"{path}.cpus")
         check(self.max_turns >= 0, f"{path}.max_turns", "must be >= 0")
         check(self.concurrent_episodes >= 1, f"{path}.concurrent_episodes", "must be >= 1")
         check(self.temperature > 0, f"{path}.temperature", "must be > 0 (greedy sampling has no log-probs to correct)")
@@ -191,6 +203,7 @@ class BufferSection:
     wal_fsync: Literal["always", "interval", "never"] = "always"  # when an acked chunk reaches the disk
     wal_fsync_interval_s: float = 0.05  # for wal_fsync = "interval"
     wal_compact_bytes: int = 256 * 1024 * 1024  # rewrite the log without consumed data past this size
+    cpus: list[int] = field(default_factory=list)  # CPU ids this role is pinned to (os affinity); empty: any
 
     def validate(self, path: str) -> None:
         from buffer.ratelimit import limiter_problem
@@ -204,6 +217,7 @@ class BufferSection:
         check(self.actor_timeout_s > 0, f"{path}.actor_timeout_s", "must be > 0")
         check(self.group_size >= 1, f"{path}.group_size", "must be >= 1")
         check(self.group_timeout_s > 0, f"{path}.group_timeout_s", "must be > 0")
+        check_cpus(self.cpus, f"{path}.cpus")
         check(self.sampling != "group" or self.group_size <= self.batch_episodes, f"{path}.group_size",
               f"must be <= batch_episodes ({self.batch_episodes}), or no group fits in a batch (deadlock)")
         field_name, reason = limiter_problem(
@@ -285,6 +299,10 @@ class LearnerSection:
     activation_checkpointing: bool = False  # recompute each decoder layer in backward: less memory, ~1/3 more compute
     attn_implementation: str = "auto"  # auto: flash_attention_2 on cuda if installed, else sdpa; or any HF name
     max_steps: int = 0  # 0: run until stopped
+    # token budget of one batch (observation + generated tokens): the buffer fills a batch up to it, with at
+    # most buffer.batch_episodes episodes; 0: exactly buffer.batch_episodes episodes
+    batch_max_tokens: int = 0
+    cpus: list[int] = field(default_factory=list)  # CPU ids this role is pinned to (os affinity); empty: any
     torch_threads: int = 1
     weights_dir: str = ""  # where pushed weights are written; empty: <run_dir>/weights
     keep_weight_versions: int = 2
@@ -306,6 +324,8 @@ class LearnerSection:
         check(self.kl_coef >= 0, f"{path}.kl_coef", "must be >= 0")
         check(self.minibatches >= 1 and self.epochs >= 1, f"{path}.minibatches", "minibatches and epochs must be >= 1")
         check(self.max_tokens_per_microbatch >= 0, f"{path}.max_tokens_per_microbatch", "must be >= 0")
+        check(self.batch_max_tokens >= 0, f"{path}.batch_max_tokens", "must be >= 0")
+        check_cpus(self.cpus, f"{path}.cpus")
         check(self.device == "auto" or self.device == "cpu" or re.fullmatch(r"cuda(:\d+)?", self.device) is not None,
               f"{path}.device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         check(self.precision in ("auto", "fp32", "bf16"), f"{path}.precision", "must be auto, fp32 or bf16")

@@ -116,10 +116,11 @@ class LocalStack:
             config_path.write_text(self.cfg.dumps())
             write_scrape_targets(self.cfg, self.metrics_port)
             role = [sys.executable, "-m", "turnstream.cli"]
-            self._start("buffer", [*role, "buffer", "--config", str(config_path)])
-            self._start("learner", [*role, "learner", "--config", str(config_path)])
+            self._start("buffer", [*role, "buffer", "--config", str(config_path)], cpus=self.cfg.buffer.cpus)
+            self._start("learner", [*role, "learner", "--config", str(config_path)], cpus=self.cfg.learner.cpus)
             for i in range(self.cfg.actor.num_processes):
-                self._start(f"actor-{i}", [*role, "actor", "--config", str(config_path), "--index", str(i)])
+                self._start(f"actor-{i}", [*role, "actor", "--config", str(config_path), "--index", str(i)],
+                            cpus=self.cfg.actor.cpus)
         except BaseException:
             self.close()
             raise
@@ -133,8 +134,8 @@ class LocalStack:
         self._http.stop()
         signal.signal(signal.SIGTERM, self._old_sigterm)
 
-    def _start(self, name: str, argv: list[str], env: dict | None = None):
-        child = self.procs.start(name, argv, env)
+    def _start(self, name: str, argv: list[str], env: dict | None = None, cpus: list[int] | None = None):
+        child = self.procs.start(name, argv, env, cpus)
         self.metrics.started(name)
         return child
 
@@ -146,12 +147,12 @@ class LocalStack:
             for i in range(v.num_servers):
                 port = v.base_port + i if v.base_port else free_port(host)
                 argv, env = vllm_command(m.path, host, port, v)
-                servers["urls"].append((f"http://{host}:{port}", self._start(f"vllm-{i}", argv, env)))
+                servers["urls"].append((f"http://{host}:{port}", self._start(f"vllm-{i}", argv, env, v.cpus)))
         if self.cfg.actor.frozen_agents and not v.frozen_urls:
             # the fixed opponent gets a server of its own, which the learner never pushes to
             port = free_port(host)
             argv, env = vllm_command(m.frozen_path or m.path, host, port, v)
-            servers["frozen_urls"].append((f"http://{host}:{port}", self._start("vllm-frozen", argv, env)))
+            servers["frozen_urls"].append((f"http://{host}:{port}", self._start("vllm-frozen", argv, env, v.cpus)))
         for field_name, started in servers.items():
             for url, child in started:
                 try:

@@ -77,12 +77,18 @@ class ProcessGroup:
         self.children: list[Child] = []
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
 
-    def start(self, name: str, argv: list[str], env: dict | None = None) -> Child:
+    def start(self, name: str, argv: list[str], env: dict | None = None, cpus: list[int] | None = None) -> Child:
+        """`cpus`: pin the child (and every process it starts) to these CPU ids; None or empty: anywhere."""
         log_path = self.run_dir / "logs" / f"{name}.log"
         log = log_path.open("wb")
+
+        def setup() -> None:
+            _die_with_parent()
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **(env or {})}, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+                                env={**os.environ, **(env or {})}, start_new_session=True, preexec_fn=setup)
         log.close()
         child = Child(name, proc, log_path)
         self.children.append(child)

@@ -56,7 +56,7 @@ def start_vllm_server(procs, model_path: str, cfg: VllmSection, name: str = "vll
 
     port = free_port(host)
     argv, env = vllm_command(model_path, host, port, cfg)
-    child = procs.start(name, argv, env)
+    child = procs.start(name, argv, env, cfg.cpus)
     url = f"http://{host}:{port}"
     try:
         wait_healthy(url, timeout_s, alive=lambda: child.proc.poll() is None)

@@ -8,31 +8,16 @@ the learner serves on (learner/main.py), which is all this test needs of it.
 from __future__ import annotations
 
 import sys
-import time
 
 import pytest
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from protocol import auth
-from tests.helpers import scrape
+from tests.helpers import scrape, wait_for_child
 from turnstream.config import Config
 from turnstream.keygen import main as keygen
-from turnstream.processes import ProcessGroup, free_port, tail
-
-
-def _until(predicate, what: str, child, timeout_s: float = 90.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except OSError:
-            pass
-        assert child.proc.poll() is None, f"learner exited:\n{tail(child.log_path, 30)}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{tail(child.log_path, 30)}"
-        time.sleep(0.2)
+from turnstream.processes import ProcessGroup, free_port
 
 
 def _connect_and_watch(sock: zmq.Socket, addr: str, timeout_s: float = 20.0) -> set[int]:
@@ -71,7 +56,7 @@ def test_learner_pub_refuses_and_counts_strangers(tmp_path, tiny_model, keys):
     addr = f"tcp://127.0.0.1:{cfg.network.learner_pub_port}"
     ctx = zmq.Context()
     try:
-        _until(lambda: scrape(url), "the learner's /metrics", learner)
+        wait_for_child(lambda: scrape(url), "the learner's /metrics", learner)
 
         def subscriber(kind: str) -> zmq.Socket:
             sock = ctx.socket(zmq.SUB)
@@ -95,9 +80,9 @@ def test_learner_pub_refuses_and_counts_strangers(tmp_path, tiny_model, keys):
             return sum(m.get(f'turnstream_learner_auth_failures_total{{reason="{r}",socket="pub"}}', 0)
                        for r in reasons)
 
-        _until(lambda: counted(["auth"]) >= 1, "the stranger's refusal counted", learner)
+        wait_for_child(lambda: counted(["auth"]) >= 1, "the stranger's refusal counted", learner)
         # a plaintext peer is a mechanism mismatch, reported as "protocol" or without detail depending on timing
-        _until(lambda: counted(["protocol", "no_detail"]) >= 1, "the plaintext peer's refusal counted", learner)
+        wait_for_child(lambda: counted(["protocol", "no_detail"]) >= 1, "the plaintext peer's refusal counted", learner)
         assert "refused a peer on the pub socket" in learner.log_path.read_text()
         assert learner.proc.poll() is None
     finally:

@@ -15,25 +15,11 @@ import zmq
 
 from protocol.codec import decode, encode
 from protocol.messages import CreditRequest
-from tests.helpers import acks_in, chunk, http_json
+from tests.helpers import acks_in, chunk, http_json, wait_for_child
 from turnstream.config import Config
 from turnstream.processes import ProcessGroup, free_port
 
 pytestmark = pytest.mark.vllm
-
-
-def _wait(predicate, what: str, child, timeout_s: float = 120.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except OSError:
-            pass
-        assert child.proc.poll() is None, f"{child.name} exited:\n{child.log_path.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{child.log_path.read_text()[-3000:]}"
-        time.sleep(0.2)
 
 
 class FakeActor:
@@ -90,7 +76,7 @@ def test_learner_resumes_after_kill_9(tmp_path, tiny_model, vllm_url):
         buffer = procs.start("buffer", [sys.executable, "-m", "turnstream.cli", "buffer", "--config", str(path)])
         learner_argv = [sys.executable, "-m", "turnstream.cli", "learner", "--config", str(path)]
         learner = procs.start("learner", learner_argv)
-        _wait(lambda: http_json(health)["version"] == 0, "learner up", learner)
+        wait_for_child(lambda: http_json(health)["version"] == 0, "learner up", learner)
         actor = FakeActor(ctx, cfg.network.buffer_ingest_port)
 
         def train_to(version: int, child) -> None:
@@ -100,8 +86,8 @@ def test_learner_resumes_after_kill_9(tmp_path, tiny_model, vllm_url):
                 time.sleep(0.05)
 
         train_to(4, learner)
-        _wait(lambda: (ckpts / "step-000004" / "trainer.pt").exists(), "checkpoint 4", learner)
-        _wait(lambda: http_json(health)["version"] >= 4, "version 4", learner)
+        wait_for_child(lambda: (ckpts / "step-000004" / "trainer.pt").exists(), "checkpoint 4", learner)
+        wait_for_child(lambda: http_json(health)["version"] >= 4, "version 4", learner)
         tracker_at_4 = json.loads((ckpts / "step-000004" / "tracker.json").read_text())["state"]
         assert tracker_at_4, "the tracker saw prompts before the kill"
 
@@ -113,15 +99,15 @@ def test_learner_resumes_after_kill_9(tmp_path, tiny_model, vllm_url):
         learner2 = procs.start("learner2", learner_argv)
         # read the version from the resume log line: /healthz may already show a step on leftover batches
         resumed_at = re.compile(r"resumed from \S+ at version (\d+)")
-        resumed = int(_wait(lambda: resumed_at.search(learner2.log_path.read_text()), "resumed learner up",
+        resumed = int(wait_for_child(lambda: resumed_at.search(learner2.log_path.read_text()), "resumed learner up",
                             learner2).group(1))
         latest_before_kill = max(int(p.name.split("-")[1]) for p in ckpts.glob("step-*"))
         assert resumed == latest_before_kill >= 4  # the same version as the checkpoint, not 0
-        _wait(lambda: http_json(health)["version"] >= resumed, "resumed learner serving", learner2)
+        wait_for_child(lambda: http_json(health)["version"] >= resumed, "resumed learner serving", learner2)
 
         train_to(resumed + 2, learner2)
         step = resumed + 2
-        _wait(lambda: (ckpts / f"step-{step:06d}" / "trainer.pt").exists(), f"checkpoint {step}", learner2)
+        wait_for_child(lambda: (ckpts / f"step-{step:06d}" / "trainer.pt").exists(), f"checkpoint {step}", learner2)
         tracker_after = json.loads((ckpts / f"step-{step:06d}" / "tracker.json").read_text())["state"]
         # prompts seen only before the kill are still tracked, with the evidence they had
         for key, ab in tracker_at_4.items():

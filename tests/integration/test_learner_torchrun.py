@@ -8,7 +8,6 @@ same equality on the Trainer alone (spawned ranks, no sockets).
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,7 @@ from safetensors.torch import load_file
 
 from protocol.codec import decode, encode
 from protocol.messages import CreditRequest
-from tests.helpers import acks_in, chunk, http_json
-from tests.integration.test_learner_resume import _wait
+from tests.helpers import acks_in, chunk, http_json, wait_for_child
 from turnstream.config import Config
 from turnstream.processes import ProcessGroup, free_port
 
@@ -74,12 +72,12 @@ def _train(tmp_path: Path, tiny_model, vllm_url: str, ranks: int) -> dict[str, t
         buffer = procs.start("buffer", [sys.executable, "-m", "turnstream.cli", "buffer", "--config", str(path)])
         learner = procs.start("learner", [*launch, "-m", "turnstream.cli", "learner", "--config", str(path)])
         health = f"http://127.0.0.1:{cfg.learner.metrics_port}/healthz"
-        _wait(lambda: http_json(health)["version"] == 0, "learner up", learner, timeout_s=180)
+        wait_for_child(lambda: http_json(health)["version"] == 0, "learner up", learner, timeout_s=180)
         actor = ctx.socket(zmq.DEALER)
         actor.setsockopt(zmq.LINGER, 0)
         actor.connect(f"tcp://127.0.0.1:{cfg.network.buffer_ingest_port}")
         _send_episodes(actor, 2 * STEPS)
-        _wait(checkpoint.exists, f"checkpoint {STEPS}", learner, timeout_s=180)
+        wait_for_child(checkpoint.exists, f"checkpoint {STEPS}", learner, timeout_s=180)
         assert buffer.proc.poll() is None
         learner.proc.wait(120)  # max_steps reached: every rank exits
         assert learner.proc.returncode == 0, learner.log_path.read_text()[-3000:]

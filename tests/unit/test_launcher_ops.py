@@ -129,3 +129,20 @@ def test_scrape_targets_list_every_role(tmp_path):
     assert all(g["labels"]["run"] == "t" for g in groups.values())
     vllm = json.loads((path.parent / "vllm.json").read_text())
     assert vllm[0]["targets"] == ["127.0.0.1:8000", "127.0.0.1:8001"]
+
+
+def test_a_role_started_with_cpus_runs_pinned_to_them(procs):
+    """`<role>.cpus` pins a role and everything it starts (vLLM's engine process inherits the mask)."""
+    script = "import os, subprocess, sys; print(sorted(os.sched_getaffinity(0))); sys.stdout.flush(); " \
+             "subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'])"
+    child = procs.start("pinned", [sys.executable, "-c", script], cpus=[0])
+    assert child.proc.wait(30) == 0
+    assert child.log_path.read_text().split() == ["[0]", "[0]"]
+
+
+def test_cpus_outside_the_machine_are_a_one_line_config_error():
+    from turnstream.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"^learner\.cpus: CPU ids must be in 0\.\.") as err:
+        load_config(None, ["learner.cpus=[4096]"])
+    assert "\n" not in str(err.value)
