@@ -49,7 +49,10 @@ class Trainer:
             m.to(self.device, dtype=torch.float32)
         if ref_model is not None:
             ref_model.to(self.device)
-        if cfg.pack_sequences:
+        # Packing only under a budget: without one, the whole batch would become one row, and attention kernels
+        # without cu_seqlens (sdpa, eager) pay for the full square of its length; the demo's step got 4x slower.
+        self.packed = cfg.pack_sequences and cfg.max_tokens_per_microbatch > 0
+        if self.packed:
             forward.check_packing_support(model)
         if cfg.activation_checkpointing:
             enable_checkpointing(model, self.net.critic.backbone if self.net.critic is not None else None)
@@ -81,8 +84,8 @@ class Trainer:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
 
     def _my_microbatches(self, tb: TensorBatch, rows: torch.Tensor) -> list[forward.MicroBatch]:
-        groups = microbatches(tb.lengths, rows, self.cfg.max_tokens_per_microbatch, self.cfg.pack_sequences)
-        return [forward.build(tb, g, self.cfg.pack_sequences, self.device)
+        groups = microbatches(tb.lengths, rows, self.cfg.max_tokens_per_microbatch, self.packed)
+        return [forward.build(tb, g, self.packed, self.device)
                 for g in shard(groups, self.rank, self.world)]
 
     def _set_eval(self) -> None:

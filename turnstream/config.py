@@ -291,7 +291,9 @@ class LearnerSection:
     # pack_sequences is off; it bounds activation memory. An episode longer than the budget alone is dropped
     # (counted, logged). 0: no budget, the whole minibatch in one micro-batch
     max_tokens_per_microbatch: int = 0
-    pack_sequences: bool = True  # episodes back to back in one row, no padding (position ids delimit them)
+    # episodes back to back in rows of max_tokens_per_microbatch, no padding (position ids delimit them); only
+    # with a budget, since one row of a whole batch costs its length squared in attention without cu_seqlens
+    pack_sequences: bool = True
     # where and how the learner computes (learner/device.py): auto = cuda when present, else cpu;
     # precision auto = bf16 autocast on cuda (fp32 master weights and AdamW state), fp32 on cpu
     device: str = "auto"  # auto | cpu | cuda | cuda:N
