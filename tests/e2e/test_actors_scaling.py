@@ -50,6 +50,8 @@ def test_actors_join_and_leave_a_running_buffer_and_learner(vllm_url, tiny_model
     cfg.actor.concurrent_episodes = 8
     cfg.buffer.batch_episodes = 32
     cfg.buffer.episode_timeout_s = 5.0
+    # a fast learner would otherwise drop the stopped actor's open episodes as stale before they time out
+    cfg.buffer.max_staleness = 1000
     cfg.buffer.actor_timeout_s = 3.0
     for name in ("buffer_ingest_port", "buffer_serve_port", "learner_pub_port"):
         setattr(cfg.network, name, free_port())
