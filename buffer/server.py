@@ -255,10 +255,12 @@ class BufferServer:
         self.sample_clock.update(self.waiting_requests > 0, now)
 
 
+ACK_CODES = {status: i for i, status in enumerate(AckBatch.STATUSES)}
+
+
 def ack_batch(entries: list[tuple[int, str, str]]) -> AckBatch:
-    codes = {status: i for i, status in enumerate(AckBatch.STATUSES)}
     return AckBatch(seq=np.fromiter((e[0] for e in entries), np.int64, len(entries)),
-                    status=np.fromiter((codes[e[1]] for e in entries), np.uint8, len(entries)),
+                    status=np.fromiter((ACK_CODES[e[1]] for e in entries), np.uint8, len(entries)),
                     reasons=[e[2] for e in entries if e[1] == "rejected"])
 
 

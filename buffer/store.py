@@ -133,9 +133,14 @@ class ReplayStore:
         `raw` are the frames the message arrived in: the journal stores them once, before any chunk takes
         effect (replay re-ingests them, and ingest decides the same way on the same state).
         `prevalidated`: validate.batch_is_clean already passed for these chunks."""
-        if self.journal is not None and not all(self.dedup.seen((c.actor_id, c.epoch), c.seq) for c in chunks):
-            self.journal.chunks(raw if raw is not None else encode(chunks[0]))
-        results = [self._ingest_one(identity, c, prevalidated) for c in chunks]
+        journaled = self.journal is None
+        results = []
+        for c in chunks:
+            # logged just before the first chunk that is not a duplicate: all-duplicate resends add nothing
+            if not journaled and not self.dedup.seen((c.actor_id, c.epoch), c.seq):
+                self.journal.chunks(raw if raw is not None else encode(chunks[0]))
+                journaled = True
+            results.append(self._ingest_one(identity, c, prevalidated))
         self._flush_counts()
         return results
 
