@@ -1,5 +1,8 @@
 """Live horizontal scaling: actors join and leave a running buffer + learner; nothing restarts, the
-stopped actor's unfinished episodes expire in the buffer (counted as abandoned)."""
+stopped actor's unfinished episodes expire in the buffer (counted as abandoned).
+
+Which episodes the buffer holds open for an actor is read from the buffer's audit trail
+(turnstream/audit.py): an actor waiting for credit may hold none, and killing it then would test nothing."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +13,7 @@ import time
 
 import pytest
 
+from tests.fault.ledger import Ledger
 from tests.helpers import scrape
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
@@ -36,6 +40,28 @@ def _tail(path, n=15):
 
 def _value(url: str, key: str) -> float:
     return scrape(url).get(key, 0.0)
+
+
+def _open_in_buffer(run_dir, actor_id: str) -> set[str]:
+    """Episodes of `actor_id` with acked turns but no final one that the buffer has not served or dropped."""
+    led = Ledger.read(run_dir)
+    closed = set(led.dropped) | {ep for _, _, ids in led.served for ep in ids}
+    return {ep for ep, turns in led.chunks.items() if ep.startswith(actor_id + "-") and ep not in closed
+            and not any(done for _, done, _ in turns.values())}
+
+
+def _stop_holding_open_episodes(run_dir, child, actor_id: str) -> set[str]:
+    """Freeze the actor at a moment the buffer holds some of its episodes open, then kill it."""
+    for _ in range(60):
+        os.killpg(child.proc.pid, signal.SIGSTOP)
+        time.sleep(0.3)  # chunks already on the wire are acked (and audited) meanwhile
+        held = _open_in_buffer(run_dir, actor_id)
+        if held:
+            os.killpg(child.proc.pid, signal.SIGKILL)
+            return held
+        os.killpg(child.proc.pid, signal.SIGCONT)
+        time.sleep(0.5)
+    raise AssertionError(f"{actor_id} never held an open episode in the buffer")
 
 
 def test_actors_join_and_leave_a_running_buffer_and_learner(vllm_url, tiny_model, tmp_path):
@@ -74,7 +100,7 @@ def test_actors_join_and_leave_a_running_buffer_and_learner(vllm_url, tiny_model
 
     procs = ProcessGroup(tmp_path)
     try:
-        buffer = procs.start("buffer", [*role, "buffer", "--config", str(path)])
+        buffer = procs.start("buffer", [*role, "buffer", "--config", str(path)], env={"TURNSTREAM_AUDIT": "1"})
         learner = procs.start("learner", [*role, "learner", "--config", str(path)])
         actors = [procs.start("actor-0", [*role, "actor", "--config", str(path), "--index", "0"])]
         _wait(lambda: learner_steps() >= 1, 240, "the first learner step with one actor", procs)
@@ -94,9 +120,10 @@ def test_actors_join_and_leave_a_running_buffer_and_learner(vllm_url, tiny_model
         steps_before = learner_steps()
         dropped_key = 'turnstream_buffer_dropped_episodes_total{reason="abandoned"}'
         abandoned_before = _value(buffer_metrics, dropped_key)
-        os.killpg(actors[2].proc.pid, signal.SIGKILL)  # actor-2 leaves without a word, mid-episode
-        _wait(lambda: _value(buffer_metrics, dropped_key) > abandoned_before, 60,
+        held = _stop_holding_open_episodes(tmp_path, actors[2], "actor-2")  # leaves without a word, mid-episode
+        _wait(lambda: held <= {ep for ep, why in Ledger.read(tmp_path).dropped.items() if why == "abandoned"}, 60,
               "the stopped actor's unfinished episodes to expire", procs)
+        assert _value(buffer_metrics, dropped_key) - abandoned_before >= len(held)
         after = {i: acked(i) for i in range(2)}
         _wait(lambda: all(acked(i) > after[i] for i in range(2)) and learner_steps() > steps_before, 120,
               "the remaining actors and the learner to carry on", procs)
@@ -104,7 +131,8 @@ def test_actors_join_and_leave_a_running_buffer_and_learner(vllm_url, tiny_model
         assert buffer.proc.poll() is None and learner.proc.poll() is None  # nothing restarted
         assert actors[0].proc.poll() is None and actors[1].proc.poll() is None
         print(f"scaling: ingested tokens/s with 1 actor {one:.0f}, 3 actors {three:.0f}, 2 actors {two:.0f}; "
-              f"abandoned episodes {_value(buffer_metrics, dropped_key) - abandoned_before:.0f}")
+              f"abandoned episodes {_value(buffer_metrics, dropped_key) - abandoned_before:.0f} "
+              f"(the stopped actor held {len(held)} open)")
     finally:
         procs.stop_all()
         _restore(vllm_url, tiny_model, tmp_path)
