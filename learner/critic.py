@@ -31,16 +31,25 @@ class SeparateCritic(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.head = ValueHead(backbone.config.hidden_size)
+        lm_head = backbone.get_output_embeddings()
+        if lm_head is not None and lm_head.weight is not backbone.get_input_embeddings().weight:
+            # values never read the LM head: no gradient, no optimizer state, and data parallel (which
+            # expects a gradient for every trainable parameter) does not wait for one
+            lm_head.requires_grad_(False)
 
     def forward(self, **inputs) -> torch.Tensor:
         out = self.backbone(**inputs, output_hidden_states=True, logits_to_keep=1)  # values need no logits
         return self.head(out.hidden_states[-1])
 
 
-class PolicyAndValue:
-    """One call gives the policy's logits and, if a critic is configured, values at every position."""
+class PolicyAndValue(nn.Module):
+    """One call gives the policy's logits and, if a critic is configured, values at every position.
+
+    A module (not a plain holder) so that data parallel can wrap policy and critic as one network.
+    """
 
     def __init__(self, model: nn.Module, mode: str | None, critic_path: str = ""):
+        super().__init__()
         self.model = model
         self.mode = mode  # None: no critic
         self.head: ValueHead | None = None
@@ -52,7 +61,7 @@ class PolicyAndValue:
 
             self.critic = SeparateCritic(AutoModelForCausalLM.from_pretrained(critic_path, dtype=torch.float32))
 
-    def __call__(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits [n, V] and values [n] (or None) at the micro-batch's action positions (learner/forward.py)."""
         if self.mode == "shared":
             out = action_logits(self.model, mb, output_hidden_states=True)
@@ -61,13 +70,10 @@ class PolicyAndValue:
         values = mb.at_actions(self.critic(**mb.inputs())) if self.critic is not None else None
         return logits, values
 
-    def modules(self) -> list[nn.Module]:
-        return [m for m in (self.model, self.head, self.critic) if m is not None]
-
     def critic_parameters(self) -> list[nn.Parameter]:
         if self.head is not None:
             return list(self.head.parameters())
-        return list(self.critic.parameters()) if self.critic is not None else []
+        return [p for p in self.critic.parameters() if p.requires_grad] if self.critic is not None else []
 
     def critic_state_dict(self) -> dict:
         module = self.head if self.head is not None else self.critic
@@ -77,8 +83,3 @@ class PolicyAndValue:
         module = self.head if self.head is not None else self.critic
         if module is not None and state:
             module.load_state_dict(state)
-
-    def train(self, mode: bool) -> None:
-        for m in (self.model, self.head, self.critic):
-            if m is not None:
-                m.train(mode)

@@ -3,6 +3,9 @@
 Data parallel: every rank holds the same batch and computes the same advantages; micro-batches are dealt
 round-robin over ranks, and gradients are summed across ranks. Because the loss carries batch-global
 aggregation weights (learner/loss.py), the sum over micro-batches and ranks is exactly the one-rank loss.
+The sum is DistributedDataParallel's: it all-reduces gradient buckets while backward is still running
+(communication overlaps compute), and each rank accumulates its micro-batches locally (`no_sync`) until
+its last one, so there is one reduction per optimizer step.
 
 Device and precision (learner/device.py): the model, critic and optimizer state live on `learner.device`
 in fp32; forwards run under autocast (bf16 on cuda by default). Batch bookkeeping (TensorBatch, indices,
@@ -10,12 +13,14 @@ advantages) stays on the CPU; each micro-batch's inputs and per-token loss terms
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from learner import estimators
 from learner import forward
@@ -45,8 +50,7 @@ class Trainer:
         self.pad_id = model.config.pad_token_id or 0
         value_based = cfg.estimator in estimators.VALUE_BASED
         self.net = PolicyAndValue(model, cfg.critic.mode if value_based else None, critic_path)
-        for m in self.net.modules():
-            m.to(self.device, dtype=torch.float32)
+        self.net.to(self.device, dtype=torch.float32)
         if ref_model is not None:
             ref_model.to(self.device)
         # Packing only under a budget: without one, the whole batch would become one row, and attention kernels
@@ -72,6 +76,11 @@ class Trainer:
         self.version = 0
         distributed = dist.is_available() and dist.is_initialized()
         self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+        # the network that takes gradients; forwards without gradients use self.net directly.
+        # no buffer sync per forward: the model's buffers (rotary tables) are constants, equal on every rank.
+        self.train_net = self.net if self.world == 1 else DistributedDataParallel(
+            self.net, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            forward_sync_buffers=False)
         # With one optimizer step per batch, pi_prox is the policy of the training forward itself (same
         # weights, no dropout), so its log-probs are that forward's, detached: one forward pass saved.
         self.fuse_prox = True
@@ -91,7 +100,7 @@ class Trainer:
     def _set_eval(self) -> None:
         """No dropout: pi_prox and pi_theta must be the same function at equal weights."""
         self.net.train(False)
-        keep_checkpointing_active(*self.net.modules())
+        keep_checkpointing_active(self.net)
 
     def _logprobs(self, act_logits: torch.Tensor, tb: TensorBatch, mb: forward.MicroBatch):
         temperature, mask_id, tokens = forward.sampling_params(tb, mb.select, self.device)
@@ -214,58 +223,52 @@ class Trainer:
         stats: dict[str, float] = {}
         count = 0
         dev = self.device
-        for mb in self._my_microbatches(tb, rows):
-            sel = mb.select
-            with self.where.autocast():
-                logits, values = self.net(mb)
-            logp, entropy = self._logprobs(logits, tb, mb)
-            prox = logp.detach() if prox_logp is None else prox_logp[sel].to(dev)
-            if self._collected is not None:
-                self._collected[sel] = prox.cpu()
-            w = weights[sel].to(dev)
-            loss, s = decoupled_ppo_loss(
-                logp, prox, tb.behav_logp[sel].to(dev), adv.token_adv[sel].to(dev), clip_low=cfg.clip_low,
-                clip_high=cfg.clip_high, weight_cap=cfg.behaviour_weight_cap, mode=cfg.behaviour_weight_mode,
-                mask_low=cfg.is_mask_low, mask_high=cfg.is_mask_high, seq_index=tb.act_episode[sel].to(dev),
-                ratio_group=None if ratio_group is None else ratio_group[sel].to(dev), token_weights=w)
-            s["entropy"] = float((w * entropy.detach()).sum() / w.sum().clamp(min=1e-12))
-            if cfg.entropy_coef:
-                loss = loss - cfg.entropy_coef * (w * entropy).sum()
-            if ref_logp is not None:
-                kl = kl_k3(logp, ref_logp[sel].to(dev))
-                s["ref_kl"] = float((w * kl.detach()).sum() / w.sum().clamp(min=1e-12))
-                loss = loss + cfg.kl_coef * (w * kl).sum()
-            if values is not None:
-                vl, vs = value_loss(values.float(), old_values[sel].to(dev), adv.value_targets[sel].to(dev),
-                                    cfg.critic.value_clip, value_weights[sel].to(dev))
-                s.update(vs, value_loss=vl.item())
-                loss = loss + cfg.critic.value_coef * vl
-            loss.backward()
+        mbs = self._my_microbatches(tb, rows)
+        idle = not mbs  # more ranks than micro-batches: this rank still joins the gradient reduction
+        if idle:
+            mbs = [forward.build(tb, rows[:1], self.packed, self.device)]
+        for i, mb in enumerate(mbs):
+            last = i == len(mbs) - 1
+            # gradients of all but the rank's last micro-batch accumulate locally (forward and backward
+            # inside no_sync); the last one's backward reduces them over ranks
+            with contextlib.nullcontext() if last or self.world == 1 else self.train_net.no_sync():
+                sel = mb.select
+                with self.where.autocast():
+                    logits, values = self.train_net(mb)
+                logp, entropy = self._logprobs(logits, tb, mb)
+                prox = logp.detach() if prox_logp is None else prox_logp[sel].to(dev)
+                if self._collected is not None and not idle:
+                    self._collected[sel] = prox.cpu()
+                w = weights[sel].to(dev)
+                loss, s = decoupled_ppo_loss(
+                    logp, prox, tb.behav_logp[sel].to(dev), adv.token_adv[sel].to(dev), clip_low=cfg.clip_low,
+                    clip_high=cfg.clip_high, weight_cap=cfg.behaviour_weight_cap, mode=cfg.behaviour_weight_mode,
+                    mask_low=cfg.is_mask_low, mask_high=cfg.is_mask_high, seq_index=tb.act_episode[sel].to(dev),
+                    ratio_group=None if ratio_group is None else ratio_group[sel].to(dev), token_weights=w)
+                s["entropy"] = float((w * entropy.detach()).sum() / w.sum().clamp(min=1e-12))
+                if cfg.entropy_coef:
+                    loss = loss - cfg.entropy_coef * (w * entropy).sum()
+                if ref_logp is not None:
+                    kl = kl_k3(logp, ref_logp[sel].to(dev))
+                    s["ref_kl"] = float((w * kl.detach()).sum() / w.sum().clamp(min=1e-12))
+                    loss = loss + cfg.kl_coef * (w * kl).sum()
+                if values is not None:
+                    vl, vs = value_loss(values.float(), old_values[sel].to(dev), adv.value_targets[sel].to(dev),
+                                        cfg.critic.value_clip, value_weights[sel].to(dev))
+                    s.update(vs, value_loss=vl.item())
+                    loss = loss + cfg.critic.value_coef * vl
+                # DDP averages over ranks; the weights already divide by the global count, so undo the average
+                (loss * (0.0 if idle else self.world)).backward()
+            if idle:
+                break
             count += 1
             for k, v in s.items():
                 stats[k] = max(stats.get(k, -np.inf), v) if k.endswith("_max") else stats.get(k, 0.0) + v
-        self._reduce_gradients()
         stats = {k: (v if k.endswith("_max") else v / max(1, count)) for k, v in stats.items()}
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self._params(), cfg.max_grad_norm))
         self.optimizer.step()
         self.scheduler.step()
         return stats
-
-    def _reduce_gradients(self) -> None:
-        """Sum gradients over ranks (not average: the loss weights already divide by the global count)."""
-        if self.world == 1:
-            return
-        params = self._params()
-        for p in params:
-            if p.grad is None:  # a rank without micro-batches this step still joins the all-reduce
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad.copy_(flat[offset: offset + n].view_as(p))
-            offset += n
 
     def _update_tracker(self, batch: Batch, tb: TensorBatch, logp: torch.Tensor | None = None) -> float:
         """SPO++: evidence is folded in the order of the policy version that produced it, not arrival.

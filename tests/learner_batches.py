@@ -43,20 +43,20 @@ def tiny_causal_lm(vocab: int = 64, seed: int = 0, hidden: int = 32):
     return Qwen2ForCausalLM(cfg).to(torch.float32)
 
 
-def params_after_steps(cfg, steps: int = 2, n_episodes: int = 12, seed: int = 0):
+def params_after_steps(cfg, steps: int = 2, n_episodes: int = 12, seed: int = 0, critic_path: str = ""):
     """Train a fresh tiny model on fixed synthetic batches; returns the flat parameter vector."""
     import torch
 
     from learner.trainer import Trainer
 
     model = tiny_causal_lm(seed=seed)
-    trainer = Trainer(model, cfg, seed=seed)
+    trainer = Trainer(model, cfg, seed=seed, critic_path=critic_path)
     for s in range(steps):
         trainer.step(synthetic_batch(n_episodes, group=4, seed=100 + s))
     return torch.cat([p.detach().reshape(-1) for p in trainer._params()])
 
 
-def dp_worker(rank: int, world: int, init_file: str, cfg, out_dir: str) -> None:
+def dp_worker(rank: int, world: int, init_file: str, cfg, out_dir: str, critic_path: str = "") -> None:
     """One data-parallel rank (gloo, CPU) for the multi-rank test: same batches, its share of micro-batches."""
     import torch
     import torch.distributed as dist
@@ -64,7 +64,7 @@ def dp_worker(rank: int, world: int, init_file: str, cfg, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        flat = params_after_steps(cfg)
+        flat = params_after_steps(cfg, critic_path=critic_path)
         torch.save(flat, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
