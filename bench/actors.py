@@ -3,8 +3,10 @@
 Same vLLM server, same prompt, same sampling parameters and the same number of concurrent requests, in the
 same run. The actor plays the `trivial` environment (one free-text turn per episode) and streams every
 chunk to a real buffer process; the baseline is K asyncio loops posting /inference/v1/generate and
-counting tokens, nothing else. Phases alternate (baseline, actor, baseline, actor) so drift in the
-machine's load hits both sides; the actor is frozen with SIGSTOP while the baseline runs.
+counting tokens, nothing else. The actor first runs `--warmup` seconds unmeasured (its episode slots,
+credits and connections ramp up; the server's prefix cache fills), then phases alternate (baseline, actor,
+baseline, actor, ...) so drift in the machine's load hits both sides; the actor is frozen with SIGSTOP
+while the baseline runs.
 Prints a line per phase and, last, one JSON line: `ratio` = actor tokens/s / baseline tokens/s.
 """
 from __future__ import annotations
@@ -28,7 +30,8 @@ def _parse(argv):
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--window", type=float, default=10.0, help="seconds measured per phase")
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--warmup", type=float, default=10.0, help="seconds the actor runs before the first round")
     p.add_argument("--out", default="runs/bench-actors")
     return p.parse_args(argv)
 
@@ -119,6 +122,7 @@ def main(argv: list[str]) -> int:
                 raise RuntimeError("actor did not start generating")
             time.sleep(0.5)
         prompt = ChatTokens(args.model).first_turn("say something")
+        time.sleep(args.warmup)
         base, act = [], []
         for r in range(args.rounds):
             os.kill(actor.proc.pid, signal.SIGSTOP)  # freeze the actor: the server is the baseline's alone
@@ -136,7 +140,7 @@ def main(argv: list[str]) -> int:
     b, a = sum(base) / len(base), sum(act) / len(act)
     print(json.dumps({"ratio": round(a / b, 3), "actor_tokens_per_s": round(a, 1), "baseline_tokens_per_s": round(b, 1),
                       "concurrency": args.concurrency, "max_tokens": args.max_tokens, "window_s": args.window,
-                      "rounds": args.rounds, "chunks_streamed": int(chunks),
+                      "rounds": args.rounds, "warmup_s": args.warmup, "chunks_streamed": int(chunks),
                       "actor_per_round": [round(x, 1) for x in act],
                       "baseline_per_round": [round(x, 1) for x in base]}))
     return 0

@@ -45,9 +45,10 @@ def _batch(tokenizer_vocab: int, episodes: int, seed: int):
 class BareLoop:
     """Forward + action log-softmax + backward + AdamW over the same micro-batches: the floor of any learner.
 
-    Same packed rows and action-position-only LM head as the learner (learner/forward.py)."""
+    Same rows (packed or padded, as the learner chose) and action-position-only LM head as the learner
+    (learner/forward.py)."""
 
-    def __init__(self, model, batch, budget: int, lr: float, where):
+    def __init__(self, model, batch, budget: int, lr: float, where, packed: bool):
         import torch
 
         from learner import forward
@@ -56,8 +57,8 @@ class BareLoop:
 
         self.where, self.model = where, model.to(where.device)
         self.tb = to_tensors(batch, model.config.vocab_size)
-        groups = microbatches(self.tb.lengths, torch.arange(self.tb.num_episodes), budget, packed=True)
-        self.micro = [forward.build(self.tb, g, True, where.device) for g in groups]
+        groups = microbatches(self.tb.lengths, torch.arange(self.tb.num_episodes), budget, packed=packed)
+        self.micro = [forward.build(self.tb, g, packed, where.device) for g in groups]
         self.tokens = [self.tb.act_tokens[mb.select, None].to(where.device) for mb in self.micro]
         self.opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=where.device.type == "cuda")
 
@@ -124,7 +125,8 @@ def main(argv: list[str]) -> int:
         if name == "spo_prox":  # SPO with the drift D read at pi_prox: no extra forward pass
             cfg.spo.drift = "proximal"
         trainer = Trainer(fresh(), cfg, seed=args.seed, critic_path=str(model_dir))
-        bare = BareLoop(fresh(), batch, args.max_tokens_per_microbatch, cfg.lr, placement(args.device, args.precision))
+        bare = BareLoop(fresh(), batch, args.max_tokens_per_microbatch, cfg.lr, placement(args.device, args.precision),
+                        packed=trainer.packed)
         bare.step(), trainer.step(batch)  # warm-up (allocator, kernels)
         # Interleave the two sides so both see the same machine load; the median pair ratio is reported.
         pairs = []

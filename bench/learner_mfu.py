@@ -120,7 +120,7 @@ def run(args) -> dict:
     with torch.device(where.device):  # initialise on the device: no host copy of a large model
         model = AutoModelForCausalLM.from_config(cfg_model, attn_implementation=attn, dtype=torch.float32)
     lc = LearnerSection(estimator=args.estimator, lr=1e-6, max_tokens_per_microbatch=args.seq_len,
-                        activation_checkpointing=args.checkpointing)
+                        activation_checkpointing=args.checkpointing, pack_sequences=True)
     trainer = Trainer(model, lc, seed=args.seed, where=where)
     batch = synthetic_batch(cfg_model.vocab_size, args.seq_len, args.microbatches, args.group, args.seed)
     lengths = np.diff(batch.episode_offsets)

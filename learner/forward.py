@@ -49,6 +49,13 @@ class MicroBatch:
         return per_position[self.act_index[0], self.act_index[1]]
 
 
+def packs_without_full_square(model) -> bool:
+    """Whether this attention implementation skips the other episodes of a packed row (cu_seqlens, or flex
+    attention's block mask) rather than computing the row's full square under a block-diagonal mask."""
+    impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    return impl.startswith("flash_attention") or impl == "flex_attention"
+
+
 def check_packing_support(model) -> None:
     """Fail at start-up, not silently: packed rows are only isolated where transformers reads episode
     boundaries from the position ids (its masking_utils packed-sequence detection, or flash-attention)."""

@@ -67,7 +67,7 @@ def _coerce(tp, value: Any, path: str):
         return dict(value)
     if origin is typing.Literal:
         allowed = typing.get_args(tp)
-        check(value in allowed, path, f"must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+        check(value in allowed, path, f"must be one of {', '.join(map(_toml_value, allowed))}, got {value!r}")
         return value
     raise ConfigError(f"{path}: unsupported type {tp}")
 

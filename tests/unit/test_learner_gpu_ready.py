@@ -201,11 +201,23 @@ def test_packing_refuses_a_transformers_without_packed_sequence_masks(monkeypatc
 
     monkeypatch.delattr(mu, "find_packed_sequence_indices")
     with pytest.raises(ConfigError, match="learner.pack_sequences"):
-        Trainer(tiny_causal_lm(), LearnerSection(max_tokens_per_microbatch=64), where=CPU_FP32)
+        Trainer(tiny_causal_lm(), LearnerSection(max_tokens_per_microbatch=64, pack_sequences=True), where=CPU_FP32)
     Trainer(tiny_causal_lm(), LearnerSection(pack_sequences=False), where=CPU_FP32)  # padded rows still work
+
+
+def test_auto_packs_only_where_attention_skips_the_other_episodes_of_a_row():
+    budget = LearnerSection(max_tokens_per_microbatch=64)
+    assert budget.pack_sequences == "auto"
+    assert not Trainer(tiny_causal_lm(), budget, where=CPU_FP32).packed  # sdpa: a packed row's full square
+    flex = tiny_causal_lm()
+    flex.config._attn_implementation = "flex_attention"  # block mask: skips the other episodes
+    assert Trainer(flex, budget, where=CPU_FP32).packed
+    forced = LearnerSection(max_tokens_per_microbatch=64, pack_sequences=True)
+    assert Trainer(tiny_causal_lm(), forced, where=CPU_FP32).packed
 
 
 def test_without_a_budget_the_batch_is_not_packed_into_one_row():
     # one row of a whole batch would cost its length squared in sdpa attention (no cu_seqlens on the CPU)
-    assert not Trainer(tiny_causal_lm(), LearnerSection(), where=CPU_FP32).packed
-    assert Trainer(tiny_causal_lm(), LearnerSection(max_tokens_per_microbatch=64), where=CPU_FP32).packed
+    assert not Trainer(tiny_causal_lm(), LearnerSection(pack_sequences=True), where=CPU_FP32).packed
+    assert Trainer(tiny_causal_lm(), LearnerSection(max_tokens_per_microbatch=64, pack_sequences=True),
+                   where=CPU_FP32).packed
