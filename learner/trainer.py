@@ -56,8 +56,8 @@ class Trainer:
         # Packing only under a budget: without one, the whole batch would become one row, and attention kernels
         # without cu_seqlens (sdpa, eager) pay for the full square of its length; the demo's step got 4x slower.
         # For the same reason "auto" packs only where attention skips the row's other episodes.
-        wanted = cfg.pack_sequences is True or (cfg.pack_sequences == "auto" and forward.packs_without_full_square(model))
-        self.packed = wanted and cfg.max_tokens_per_microbatch > 0
+        auto = cfg.pack_sequences == "auto" and forward.packs_without_full_square(model)
+        self.packed = (cfg.pack_sequences is True or auto) and cfg.max_tokens_per_microbatch > 0
         if self.packed:
             forward.check_packing_support(model)
         if cfg.activation_checkpointing:
