@@ -4,7 +4,9 @@ Both sides get the same model (the tiny Qwen2 of the demo unless --model), the s
 same micro-batches (learner/packing.py) and one AdamW step per batch. The bare loop is the floor of what
 any learner must do: one forward, a log-softmax at the action positions, one backward, one optimizer
 step. The learner additionally applies temperature and allowed-token masks, computes advantages and the
-decoupled PPO loss, and (spo) re-reads the updated policy's log-probs for the tracker's drift D.
+decoupled PPO loss; `spo_updated` (learner.spo.drift = "updated") re-reads the updated policy's log-probs
+for the tracker's drift D, and the value-based estimators read the critic's values before the update:
+each one more no-grad forward pass.
 Prints a table, then one JSON line.
 
 With `--model-config NAME` (tiny, 0.5b, 1.5b) it measures tokens/s, peak memory and MFU instead, on
@@ -87,8 +89,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--model", default="", help="HF checkpoint directory (default: build the tiny model)")
     p.add_argument("--episodes", type=int, default=128)
     p.add_argument("--steps", type=int, default=7, help="timed step pairs per estimator (medians are reported)")
-    p.add_argument("--estimators", default="spo,spo_prox,grpo,turn_gae",
-                   help="spo_prox: spo with learner.spo.drift = proximal")
+    p.add_argument("--estimators", default="spo,spo_updated,grpo,turn_gae",
+                   help="spo_updated: spo with learner.spo.drift = updated")
     p.add_argument("--max-tokens-per-microbatch", type=int, default=2048)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -120,10 +122,10 @@ def main(argv: list[str]) -> int:
     rows, result = [], {"tokens_per_batch": tokens, "episodes": args.episodes, "threads": args.threads}
     bare_all = []
     for name in args.estimators.split(","):
-        cfg = LearnerSection(estimator=name.removesuffix("_prox"), device=args.device, precision=args.precision,
+        cfg = LearnerSection(estimator=name.removesuffix("_updated"), device=args.device, precision=args.precision,
                              max_tokens_per_microbatch=args.max_tokens_per_microbatch)
-        if name == "spo_prox":  # SPO with the drift D read at pi_prox: no extra forward pass
-            cfg.spo.drift = "proximal"
+        if name == "spo_updated":  # SPO with the drift D re-read after the update: one more forward pass
+            cfg.spo.drift = "updated"
         trainer = Trainer(fresh(), cfg, seed=args.seed, critic_path=str(model_dir))
         bare = BareLoop(fresh(), batch, args.max_tokens_per_microbatch, cfg.lr, placement(args.device, args.precision),
                         packed=trainer.packed)

@@ -12,9 +12,9 @@ def last_json(capsys) -> dict:
 
 
 def test_bench_learner_smoke(capsys):
-    assert learner.main(["--episodes", "8", "--steps", "1", "--estimators", "grpo,spo_prox"]) == 0
+    assert learner.main(["--episodes", "8", "--steps", "1", "--estimators", "grpo,spo_updated"]) == 0
     out = last_json(capsys)
-    assert out["grpo_ratio"] > 0 and out["spo_prox_tokens_per_s"] > 0 and out["bare_tokens_per_s"] > 0
+    assert out["grpo_ratio"] > 0 and out["spo_updated_tokens_per_s"] > 0 and out["bare_tokens_per_s"] > 0
 
 
 def test_bench_estimators_smoke(capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -126,20 +127,28 @@ def test_fused_proximal_pass_gives_the_same_update():
     assert results[0][1] == pytest.approx(results[1][1], abs=1e-6)
 
 
-def test_spo_drift_at_the_proximal_policy_uses_the_training_forward():
-    """spo.drift = proximal: D is |log mu - log pi_prox|, which a separate no-grad pass reproduces."""
+@pytest.mark.parametrize("drift", ["proximal", "updated"])
+def test_spo_drift_is_read_at_the_configured_policy(drift):
+    """proximal (default): D is |log mu - log pi_prox|, taken from the training forward; updated: D is read
+    from the policy after the step. Either way a separate no-grad pass over that policy reproduces it."""
     from learner.batching import action_logprobs, to_tensors
 
     cfg = cfg_for("spo")
-    cfg.spo.drift = "proximal"
+    cfg.spo.drift = drift
     model = tiny_causal_lm()
     batch = synthetic_batch(8, seed=7)
     tb = to_tensors(batch, 64)
-    with torch.no_grad():
-        prox, _ = action_logprobs(copy.deepcopy(model).eval(), tb)
-    expected = Trainer(tiny_causal_lm(), cfg)
-    expected._update_tracker(batch, tb, prox)
+    with torch.no_grad():  # sampled by the initial policy itself: D is 0 at pi_prox, > 0 after the update
+        own, _ = action_logprobs(copy.deepcopy(model).eval(), tb)
+        batch.behav_logprobs[np.nonzero(batch.action_mask)[0]] = own.numpy()
+    tb = to_tensors(batch, 64)
     t = Trainer(model, cfg)
+    before = copy.deepcopy(model).eval()
     t.step(batch)
+    with torch.no_grad():
+        logp, _ = action_logprobs(before if drift == "proximal" else copy.deepcopy(model).eval(), tb)
+    expected = Trainer(tiny_causal_lm(), cfg)
+    expected._update_tracker(batch, tb, logp)
+    assert t.tracker.state and t.tracker.state.keys() == expected.tracker.state.keys()
     for key, ab in expected.tracker.state.items():
         assert t.tracker.state[key] == pytest.approx(ab, abs=1e-6)
