@@ -65,10 +65,22 @@ class BufferLink:
     async def run(self) -> None:
         await asyncio.gather(self._recv_loop(), self._send_loop(), self._heartbeat_loop())
 
-    async def acquire_credit(self) -> None:
+    async def acquire_credit(self) -> str:
+        """Take one credit; returns the id of the buffer that granted it (for return_credit)."""
         async with self._changed:
             await self._changed.wait_for(lambda: self.credits > 0)
             self.credits -= 1
+            return self.server_id
+
+    async def return_credit(self, server_id: str) -> None:
+        """An episode ended before streaming a chunk. The buffer counts a credit as used only when an
+        episode's first chunk arrives, so it still holds this one as granted and unused: keep it for the next
+        episode. Dropping it would leak admission room, and a burst of failed first turns would shrink the
+        actor's concurrency for good. A credit from a buffer that has since restarted died with it."""
+        async with self._changed:
+            if server_id == self.server_id:
+                self.credits += 1
+                self._changed.notify()
 
     async def send(self, chunk: TurnChunk) -> None:
         async with self._changed:

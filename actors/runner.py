@@ -64,19 +64,25 @@ class EpisodeRunner:
 
     async def _slot(self) -> None:
         while True:
-            await self.link.acquire_credit()
+            granted_by = await self.link.acquire_credit()
             n = next(self._episode_counter)
+            streams: dict[int, _Stream] = {}
             self.m.running.inc()
             try:
-                outcome = await self.play(f"{self.actor_id}-{self.epoch}-{n}", seed=self.seed * 1_000_003 + n)
+                outcome = await self.play(f"{self.actor_id}-{self.epoch}-{n}", seed=self.seed * 1_000_003 + n,
+                                          streams=streams)
             finally:
                 self.m.running.dec()
+            if not any(s.turn for s in streams.values()):  # nothing streamed: the buffer never saw it start
+                await self.link.return_credit(granted_by)
             self.m.episodes.labels(outcome).inc()
 
-    async def play(self, episode_id: str, seed: int) -> str:
+    async def play(self, episode_id: str, seed: int, streams: dict[int, "_Stream"] | None = None) -> str:
+        """Play one episode; `streams` (agent id -> stream) is filled as agents act, for the caller to see
+        what was streamed."""
         env: Environment = self.env_factory()
         try:
-            return await self._play(env, episode_id, seed)
+            return await self._play(env, episode_id, seed, {} if streams is None else streams)
         except InferenceError as exc:
             # The buffer expires the partial episode after its timeout and counts it as abandoned.
             self.m.inference_errors.inc()
@@ -96,13 +102,12 @@ class EpisodeRunner:
             except Exception as exc:  # closing a dead remote environment must not fail the slot
                 log.warning("episode %s: environment close failed: %r", episode_id, exc)
 
-    async def _play(self, env: Environment, episode_id: str, seed: int) -> str:
+    async def _play(self, env: Environment, episode_id: str, seed: int, streams: dict[int, _Stream]) -> str:
         reset = await env.reset(seed)
         # read after reset: a remote environment learns its action tokens when it is created
         allowed = [self.chat.single_token_id(a) for a in env.action_tokens] if env.action_tokens else []
         max_tokens = min(self.sampling.max_new_tokens, env.max_action_tokens)
         n_agents = max(1, int(env.num_agents))
-        streams: dict[int, _Stream] = {}
         agent, observation = reset.agent, reset.observation
         for turn in itertools.count():
             if agent not in range(n_agents):

@@ -38,6 +38,10 @@ class CollectingLink:
         if self.credits <= 0:
             await asyncio.Event().wait()  # no more credits: park the slot
         self.credits -= 1
+        return ""
+
+    async def return_credit(self, server_id):
+        self.credits += 1
 
 
 def streams(chunks) -> dict[str, list]:
