@@ -44,6 +44,9 @@ class ActorMetrics:
             ["server"], registry=r)
         self.unacked = Gauge("turnstream_actor_unacked_chunks", "Chunks awaiting an ack", registry=r)
         self.running = Gauge("turnstream_actor_running_episodes", "Episodes in flight", registry=r)
+        self.credit_wait_seconds = Counter("turnstream_actor_credit_wait_seconds",
+                                           "Seconds episode slots spent waiting for a credit, summed over slots",
+                                           registry=r)
         self.generate_seconds = Histogram("turnstream_actor_generate_seconds", "Latency of one generate call",
                                           buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
                                           registry=r)

@@ -64,7 +64,9 @@ class EpisodeRunner:
 
     async def _slot(self) -> None:
         while True:
+            waiting_since = time.monotonic()
             granted_by = await self.link.acquire_credit()
+            self.m.credit_wait_seconds.inc(time.monotonic() - waiting_since)
             n = next(self._episode_counter)
             streams: dict[int, _Stream] = {}
             self.m.running.inc()

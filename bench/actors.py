@@ -10,6 +10,11 @@ while the baseline runs.
 Prints a line per phase and, last, one JSON line: `ratio` = the median over rounds of actor tokens/s /
 baseline tokens/s within the round (the paired estimate: the server's own throughput drifts by tens of
 percent between rounds on a shared machine), and `ratio_of_means` for reference.
+
+`--pin` gives the vLLM server CPU 0 alone and puts the actor, the buffer and the baseline client on CPU 1,
+as in production, where the inference server's accelerator does not share cores with actors. Unpinned, on
+a 2-core machine, the actor and buffer processes take CPU from the CPU-bound server while the bare client
+has no buffer to feed, so the ratio also measures that contention.
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ def _parse(argv):
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--warmup", type=float, default=10.0, help="seconds the actor runs before the first round")
     p.add_argument("--out", default="runs/bench-actors")
+    p.add_argument("--pin", action="store_true", help="vLLM on CPU 0; actor, buffer and baseline on CPU 1")
     return p.parse_args(argv)
 
 
@@ -86,7 +92,9 @@ def main(argv: list[str]) -> int:
     try:
         url = args.url.rstrip("/")
         if not url:
-            url = start_vllm_server(procs, args.model, VllmSection(max_num_seqs=256))
+            url = start_vllm_server(procs, args.model, VllmSection(max_num_seqs=256, cpus=[0] if args.pin else []))
+        if args.pin:
+            os.sched_setaffinity(0, {1})  # the baseline client runs in this process
         cfg = Config()
         cfg.run.run_dir = str(out)
         cfg.model.path = args.model
@@ -107,6 +115,8 @@ def main(argv: list[str]) -> int:
         cfg.network.learner_pub_port = free_port()
         cfg.buffer.metrics_port = free_port()
         cfg.actor.metrics_port = free_port()
+        if args.pin:
+            cfg.actor.cpus = cfg.buffer.cpus = [1]
         cfg_path = out / "bench.toml"
         cfg_path.write_text(cfg.dumps())
         role = [sys.executable, "-m", "turnstream.cli"]
@@ -133,10 +143,12 @@ def main(argv: list[str]) -> int:
             base.append(asyncio.run(_baseline(url, prompt, args.concurrency, args.max_tokens, args.window)))
             os.kill(actor.proc.pid, signal.SIGCONT)
             time.sleep(5.0)  # credits and the request pipeline refill; timers that ran during the stop fire
+            waited = _scrape(metrics_url, "turnstream_actor_credit_wait_seconds_total")
             act.append(_measure_actor(metrics_url, args.window))
-            running = _scrape(metrics_url, "turnstream_actor_running_episodes")
+            waited = _scrape(metrics_url, "turnstream_actor_credit_wait_seconds_total") - waited
             print(f"round {r}: baseline {base[-1]:.0f} tokens/s, actor {act[-1]:.0f} tokens/s "
-                  f"({running:.0f} episodes running)", file=sys.stderr)
+                  f"(slots waited {waited / args.window / args.concurrency:.1%} of the time for credit)",
+                  file=sys.stderr)
         chunks = _scrape(metrics_url, "turnstream_actor_chunks_sent_total")
     finally:
         procs.stop_all()
@@ -144,7 +156,7 @@ def main(argv: list[str]) -> int:
     paired = statistics.median(x / y for x, y in zip(act, base))
     print(json.dumps({"ratio": round(paired, 3), "ratio_of_means": round(a / b, 3), "actor_tokens_per_s": round(a, 1), "baseline_tokens_per_s": round(b, 1),
                       "concurrency": args.concurrency, "max_tokens": args.max_tokens, "window_s": args.window,
-                      "rounds": args.rounds, "warmup_s": args.warmup, "chunks_streamed": int(chunks),
+                      "rounds": args.rounds, "warmup_s": args.warmup, "pinned": args.pin, "chunks_streamed": int(chunks),
                       "actor_per_round": [round(x, 1) for x in act],
                       "baseline_per_round": [round(x, 1) for x in base]}))
     return 0
