@@ -88,3 +88,19 @@ class CollectingLink:
     async def send(self, chunk):
         chunk.seq = len(self.chunks)
         self.chunks.append(chunk)
+
+
+def link_to_router(ctx, actor_id: str, *, slots: int, heartbeat_s: float):
+    """A real BufferLink connected to a bare ROUTER on 127.0.0.1 that plays the buffer: (router, link, metrics)."""
+    import zmq
+
+    from actors.link import BufferLink
+    from actors.metrics import ActorMetrics
+
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    metrics = ActorMetrics()
+    link = BufferLink(ctx, f"tcp://127.0.0.1:{port}", actor_id=actor_id, epoch=1, slots=slots, max_unacked=100,
+                      resend_after_s=60.0, metrics=metrics, max_message_bytes=1 << 24, heartbeat_s=heartbeat_s)
+    return router, link, metrics

@@ -15,6 +15,7 @@ from actors.metrics import ActorMetrics
 from actors.runner import EpisodeRunner, Sampling
 from protocol.codec import decode, encode
 from protocol.messages import CreditGrant, CreditRequest
+from tests.helpers import link_to_router
 
 
 class FailingClient:
@@ -40,12 +41,7 @@ async def _serve_grants(router, credits: int, server_id: str) -> None:
 
 async def test_failed_first_turns_do_not_leak_credits(tiny_model):
     ctx = zmq.asyncio.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    metrics = ActorMetrics()
-    link = BufferLink(ctx, f"tcp://127.0.0.1:{port}", actor_id="actor-c", epoch=1, slots=2, max_unacked=100,
-                      resend_after_s=60.0, metrics=metrics, max_message_bytes=1 << 24, heartbeat_s=0.2)
+    router, link, metrics = link_to_router(ctx, "actor-c", slots=2, heartbeat_s=0.2)
     client = FailingClient()
     runner = EpisodeRunner(actor_id="actor-c", epoch=1, env_factory=lambda: make_env("trivial"),
                            chat=ChatTokens(tiny_model), client=client, link=link,

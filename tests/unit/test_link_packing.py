@@ -8,22 +8,16 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from actors.link import PACK_BELOW_BYTES, BufferLink
-from actors.metrics import ActorMetrics
+from actors.link import PACK_BELOW_BYTES
 from protocol.chunk_batch import unpack
 from protocol.codec import decode, encode
 from protocol.messages import AckBatch, TurnChunk, TurnChunkBatch
-from tests.helpers import chunk
+from tests.helpers import chunk, link_to_router
 
 
 async def test_small_chunks_travel_packed_large_ones_alone_and_one_acks_message_clears_them():
     ctx = zmq.asyncio.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    metrics = ActorMetrics()
-    link = BufferLink(ctx, f"tcp://127.0.0.1:{port}", actor_id="actor-p", epoch=1, slots=0, max_unacked=100,
-                      resend_after_s=60.0, metrics=metrics, max_message_bytes=1 << 24, heartbeat_s=60.0)
+    router, link, metrics = link_to_router(ctx, "actor-p", slots=0, heartbeat_s=60.0)
     task = asyncio.create_task(link.run())
     try:
         big_obs = np.arange(PACK_BELOW_BYTES // 4 + 10, dtype=np.int32)
