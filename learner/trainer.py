@@ -224,41 +224,17 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         stats: dict[str, float] = {}
         count = 0
-        dev = self.device
         mbs = self._my_microbatches(tb, rows)
         idle = not mbs  # more ranks than micro-batches: this rank still joins the gradient reduction
         if idle:
             mbs = [forward.build(tb, rows[:1], self.packed, self.device)]
         for i, mb in enumerate(mbs):
-            last = i == len(mbs) - 1
             # gradients of all but the rank's last micro-batch accumulate locally (forward and backward
             # inside no_sync); the last one's backward reduces them over ranks
+            last = i == len(mbs) - 1
             with contextlib.nullcontext() if last or self.world == 1 else self.train_net.no_sync():
-                sel = mb.select
-                with self.where.autocast():
-                    logits, values = self.train_net(mb)
-                logp, entropy = self._logprobs(logits, tb, mb)
-                prox = logp.detach() if prox_logp is None else prox_logp[sel].to(dev)
-                if self._collected is not None and not idle:
-                    self._collected[sel] = prox.cpu()
-                w = weights[sel].to(dev)
-                loss, s = decoupled_ppo_loss(
-                    logp, prox, tb.behav_logp[sel].to(dev), adv.token_adv[sel].to(dev), clip_low=cfg.clip_low,
-                    clip_high=cfg.clip_high, weight_cap=cfg.behaviour_weight_cap, mode=cfg.behaviour_weight_mode,
-                    mask_low=cfg.is_mask_low, mask_high=cfg.is_mask_high, seq_index=tb.act_episode[sel].to(dev),
-                    ratio_group=None if ratio_group is None else ratio_group[sel].to(dev), token_weights=w)
-                s["entropy"] = float((w * entropy.detach()).sum() / w.sum().clamp(min=1e-12))
-                if cfg.entropy_coef:
-                    loss = loss - cfg.entropy_coef * (w * entropy).sum()
-                if ref_logp is not None:
-                    kl = kl_k3(logp, ref_logp[sel].to(dev))
-                    s["ref_kl"] = float((w * kl.detach()).sum() / w.sum().clamp(min=1e-12))
-                    loss = loss + cfg.kl_coef * (w * kl).sum()
-                if values is not None:
-                    vl, vs = value_loss(values.float(), old_values[sel].to(dev), adv.value_targets[sel].to(dev),
-                                        cfg.critic.value_clip, value_weights[sel].to(dev))
-                    s.update(vs, value_loss=vl.item())
-                    loss = loss + cfg.critic.value_coef * vl
+                loss, s = self._microbatch_loss(tb, mb, prox_logp, old_values, ref_logp, adv, ratio_group,
+                                                weights, value_weights, collect=not idle)
                 # DDP averages over ranks; the weights already divide by the global count, so undo the average
                 (loss * (0.0 if idle else self.world)).backward()
             if idle:
@@ -271,6 +247,37 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         return stats
+
+    def _microbatch_loss(self, tb, mb, prox_logp, old_values, ref_logp, adv, ratio_group, weights, value_weights,
+                         *, collect: bool) -> tuple[torch.Tensor, dict[str, float]]:
+        """The micro-batch's share of the batch loss (its tokens' aggregation weights already sum over the
+        batch), and its statistics. `collect`: keep its pi_prox log-probs for SPO's drift."""
+        cfg, dev, sel = self.cfg, self.device, mb.select
+        with self.where.autocast():
+            logits, values = self.train_net(mb)
+        logp, entropy = self._logprobs(logits, tb, mb)
+        prox = logp.detach() if prox_logp is None else prox_logp[sel].to(dev)
+        if self._collected is not None and collect:
+            self._collected[sel] = prox.cpu()
+        w = weights[sel].to(dev)
+        loss, s = decoupled_ppo_loss(
+            logp, prox, tb.behav_logp[sel].to(dev), adv.token_adv[sel].to(dev), clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high, weight_cap=cfg.behaviour_weight_cap, mode=cfg.behaviour_weight_mode,
+            mask_low=cfg.is_mask_low, mask_high=cfg.is_mask_high, seq_index=tb.act_episode[sel].to(dev),
+            ratio_group=None if ratio_group is None else ratio_group[sel].to(dev), token_weights=w)
+        s["entropy"] = float((w * entropy.detach()).sum() / w.sum().clamp(min=1e-12))
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * (w * entropy).sum()
+        if ref_logp is not None:
+            kl = kl_k3(logp, ref_logp[sel].to(dev))
+            s["ref_kl"] = float((w * kl.detach()).sum() / w.sum().clamp(min=1e-12))
+            loss = loss + cfg.kl_coef * (w * kl).sum()
+        if values is not None:
+            vl, vs = value_loss(values.float(), old_values[sel].to(dev), adv.value_targets[sel].to(dev),
+                                cfg.critic.value_clip, value_weights[sel].to(dev))
+            s.update(vs, value_loss=vl.item())
+            loss = loss + cfg.critic.value_coef * vl
+        return loss, s
 
     def _update_tracker(self, batch: Batch, tb: TensorBatch, logp: torch.Tensor | None = None) -> float:
         """SPO++: evidence is folded in the order of the policy version that produced it, not arrival.
