@@ -45,9 +45,10 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
-def _scrape(url: str, name: str) -> float:
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " "))
+def _scrape(url: str, *names: str) -> list[float]:
+    """The named unlabelled samples, from one fetch of the page."""
+    lines = urllib.request.urlopen(url, timeout=5).read().decode().splitlines()
+    return [sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name + " ")) for name in names]
 
 
 async def _baseline(url: str, prompt: list[int], concurrency: int, max_tokens: int, window: float) -> float:
@@ -71,11 +72,16 @@ async def _baseline(url: str, prompt: list[int], concurrency: int, max_tokens: i
     return tokens / (min(time.monotonic(), stop_at) - started)
 
 
-def _measure_actor(metrics_url: str, window: float) -> float:
-    name = "turnstream_actor_generated_tokens_total"
-    t0, c0 = time.monotonic(), _scrape(metrics_url, name)
+TOKENS, CREDIT_WAIT = "turnstream_actor_generated_tokens_total", "turnstream_actor_credit_wait_seconds_total"
+
+
+def _measure_actor(metrics_url: str, window: float) -> tuple[float, float]:
+    """Generated tokens/s over `window`, and the share of that time an episode slot waited for credit
+    (divide by the slot count)."""
+    t0, (tokens0, waited0) = time.monotonic(), _scrape(metrics_url, TOKENS, CREDIT_WAIT)
     time.sleep(window)
-    return (_scrape(metrics_url, name) - c0) / (time.monotonic() - t0)
+    (tokens, waited), elapsed = _scrape(metrics_url, TOKENS, CREDIT_WAIT), time.monotonic() - t0
+    return (tokens - tokens0) / elapsed, (waited - waited0) / elapsed
 
 
 def main(argv: list[str]) -> int:
@@ -126,7 +132,7 @@ def main(argv: list[str]) -> int:
         deadline = time.monotonic() + 120
         while True:  # wait until the actor generates
             try:
-                if _scrape(metrics_url, "turnstream_actor_generated_tokens_total") > 0:
+                if _scrape(metrics_url, TOKENS)[0] > 0:
                     break
             except OSError:
                 pass
@@ -143,20 +149,20 @@ def main(argv: list[str]) -> int:
             base.append(asyncio.run(_baseline(url, prompt, args.concurrency, args.max_tokens, args.window)))
             os.kill(actor.proc.pid, signal.SIGCONT)
             time.sleep(5.0)  # credits and the request pipeline refill; timers that ran during the stop fire
-            waited = _scrape(metrics_url, "turnstream_actor_credit_wait_seconds_total")
-            act.append(_measure_actor(metrics_url, args.window))
-            waited = _scrape(metrics_url, "turnstream_actor_credit_wait_seconds_total") - waited
-            print(f"round {r}: baseline {base[-1]:.0f} tokens/s, actor {act[-1]:.0f} tokens/s "
-                  f"(slots waited {waited / args.window / args.concurrency:.1%} of the time for credit)",
-                  file=sys.stderr)
-        chunks = _scrape(metrics_url, "turnstream_actor_chunks_sent_total")
+            rate, waiting = _measure_actor(metrics_url, args.window)
+            act.append(rate)
+            print(f"round {r}: baseline {base[-1]:.0f} tokens/s, actor {rate:.0f} tokens/s "
+                  f"(slots waited {waiting / args.concurrency:.1%} of the time for credit)", file=sys.stderr)
+        (chunks,) = _scrape(metrics_url, "turnstream_actor_chunks_sent_total")
     finally:
         procs.stop_all()
     b, a = sum(base) / len(base), sum(act) / len(act)
     paired = statistics.median(x / y for x, y in zip(act, base))
-    print(json.dumps({"ratio": round(paired, 3), "ratio_of_means": round(a / b, 3), "actor_tokens_per_s": round(a, 1), "baseline_tokens_per_s": round(b, 1),
+    print(json.dumps({"ratio": round(paired, 3), "ratio_of_means": round(a / b, 3),
+                      "actor_tokens_per_s": round(a, 1), "baseline_tokens_per_s": round(b, 1),
                       "concurrency": args.concurrency, "max_tokens": args.max_tokens, "window_s": args.window,
-                      "rounds": args.rounds, "warmup_s": args.warmup, "pinned": args.pin, "chunks_streamed": int(chunks),
+                      "rounds": args.rounds, "warmup_s": args.warmup, "pinned": args.pin,
+                      "chunks_streamed": int(chunks),
                       "actor_per_round": [round(x, 1) for x in act],
                       "baseline_per_round": [round(x, 1) for x in base]}))
     return 0

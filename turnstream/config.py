@@ -238,7 +238,7 @@ class SpoSection:
     # policy the drift D = mean|log mu - log pi| is measured against. proximal: the policy being trained when
     # the evidence is folded in, as an asynchronous learner should (mu sampled it, possibly versions ago); free
     # with one optimizer step per batch (the training forward's log-probs). updated: after this step's update,
-    # the synchronous SPO code's order, at one extra forward pass per step (bench learner: ratio 0.71 vs 0.95)
+    # the synchronous SPO code's order, at one extra forward pass per step (BENCHMARKS.md, learner throughput)
     drift: Literal["proximal", "updated"] = "proximal"
 
     def validate(self, path: str) -> None:
