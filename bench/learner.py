@@ -92,6 +92,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--estimators", default="spo,spo_updated,grpo,turn_gae",
                    help="spo_updated: spo with learner.spo.drift = updated")
     p.add_argument("--max-tokens-per-microbatch", type=int, default=2048)
+    p.add_argument("--pack-sequences", choices=["auto", "true", "false"], default="auto",
+                   help="learner.pack_sequences for both sides (auto: packed rows only with flash/flex attention)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     from bench import learner_mfu
@@ -119,11 +121,13 @@ def main(argv: list[str]) -> int:
     vocab = fresh().config.vocab_size
     batch = _batch(vocab, args.episodes, args.seed)
     tokens = int(batch.tokens.size)
-    rows, result = [], {"tokens_per_batch": tokens, "episodes": args.episodes, "threads": args.threads}
+    rows, result = [], {"tokens_per_batch": tokens, "episodes": args.episodes, "threads": args.threads,
+                        "pack_sequences": args.pack_sequences}
     bare_all = []
     for name in args.estimators.split(","):
         cfg = LearnerSection(estimator=name.removesuffix("_updated"), device=args.device, precision=args.precision,
-                             max_tokens_per_microbatch=args.max_tokens_per_microbatch)
+                             max_tokens_per_microbatch=args.max_tokens_per_microbatch,
+                             pack_sequences={"true": True, "false": False}.get(args.pack_sequences, "auto"))
         if name == "spo_updated":  # SPO with the drift D re-read after the update: one more forward pass
             cfg.spo.drift = "updated"
         trainer = Trainer(fresh(), cfg, seed=args.seed, critic_path=str(model_dir))

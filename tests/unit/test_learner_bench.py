@@ -12,8 +12,10 @@ def last_json(capsys) -> dict:
 
 
 def test_bench_learner_smoke(capsys):
-    assert learner.main(["--episodes", "8", "--steps", "1", "--estimators", "grpo,spo_updated"]) == 0
+    assert learner.main(["--episodes", "8", "--steps", "1", "--estimators", "grpo,spo_updated",
+                         "--pack-sequences", "false"]) == 0
     out = last_json(capsys)
+    assert out["pack_sequences"] == "false"
     assert out["grpo_ratio"] > 0 and out["spo_updated_tokens_per_s"] > 0 and out["bare_tokens_per_s"] > 0
 
 
