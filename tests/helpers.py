@@ -30,31 +30,22 @@ def acks_in(reply) -> list[tuple[int, str]]:
     return []
 
 
-def poll_until(predicate, what: str, timeout_s: float = 120.0, *, logs=lambda: "", alive=None,
-               not_yet: tuple = (OSError,), every_s: float = 0.2):
-    """Poll `predicate` until it returns something truthy (returned). Exceptions in `not_yet` count as "not
-    yet" (a port that does not answer yet). Fails with `logs()` when time runs out, or at once when `alive()`
-    turns false; `alive` returns True, or a message saying what died."""
+def wait_for_child(predicate, what: str, child, timeout_s: float = 120.0):
+    """Poll `predicate` until it returns something truthy (returned); fail with the child's log tail if the
+    child exits or time runs out. OSError counts as "not yet" (a port that does not answer yet)."""
+    from turnstream.processes import tail
+
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             value = predicate()
             if value:
                 return value
-        except not_yet:
+        except OSError:
             pass
-        state = True if alive is None else alive()
-        assert state is True, f"{state}\n{logs()}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{logs()}"
-        time.sleep(every_s)
-
-
-def wait_for_child(predicate, what: str, child, timeout_s: float = 120.0):
-    """poll_until, failing with the child's log tail, and at once if the child exits."""
-    from turnstream.processes import tail
-
-    return poll_until(predicate, what, timeout_s, logs=lambda: tail(child.log_path, 30),
-                      alive=lambda: child.proc.poll() is None or f"{child.name} exited")
+        assert child.proc.poll() is None, f"{child.name} exited:\n{tail(child.log_path, 30)}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{tail(child.log_path, 30)}"
+        time.sleep(0.2)
 
 
 def http_json(url: str, body: dict | None = None, timeout: float = 30.0) -> dict:

@@ -11,12 +11,13 @@ import os
 import re
 import signal
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
 from tests.fault.ledger import Ledger
 from tests.fault.probes import rss_bytes
-from tests.helpers import poll_until, scrape
+from tests.helpers import scrape
 from turnstream.config import Config
 from turnstream.processes import Child, tail
 
@@ -111,9 +112,18 @@ class FaultStack:
 
     # ---- waiting --------------------------------------------------------------------------------
     def wait(self, predicate, what: str, timeout_s: float = 120.0):
-        # a role restarting: its port does not answer yet, or answers half a page
-        return poll_until(predicate, what, timeout_s, not_yet=(OSError, ValueError), logs=lambda: "\n".join(
-            f"--- {n}\n{tail(self.child(n).log_path, 12)}" for n in ROLES))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                value = predicate()
+                if value:
+                    return value
+            except (OSError, ValueError):
+                pass  # a role restarting: its port does not answer yet
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"--- {n}\n{tail(self.child(n).log_path, 12)}" for n in ROLES)
+                raise AssertionError(f"timed out waiting for {what}\n{logs}")
+            time.sleep(0.2)
 
     def progress(self, steps: int = 2, timeout_s: float = 120.0) -> None:
         """The run goes on: the learner takes `steps` more steps and every actor gets more acks."""
