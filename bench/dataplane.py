@@ -6,8 +6,11 @@ For each chunk size (2 KB and 1 MB encoded TurnChunks) it measures, in one run o
 - raw_keep: the same, but the receiver keeps every message, as a buffer must (a reference, not the target's
            baseline: it shows what holding fresh memory alone costs, which dominates at 1 MB);
 - ours:    actors.link.BufferLink (this process) -> the real buffer process (`turnstream buffer`), from the
-           first send until the last ack, write-ahead log off;
-- ours+wal: the same with the write-ahead log on, fsync "always" (an ack means fsynced).
+           first send until the last ack, write-ahead log off; its ingest pool (buffer.ingest_pool_bytes,
+           buffer/slab_receive.py) sized to hold the run, since nothing consumes here and a buffer sizes
+           the pool to what it holds;
+- ours_nopool: the same with the pool off (every large frame in fresh memory), to show what the pool buys;
+- ours+wal: as ours, with the write-ahead log on, fsync "always" (an ack means fsynced).
 Prints a human-readable table, then one JSON line last with ratio_small / ratio_large (ours / raw,
 without the log) and every absolute figure. Processes it starts are stopped by PID.
 """
@@ -23,6 +26,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from buffer.slab_receive import SLAB_BYTES
 
 RECEIVER = r"""
 import sys, zmq
@@ -97,22 +102,23 @@ def bench_raw(n: int, obs, arrays, keep: bool = False) -> float:
         child.wait()
 
 
-def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path) -> float:
+def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path, pool: bool = True) -> float:
     """Seconds from the first BufferLink.send to the last ack from a real buffer process."""
     from turnstream.config import Config
     from turnstream.processes import ProcessGroup, free_port
 
     cfg = Config()
-    cfg.run.run_dir = str(workdir / f"run-{wal}-{obs.size}")
+    cfg.run.run_dir = str(workdir / f"run-{wal}-{pool}-{obs.size}")
     cfg.network.buffer_ingest_port, cfg.network.buffer_serve_port = free_port(), free_port()
     cfg.buffer.metrics_port = free_port()
     cfg.buffer.wal, cfg.buffer.wal_fsync = wal, "always"
     cfg.buffer.max_items = cfg.buffer.max_running = max(cfg.buffer.max_items, n + 1)
     cfg.buffer.eta = cfg.buffer.max_staleness = 1000
-    path = workdir / f"bench-{wal}-{obs.size}.toml"
+    cfg.buffer.ingest_pool_bytes = (n * obs.nbytes // SLAB_BYTES + 2) * SLAB_BYTES if pool else 0
+    path = workdir / f"bench-{wal}-{pool}-{obs.size}.toml"
     path.write_text(cfg.dumps())
     procs = ProcessGroup(workdir)
-    child = procs.start(f"buffer-{wal}-{obs.size}", [sys.executable, "-m", "turnstream.cli", "buffer",
+    child = procs.start(f"buffer-{wal}-{pool}-{obs.size}", [sys.executable, "-m", "turnstream.cli", "buffer",
                                                       "--config", str(path)])
     try:
         _wait_up(cfg.buffer.metrics_port, child)
@@ -183,18 +189,22 @@ def main(argv: list[str]) -> int:
                               ("raw_keep", lambda: bench_raw(count, obs, arrays, keep=True)),
                               ("ours", lambda: bench_ours(count, obs, arrays, wal=False, window=window,
                                                           workdir=Path(tmp))),
+                              ("ours_nopool", lambda: bench_ours(count, obs, arrays, wal=False, window=window,
+                                                                 workdir=Path(tmp), pool=False)),
                               ("ours_wal", lambda: bench_ours(count, obs, arrays, wal=True, window=window,
                                                               workdir=Path(tmp)))):
                 seconds = run()
                 figures[f"{name}_chunks_per_s"] = round(count / seconds, 1)
                 figures[f"{name}_mb_per_s"] = round(count * nbytes / seconds / 1e6, 2)
-                print(f"{label:5s} {name:9s} {nbytes:>8d} B  {count / seconds:>10.1f} chunks/s  "
+                print(f"{label:5s} {name:11s} {nbytes:>8d} B  {count / seconds:>10.1f} chunks/s  "
                       f"{count * nbytes / seconds / 1e6:>9.2f} MB/s", flush=True)
             result[label] = figures
     result["ratio_small"] = round(result["small"]["ours_chunks_per_s"] / result["small"]["raw_chunks_per_s"], 3)
     result["ratio_large"] = round(result["large"]["ours_chunks_per_s"] / result["large"]["raw_chunks_per_s"], 3)
     result["ratio_large_vs_keep"] = round(result["large"]["ours_chunks_per_s"]
                                           / result["large"]["raw_keep_chunks_per_s"], 3)
+    result["pool_gain_large"] = round(result["large"]["ours_chunks_per_s"]
+                                      / result["large"]["ours_nopool_chunks_per_s"], 3)
     result["wal_cost_small"] = round(1 - result["small"]["ours_wal_chunks_per_s"] / result["small"]["ours_chunks_per_s"], 3)
     result["wal_cost_large"] = round(1 - result["large"]["ours_wal_chunks_per_s"] / result["large"]["ours_chunks_per_s"], 3)
     print(json.dumps(result))

@@ -6,7 +6,8 @@ any learner must do: one forward, a log-softmax at the action positions, one bac
 step. The learner additionally applies temperature and allowed-token masks, computes advantages and the
 decoupled PPO loss; `spo_updated` (learner.spo.drift = "updated") re-reads the updated policy's log-probs
 for the tracker's drift D, and the value-based estimators read the critic's values before the update:
-each one more no-grad forward pass.
+each one more no-grad forward pass. `turn_gae_microbatch` (learner.critic.whiten = "microbatch") takes
+the values from the training forward instead, whitening each micro-batch's advantages on its own.
 Prints a table, then one JSON line.
 
 With `--model-config NAME` (tiny, 0.5b, 1.5b) it measures tokens/s, peak memory and MFU instead, on
@@ -89,8 +90,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--model", default="", help="HF checkpoint directory (default: build the tiny model)")
     p.add_argument("--episodes", type=int, default=128)
     p.add_argument("--steps", type=int, default=7, help="timed step pairs per estimator (medians are reported)")
-    p.add_argument("--estimators", default="spo,spo_updated,grpo,turn_gae",
-                   help="spo_updated: spo with learner.spo.drift = updated")
+    p.add_argument("--estimators", default="spo,spo_updated,grpo,turn_gae,turn_gae_microbatch",
+                   help="spo_updated: spo with learner.spo.drift = updated; turn_gae_microbatch: turn_gae with "
+                        "learner.critic.whiten = microbatch (values from the training forward)")
     p.add_argument("--max-tokens-per-microbatch", type=int, default=2048)
     p.add_argument("--pack-sequences", choices=["auto", "true", "false"], default="auto",
                    help="learner.pack_sequences for both sides (auto: packed rows only with flash/flex attention)")
@@ -125,11 +127,14 @@ def main(argv: list[str]) -> int:
                         "pack_sequences": args.pack_sequences}
     bare_all = []
     for name in args.estimators.split(","):
-        cfg = LearnerSection(estimator=name.removesuffix("_updated"), device=args.device, precision=args.precision,
+        cfg = LearnerSection(estimator=name.removesuffix("_updated").removesuffix("_microbatch"),
+                             device=args.device, precision=args.precision,
                              max_tokens_per_microbatch=args.max_tokens_per_microbatch,
                              pack_sequences={"true": True, "false": False}.get(args.pack_sequences, "auto"))
         if name == "spo_updated":  # SPO with the drift D re-read after the update: one more forward pass
             cfg.spo.drift = "updated"
+        if name.endswith("_microbatch"):  # no value pass: advantages whitened per micro-batch
+            cfg.critic.whiten = "microbatch"
         trainer = Trainer(fresh(), cfg, seed=args.seed, critic_path=str(model_dir))
         bare = BareLoop(fresh(), batch, args.max_tokens_per_microbatch, cfg.lr, placement(args.device, args.precision),
                         packed=trainer.packed)
@@ -150,10 +155,10 @@ def main(argv: list[str]) -> int:
         result[f"{name}_ratio"] = round(ratio, 3)
     bare_s = statistics.median(bare_all)
     result["bare_tokens_per_s"] = round(tokens / bare_s, 1)
-    print(f"{'side':<12}{'tokens/s':>12}{'ratio':>8}")
-    print(f"{'bare torch':<12}{tokens / bare_s:>12.0f}{1.0:>8.2f}")
+    print(f"{'side':<20}{'tokens/s':>12}{'ratio':>8}")
+    print(f"{'bare torch':<20}{tokens / bare_s:>12.0f}{1.0:>8.2f}")
     for name, tps, ratio in rows:
-        print(f"{name:<12}{tps:>12.0f}{ratio:>8.2f}")
+        print(f"{name:<20}{tps:>12.0f}{ratio:>8.2f}")
     result["target_ratio"] = 0.8
     print(json.dumps(result))
     return 0

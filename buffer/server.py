@@ -19,6 +19,7 @@ import zmq.asyncio
 from buffer.episodes import flatten
 from buffer.metrics import BufferMetrics
 from buffer.ratelimit import BlockedClock, Cancelled, Gate
+from buffer.slab_receive import SlabPool, SlabReceiver
 from buffer.store import ReplayStore
 from buffer.validate import batch_is_clean
 from protocol import auth
@@ -34,7 +35,7 @@ log = logging.getLogger("turnstream.buffer")
 class BufferServer:
     def __init__(self, store: ReplayStore, metrics: BufferMetrics, *, ingest_addr: str, serve_addr: str,
                  version_addr: str | None, max_message_bytes: int, journal=None, drain_max: int = 256,
-                 housekeeping_s: float = 0.5, curve: auth.CurveKeys | None = None):
+                 housekeeping_s: float = 0.5, curve: auth.CurveKeys | None = None, ingest_pool_bytes: int = 0):
         self.store, self.m, self.journal = store, metrics, journal
         self.server_id = uuid.uuid4().hex[:16]  # a new one per start tells actors to resend their window
         self.ctx = zmq.asyncio.Context()
@@ -57,6 +58,7 @@ class BufferServer:
                 auth.make_client(self.versions, curve)
             self.versions.connect(version_addr)
         self.max_message_bytes, self.drain_max, self.housekeeping_s = max_message_bytes, drain_max, housekeeping_s
+        self.receiver = SlabReceiver(SlabPool(ingest_pool_bytes), max_message_bytes)
         self.gate = Gate()
         self.requests: dict[bytes, asyncio.Task] = {}  # learner identity -> task answering its request
         self.answered: dict[bytes, int] = {}  # learner identity -> request_id last answered with a batch
@@ -98,16 +100,19 @@ class BufferServer:
     # ---- actors ------------------------------------------------------------------------------------
     async def _ingest_loop(self) -> None:
         while True:
-            batch = [await self.ingest.recv_multipart(copy=False)]
+            await self.ingest.poll(flags=zmq.POLLIN)
             # Drain what is already queued (non-blocking receives skip the future machinery): one pass over
             # many messages shares one log commit and one _after_change. The acks go out as plain
             # non-blocking sends, which is safe only because no receive on this socket is pending while
             # this loop runs; a ROUTER send never blocks (a full peer pipe drops, and the actor resends).
-            while len(batch) < self.drain_max:
-                try:
-                    batch.append(self.ingest.recv_multipart(zmq.NOBLOCK, copy=False).result())
-                except zmq.Again:
-                    break
+            batch = []
+            while len(batch) < self.drain_max and (msg := self.receiver.receive(self.ingest)) is not None:
+                batch.append(msg)
+            if self.receiver.misses:
+                self.m.ingest_pool_misses.inc(self.receiver.misses)
+                self.receiver.misses = 0
+            if not batch:
+                continue
             acks, heartbeats = self._apply_ingest(batch)
             if self.journal is not None:
                 self.journal.commit()  # before any ack leaves
@@ -120,10 +125,12 @@ class BufferServer:
         whose credit request gets an answer (even of 0 credits)."""
         acks: dict[bytes, list[tuple[int, str, str]]] = {}  # identity -> (seq, status, reason) in order
         heartbeats: set[bytes] = set()
-        for identity, *frames in batch:
-            identity = bytes(identity)
+        for received in batch:
+            identity, frames = received.identity, received.frames
             try:
-                msg = decode(frames, self.max_message_bytes)
+                if received.error is not None:
+                    raise received.error
+                msg = decode(frames, self.max_message_bytes, received.header)
             except DecodeError as exc:
                 self.m.rejected.labels(exc.reason).inc()
                 log.warning("bad message from an actor: %s", exc)

@@ -57,13 +57,26 @@ def turn_groups(tb: TensorBatch) -> torch.Tensor:
     return inverse
 
 
+def value_positions(estimator: str, tb: TensorBatch) -> torch.Tensor:
+    """[N] bool: the action tokens whose position the critic is read at and trained on (one per turn for
+    turn_gae, every action token for token_gae). Structure only: known before any value is."""
+    if estimator == "token_gae":
+        return torch.ones(tb.act_tokens.numel(), dtype=torch.bool)
+    mask = torch.zeros(tb.act_tokens.numel(), dtype=torch.bool)
+    mask[np.unique(turn_groups(tb).numpy(), return_index=True)[1]] = True
+    return mask
+
+
 def compute(estimator: str, batch: Batch, tb: TensorBatch, *, tracker: SpoTracker, spo_normalize: str,
             gamma: float, lam: float, old_values: torch.Tensor | None,
-            bootstrap: np.ndarray | None = None, agent_ids: np.ndarray | None = None) -> Advantages:
+            bootstrap: np.ndarray | None = None, agent_ids: np.ndarray | None = None,
+            episodes: np.ndarray | None = None) -> Advantages:
     """`old_values`: critic values at every action token's position (value-based estimators only).
     `bootstrap`: per-episode V after the last turn (0 for finished episodes); a truncated episode bootstraps
     from the critic's value at its last turn boundary instead.
     `agent_ids`: per action token, for Dr. MAS agent-wise normalisation.
+    `episodes`: value-based only: compute (and whiten) these episodes alone, e.g. one micro-batch's
+    (critic.whiten = "microbatch"); the other tokens' entries stay 0.
     """
     returns = np.asarray(batch.returns, np.float64)
     n_eps = tb.num_episodes
@@ -90,7 +103,7 @@ def compute(estimator: str, batch: Batch, tb: TensorBatch, *, tracker: SpoTracke
     targets = np.zeros(len(ep_of))
     value_mask = np.zeros(len(ep_of), bool)
     groups = turn_groups(tb).numpy() if estimator == "turn_gae" else np.arange(len(ep_of))
-    for e in range(n_eps):
+    for e in range(n_eps) if episodes is None else episodes:
         idx = np.nonzero(ep_of == e)[0]  # this episode's action tokens, in order
         if idx.size == 0:
             continue
@@ -117,7 +130,9 @@ def compute(estimator: str, batch: Batch, tb: TensorBatch, *, tracker: SpoTracke
         adv[idx] = a[step_index]  # broadcast each step's advantage to its action tokens
         targets[boundary] = g
         value_mask[boundary] = True
-    token = agentwise_normalize(adv, agent_ids) if agent_ids is not None else whiten(adv)
+    part = np.ones(len(ep_of), bool) if episodes is None else np.isin(ep_of, episodes)
+    token = np.zeros(len(ep_of))
+    token[part] = agentwise_normalize(adv[part], agent_ids[part]) if agent_ids is not None else whiten(adv[part])
     return Advantages(torch.from_numpy(token.astype(np.float32)), torch.from_numpy(value_mask),
                       torch.from_numpy(targets.astype(np.float32)), baseline_mean=float(v[value_mask].mean())
                       if value_mask.any() else 0.0)

@@ -169,6 +169,9 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
     members = asyncio.create_task(watch_urls_file(Path(cfg.vllm.urls_file), sync.set_urls,
                                                   cfg.vllm.health_interval_s)) if cfg.vllm.urls_file else None
     started = time.monotonic()
+    overlap = push_overlaps_training(cfg)
+    publishing: asyncio.Task | None = None  # the previous version's push and announcement (overlap only)
+    log.info("weight pushes %s the next step", "overlap" if overlap else "precede")
     try:
         while not stop.is_set() and not (lc.max_steps and trainer.version >= lc.max_steps):
             waited = time.monotonic()
@@ -183,6 +186,7 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
             wait_s = time.monotonic() - waited
             try:
                 batch = broadcast(batch, 0, world)
+                step_started = time.time()
                 stats = await asyncio.to_thread(trainer.step, batch)
             except BatchOverBudget as exc:  # every episode too long: counted, the learner keeps serving
                 metrics.over_budget.inc(exc.dropped)
@@ -199,32 +203,22 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
                              "tokens": [int(n) for n in batch.episode_offsets[1:] - batch.episode_offsets[:-1]],
                              "staleness_max": stats["staleness_max"]})
             path = await asyncio.to_thread(sync.save, serving_state_dict(model, push_dtype), trainer.version)
-            try:
-                push_s = await sync.push(path, trainer.version)
-            except WeightSyncError as exc:
-                # Servers keep generating with older weights; their tokens carry the older version, so the
-                # staleness bound still holds. The next push carries everything learned so far.
-                metrics.push_failures.inc()
-                log.error("weight push of version %d failed: %s", trainer.version, exc)
-                push_s = float("nan")
-            await pub.send_multipart(encode(VersionAnnouncement(trainer.version, str(path))))
             if lc.checkpoint_every and trainer.version % lc.checkpoint_every == 0:
                 ckpt_started = time.monotonic()
                 await asyncio.to_thread(checkpoint.save, run_dir / "checkpoints", trainer.version, model,
                                         cfg.model.path, trainer.state_dict(), trainer.tracker.state_dict(),
                                         lc.keep_checkpoints)
                 stats["checkpoint_s"] = time.monotonic() - ckpt_started
-            stats.update(wait_s=wait_s, push_s=push_s, wall_s=time.monotonic() - started, time=time.time())
-            metrics.record(stats)
-            metrics.wait_seconds.observe(wait_s)
-            if push_s == push_s:  # not NaN
-                metrics.push_seconds.observe(push_s)
-            log_file.write(json.dumps(stats) + "\n")
-            log_file.flush()
-            log.info("step %d: return %.3f, loss %.4f, staleness max %d, step %.2fs, push %.2fs, wait %.2fs",
-                     stats["version"], stats["return_mean"], stats["policy_loss"], stats["staleness_max"],
-                     stats["step_s"], push_s, wait_s)
+            stats.update(wait_s=wait_s, step_started=step_started)
+            if publishing is not None:  # one push at a time: servers and announcements go in version order
+                await publishing
+            publish = _publish(sync, pub, path, trainer.version, stats, metrics, log_file, started)
+            publishing = asyncio.create_task(publish) if overlap else None
+            if not overlap:
+                await publish
     finally:
+        if publishing is not None:  # the last version still reaches the servers and the buffer
+            await publishing
         watcher.cancel()
         if members is not None:
             members.cancel()
@@ -238,6 +232,47 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
             authenticator.stop()
         ctx.destroy(linger=0)
         await http.cleanup()
+
+
+def push_overlaps_training(cfg: Config) -> bool:
+    """Whether a version's push runs while the next step trains (learner.overlap_push).
+
+    Safe only when the push reads a snapshot (the disk backend's saved file; nccl broadcasts the live
+    parameters, which the next step changes), and only in asynchronous mode: with eta = 0 the synchronous
+    baseline is generate, train, push, repeat, and every episode of a batch must come from the newest weights."""
+    if cfg.learner.overlap_push == "auto":
+        return cfg.vllm.weight_sync == "disk" and cfg.buffer.eta >= 1
+    return bool(cfg.learner.overlap_push)
+
+
+async def _publish(sync, pub, path, version: int, stats: dict, metrics, log_file, started: float) -> None:
+    """Push `version` into the servers, then announce it, then record the step's line."""
+    from learner.weight_sync import WeightSyncError
+    from protocol.codec import encode
+    from protocol.messages import VersionAnnouncement
+
+    push_started = time.time()
+    try:
+        push_s = await sync.push(path, version)
+    except WeightSyncError as exc:
+        # Servers keep generating with older weights; their tokens carry the older version, so the
+        # staleness bound still holds. The next push carries everything learned so far.
+        metrics.push_failures.inc()
+        log.error("weight push of version %d failed: %s", version, exc)
+        push_s = float("nan")
+    # announced only once the servers hold it: a version label always names the weights that sampled
+    await pub.send_multipart(encode(VersionAnnouncement(version, str(path))))
+    # push_started and step_started (wall clock) show in the log whether a push overlapped the next step
+    stats.update(push_s=push_s, push_started=push_started, wall_s=time.monotonic() - started, time=time.time())
+    metrics.record(stats)
+    metrics.wait_seconds.observe(stats["wait_s"])
+    if push_s == push_s:  # not NaN
+        metrics.push_seconds.observe(push_s)
+    log_file.write(json.dumps(stats) + "\n")
+    log_file.flush()
+    log.info("step %d: return %.3f, loss %.4f, staleness max %d, step %.2fs, push %.2fs, wait %.2fs",
+             stats["version"], stats["return_mean"], stats["policy_loss"], stats["staleness_max"],
+             stats["step_s"], push_s, stats["wait_s"])
 
 
 def main(cfg: Config) -> None:

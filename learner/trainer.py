@@ -87,6 +87,7 @@ class Trainer:
         # weights, no dropout), so its log-probs are that forward's, detached: one forward pass saved.
         self.fuse_prox = True
         self._collected: torch.Tensor | None = None
+        self._fill = None  # critic.whiten = "microbatch": fills a micro-batch's advantages from its forward
         self._allowed: torch.Tensor | None = None  # the batch's allowed-token sets, on the device
 
     # ---- helpers ------------------------------------------------------------------------------------
@@ -152,16 +153,27 @@ class Trainer:
         self._allowed = tb.allowed.to(self.device)
         self._set_eval()
         value_based = cfg.estimator in estimators.VALUE_BASED
-        fused = self.fuse_prox and cfg.epochs * cfg.minibatches == 1 and not value_based
+        # critic.whiten = "microbatch" (validated: one optimizer step per batch): the critic's values come from
+        # the training forward itself, and each micro-batch's advantages are computed as it arrives
+        values_in_step = value_based and cfg.critic.whiten == "microbatch"
+        fused = self.fuse_prox and cfg.epochs * cfg.minibatches == 1 and (not value_based or values_in_step)
         if fused and cfg.kl_coef == 0:
             prox_logp, old_values, ref_logp = None, None, None
         else:
-            prox_logp, old_values, ref_logp = self._evaluate(tb, value_based, cfg.kl_coef > 0)
+            prox_logp, old_values, ref_logp = self._evaluate(tb, value_based and not values_in_step, cfg.kl_coef > 0)
             if fused:
                 prox_logp = None
-        adv = estimators.compute(cfg.estimator, batch, tb, tracker=self.tracker, spo_normalize=cfg.spo.normalize,
-                                 gamma=cfg.critic.gamma, lam=cfg.critic.lam, old_values=old_values,
-                                 agent_ids=self._agent_ids(batch, tb) if cfg.agent_norm else None)
+        agent_ids = self._agent_ids(batch, tb) if cfg.agent_norm else None
+        self._fill = None
+        if values_in_step:
+            n = tb.act_tokens.numel()
+            old_values = torch.zeros(n)
+            adv = estimators.Advantages(torch.zeros(n), estimators.value_positions(cfg.estimator, tb), torch.zeros(n))
+            self._fill = lambda mb: self._microbatch_advantages(batch, tb, mb, old_values, adv, agent_ids)
+        else:
+            adv = estimators.compute(cfg.estimator, batch, tb, tracker=self.tracker,
+                                     spo_normalize=cfg.spo.normalize, gamma=cfg.critic.gamma, lam=cfg.critic.lam,
+                                     old_values=old_values, agent_ids=agent_ids)
         ratio_group = estimators.turn_groups(tb) if value_based and cfg.critic.turn_ratio else None
 
         # SPO's drift D can be read at pi_prox (free: the training forward's log-probs) instead of re-reading
@@ -205,8 +217,21 @@ class Trainer:
             out["dropped_over_budget_ids"] = [e.episode for e in too_long]
         if value_based:
             m = adv.value_mask
+            if values_in_step:  # each rank filled its micro-batches' share
+                self._sum_over_ranks(old_values, adv.value_targets)
+                out["baseline_mean"] = float(old_values[m].mean()) if m.any() else 0.0
             out["explained_variance"] = explained_variance(old_values[m], adv.value_targets[m])
         return out
+
+    def _microbatch_advantages(self, batch: Batch, tb: TensorBatch, mb: forward.MicroBatch, old_values: torch.Tensor,
+                               adv: estimators.Advantages, agent_ids: np.ndarray | None) -> None:
+        """Fill the micro-batch's advantages and critic targets from its values (already in old_values)."""
+        cfg, sel = self.cfg, mb.select
+        part = estimators.compute(cfg.estimator, batch, tb, tracker=self.tracker, spo_normalize=cfg.spo.normalize,
+                                  gamma=cfg.critic.gamma, lam=cfg.critic.lam, old_values=old_values,
+                                  agent_ids=agent_ids, episodes=mb.rows.numpy())
+        adv.token_adv[sel] = part.token_adv[sel]
+        adv.value_targets[sel] = part.value_targets[sel]
 
     def _update(self, tb, rows, prox_logp, old_values, ref_logp, adv, ratio_group) -> dict[str, float]:
         """One optimizer step on the episodes `rows`, accumulated over this rank's micro-batches."""
@@ -255,6 +280,9 @@ class Trainer:
         cfg, dev, sel = self.cfg, self.device, mb.select
         with self.where.autocast():
             logits, values = self.train_net(mb)
+        if self._fill is not None and collect:
+            old_values[sel] = values.detach().float().cpu()  # pre-update values: this is the step's only update
+            self._fill(mb)
         logp, entropy = self._logprobs(logits, tb, mb)
         prox = logp.detach() if prox_logp is None else prox_logp[sel].to(dev)
         if self._collected is not None and collect:

@@ -53,20 +53,51 @@ _SCALAR_CHECKS = {
 }
 
 
-def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
-    """Decode a multipart message; raise DecodeError (never anything else) on bad input."""
+def parse_header(buf) -> dict:
+    """Frame 0 as a map (not yet checked beyond that); DecodeError if it is not one."""
+    try:
+        header = msgpack.unpackb(buf, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise DecodeError("bad_header", type(exc).__name__) from None
+    if not isinstance(header, dict):
+        raise DecodeError("bad_header", "header is not a map")
+    return header
+
+
+def declared_frame_bytes(header: dict) -> list[int] | None:
+    """The byte size of each array frame the header declares, in order; None when it declares nothing
+    readable (decode() then refuses the message with the precise reason)."""
+    arrays = header.get("a")
+    if not isinstance(arrays, dict):
+        return None
+    sizes = []
+    for spec in arrays.values():
+        if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], str)
+                and isinstance(spec[1], list) and len(spec[1]) <= MAX_ARRAY_DIMS
+                and all(type(d) is int and 0 <= d < 2**40 for d in spec[1])):
+            return None
+        try:
+            count = np.dtype(spec[0]).itemsize
+        except Exception:  # numpy's dtype parser raises several types; decode() names the reason
+            return None
+        for d in spec[1]:
+            count *= d
+        sizes.append(count)
+    return sizes
+
+
+def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, header: dict | None = None) -> Message:
+    """Decode a multipart message; raise DecodeError (never anything else) on bad input.
+
+    `header`: frame 0 already parsed by parse_header (a receiver that sized the array frames from it)."""
     if not frames:
         raise DecodeError("empty")
     buffers = [memoryview(f.buffer if hasattr(f, "buffer") else f) for f in frames]
     total = sum(b.nbytes for b in buffers)
     if total > max_bytes:
         raise DecodeError("oversized", f"{total} bytes > limit {max_bytes}")
-    try:
-        header = msgpack.unpackb(buffers[0], raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise DecodeError("bad_header", type(exc).__name__) from None
-    if not isinstance(header, dict):
-        raise DecodeError("bad_header", "header is not a map")
+    if header is None:
+        header = parse_header(buffers[0])
     version, type_name = header.get("v"), header.get("t")
     if type(version) is not int or version != PROTOCOL_VERSION:
         raise DecodeError("unknown_version", f"got {version!r}, speak {PROTOCOL_VERSION}")

@@ -203,6 +203,9 @@ class BufferSection:
     wal_fsync: Literal["always", "interval", "never"] = "always"  # when an acked chunk reaches the disk
     wal_fsync_interval_s: float = 0.05  # for wal_fsync = "interval"
     wal_compact_bytes: int = 256 * 1024 * 1024  # rewrite the log without consumed data past this size
+    # memory reserved (and touched) at start for receiving frames of 64 KiB or more (buffer/slab_receive.py):
+    # recycled 16 MiB slabs instead of fresh pages per message; 0: receive into fresh memory
+    ingest_pool_bytes: int = 64 * 1024 * 1024
     cpus: list[int] = field(default_factory=list)  # CPU ids this role is pinned to (os affinity); empty: any
 
     def validate(self, path: str) -> None:
@@ -225,6 +228,7 @@ class BufferSection:
             batch_episodes=self.batch_episodes, max_items=self.max_items, eta=self.eta)
         check(not field_name, f"{path}.{field_name}", reason)
         check(self.wal_fsync_interval_s > 0, f"{path}.wal_fsync_interval_s", "must be > 0")
+        check(self.ingest_pool_bytes >= 0, f"{path}.ingest_pool_bytes", "must be >= 0 (0 turns the pool off)")
         check(self.wal_compact_bytes >= 1024 * 1024, f"{path}.wal_compact_bytes", "must be >= 1048576 (1 MiB)")
 
 
@@ -259,6 +263,11 @@ class CriticSection:
     gamma: float = 0.99
     lam: float = 0.9
     turn_ratio: bool = False  # turn-level geometric-mean importance ratio (MPO / ST-PPO style)
+    # which tokens advantages are whitened over. batch: the whole batch, which needs every value before the
+    # first loss, so one more no-grad forward per step. microbatch: each forward/backward micro-batch's own
+    # tokens (as CleanRL normalises per minibatch); the values then come from the training forward, no extra
+    # pass. Equal when the batch is one micro-batch (max_tokens_per_microbatch = 0)
+    whiten: Literal["batch", "microbatch"] = "batch"
 
     def validate(self, path: str) -> None:
         check(self.lr > 0, f"{path}.lr", "must be > 0")
@@ -312,6 +321,10 @@ class LearnerSection:
     torch_threads: int = 1
     weights_dir: str = ""  # where pushed weights are written; empty: <run_dir>/weights
     keep_weight_versions: int = 2
+    # push version v into the servers while step v+1 trains (learner/main.py): the push's time leaves the
+    # learner's critical path, and data may be one version staler. auto: with the disk backend (pushes read a
+    # saved snapshot) when buffer.eta >= 1; the synchronous baseline (eta 0) never overlaps
+    overlap_push: Literal["auto", True, False] = "auto"
     checkpoint_every: int = 0  # steps between checkpoints under <run_dir>/checkpoints; 0: never
     keep_checkpoints: int = 2
     resume: bool = True  # on start, continue from the latest checkpoint in <run_dir>/checkpoints
@@ -338,6 +351,9 @@ class LearnerSection:
         check(self.keep_weight_versions >= 1, f"{path}.keep_weight_versions", "must be >= 1")
         check(self.checkpoint_every >= 0, f"{path}.checkpoint_every", "must be >= 0")
         check(self.keep_checkpoints >= 1, f"{path}.keep_checkpoints", "must be >= 1")
+        check(self.critic.whiten == "batch" or self.epochs * self.minibatches == 1, f"{path}.critic.whiten",
+              "microbatch reads the critic in the training forward, which needs one optimizer step per batch "
+              "(epochs = minibatches = 1)")
 
 
 @dataclass

@@ -30,6 +30,11 @@ def test_short_training_run_improves_success(tmp_path, tiny_model):
     assert result["success_end"] >= result["success_start"] + 0.3, result
     assert result["weight_version"] == result["learner_steps"] > 0
     assert result["max_staleness_seen"] <= 4  # buffer.max_staleness default
+    # eta 2 (asynchronous): a version's push runs while the next step trains (learner.overlap_push auto)
+    steps = [json.loads(line) for line in (run_dir / "learner.jsonl").read_text().splitlines()]
+    assert [s["version"] for s in steps] == list(range(1, len(steps) + 1))
+    push_ended = {s["version"]: s["push_started"] + s["push_s"] for s in steps}
+    assert any(s["step_started"] < push_ended[s["version"] - 1] for s in steps[1:]), "no push overlapped a step"
     assert Path(result["learning_curve"]).stat().st_size > 0
     pids = json.loads((run_dir / "pids.json").read_text())
     assert set(pids) >= {"vllm-0", "buffer", "learner", "actor-0"}

@@ -12,11 +12,12 @@ def last_json(capsys) -> dict:
 
 
 def test_bench_learner_smoke(capsys):
-    assert learner.main(["--episodes", "8", "--steps", "1", "--estimators", "grpo,spo_updated",
+    assert learner.main(["--episodes", "8", "--steps", "1", "--estimators", "grpo,spo_updated,turn_gae_microbatch",
                          "--pack-sequences", "false"]) == 0
     out = last_json(capsys)
     assert out["pack_sequences"] == "false"
     assert out["grpo_ratio"] > 0 and out["spo_updated_tokens_per_s"] > 0 and out["bare_tokens_per_s"] > 0
+    assert out["turn_gae_microbatch_ratio"] > 0
 
 
 def test_bench_estimators_smoke(capsys):

@@ -14,14 +14,15 @@ from turnstream.config import LearnerSection
 TOLERANCE = 1e-5
 
 
-@pytest.mark.parametrize("estimator, budget, critic", [
-    ("turn_gae", 40, "shared"),  # several micro-batches per rank, critic head in the reduced network
-    ("turn_gae", 40, "separate"),  # a second model (its unused LM head frozen) reduced with the policy
-    ("spo", 0, "shared"),  # one micro-batch in all: rank 1 has none and joins the reduction with a zero gradient
+@pytest.mark.parametrize("estimator, budget, critic, whiten", [
+    ("turn_gae", 40, "shared", "batch"),  # several micro-batches per rank, critic head in the reduced network
+    ("turn_gae", 40, "separate", "batch"),  # a second model (its unused LM head frozen) reduced with the policy
+    ("turn_gae", 40, "shared", "microbatch"),  # values from each rank's training forwards, summed for the stats
+    ("spo", 0, "shared", "batch"),  # one micro-batch in all: rank 1 has none, joins the reduction with zero grad
 ])
-def test_two_gloo_ranks_match_one_rank(tmp_path, estimator, budget, critic):
+def test_two_gloo_ranks_match_one_rank(tmp_path, estimator, budget, critic, whiten):
     cfg = LearnerSection(estimator=estimator, lr=1e-2, max_tokens_per_microbatch=budget, device="cpu")
-    cfg.critic.mode = critic
+    cfg.critic.mode, cfg.critic.whiten = critic, whiten
     critic_path = ""
     if critic == "separate":
         critic_path = str(tmp_path / "critic")

@@ -127,6 +127,48 @@ def test_fused_proximal_pass_gives_the_same_update():
     assert results[0][1] == pytest.approx(results[1][1], abs=1e-6)
 
 
+@pytest.mark.parametrize("estimator,critic", [("turn_gae", "shared"), ("turn_gae", "separate"),
+                                              ("token_gae", "shared")])
+def test_values_from_the_training_forward_give_the_same_update_on_one_microbatch(estimator, critic, tmp_path):
+    """critic.whiten = microbatch skips the no-grad value pass; with the batch in one micro-batch the
+    advantages, targets and so the update are those of whiten = batch."""
+    model = tiny_causal_lm()
+    model.save_pretrained(tmp_path / "critic")
+    results = []
+    for whiten in ("batch", "microbatch"):
+        cfg = cfg_for(estimator)
+        cfg.critic.mode, cfg.critic.whiten = critic, whiten
+        t = Trainer(tiny_causal_lm(), cfg, critic_path=str(tmp_path / "critic"))
+        s = t.step(synthetic_batch(8, seed=5))
+        results.append((torch.cat([p.detach().reshape(-1) for p in t._params()]), s))
+    assert (results[0][0] - results[1][0]).abs().max().item() < 1e-6
+    for key in ("policy_loss", "value_loss", "explained_variance", "baseline_mean"):
+        assert results[0][1][key] == pytest.approx(results[1][1][key], abs=1e-6), key
+
+
+def test_microbatch_whitening_standardises_each_microbatch_alone():
+    """Under a token budget every micro-batch's advantages have mean 0 and std 1 over its own tokens, and
+    are an increasing affine map of the batch-whitened ones (the same GAE, other statistics)."""
+    from learner import estimators
+    from learner.batching import to_tensors
+    from learner.spo import SpoTracker
+
+    batch = synthetic_batch(12, seed=6)
+    tb = to_tensors(batch, 64)
+    values = torch.randn(tb.act_tokens.numel(), generator=torch.Generator().manual_seed(0))
+    kw = dict(tracker=SpoTracker(), spo_normalize="token", gamma=0.99, lam=0.9, old_values=values)
+    whole = estimators.compute("turn_gae", batch, tb, **kw).token_adv
+    for rows in microbatches(tb.lengths, torch.arange(tb.num_episodes), budget=40):
+        sel = torch.isin(tb.act_episode, rows)
+        part = estimators.compute("turn_gae", batch, tb, episodes=rows.numpy(), **kw).token_adv
+        assert torch.all(part[~sel] == 0)
+        x = part[sel].double()
+        if x.numel() > 1 and x.std() > 0:
+            assert x.mean().item() == pytest.approx(0, abs=1e-6)
+            assert x.std(unbiased=False).item() == pytest.approx(1, abs=1e-4)
+            assert np.corrcoef(x.numpy(), whole[sel].double().numpy())[0, 1] == pytest.approx(1, abs=1e-9)
+
+
 @pytest.mark.parametrize("drift", ["proximal", "updated"])
 def test_spo_drift_is_read_at_the_configured_policy(drift):
     """proximal (default): D is |log mu - log pi_prox|, taken from the training forward; updated: D is read

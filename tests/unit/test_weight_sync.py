@@ -251,3 +251,19 @@ def test_backend_from_config(tmp_path):
                              "vllm.nccl_master_address='10.1.2.3'", "vllm.nccl_master_port=29600"])
     sync = weight_sync_from_config(cfg, tmp_path)
     assert isinstance(sync, NcclWeightSync) and (sync.master_address, sync.master_port) == ("10.1.2.3", 29600)
+
+
+@pytest.mark.parametrize("overrides, overlaps", [
+    ([], True),  # eta 2, disk: asynchronous, the push reads its saved snapshot
+    (["buffer.eta=0"], False),  # the synchronous baseline: generate, train, push, repeat
+    (["vllm.weight_sync=nccl", "vllm.nccl_master_address='10.1.2.3'", "vllm.nccl_master_port=29600"],
+     False),  # nccl broadcasts the live parameters
+    (["buffer.eta=0", "learner.overlap_push=true"], True),  # asked for explicitly
+    (["learner.overlap_push=false"], False),
+])
+def test_push_overlaps_training_only_where_it_is_safe(overrides, overlaps):
+    from learner.main import push_overlaps_training
+    from turnstream.config import load_config
+
+    cfg = load_config(None, ["vllm.urls=['http://127.0.0.1:9']", *overrides])
+    assert push_overlaps_training(cfg) is overlaps
