@@ -5,6 +5,8 @@ For each chunk size (2 KB and 1 MB encoded TurnChunks) it measures, in one run o
            until the receiver has them all (the transport's ceiling: no encoding, acks, decoding, storage);
 - raw_keep: the same, but the receiver keeps every message, as a buffer must (a reference, not the target's
            baseline: it shows what holding fresh memory alone costs, which dominates at 1 MB);
+- raw_pool: the same, the receiver copying every frame into pre-faulted memory with recv_into (what the
+           buffer's ingest pool does): the floor for a receiver that keeps what it receives;
 - ours:    actors.link.BufferLink (this process) -> the real buffer process (`turnstream buffer`), from the
            first send until the last ack, write-ahead log off; its ingest pool (buffer.ingest_pool_bytes,
            buffer/slab_receive.py) sized to hold the run, since nothing consumes here and a buffer sizes
@@ -30,16 +32,24 @@ import numpy as np
 from buffer.slab_receive import SLAB_BYTES
 
 RECEIVER = r"""
-import sys, zmq
-port, n, keep = int(sys.argv[1]), int(sys.argv[2]), sys.argv[4] == "keep"
+import sys, numpy, zmq
+port, n, mode, nbytes = int(sys.argv[1]), int(sys.argv[2]), sys.argv[4], int(sys.argv[5])
 ctx = zmq.Context()
 pull = ctx.socket(zmq.PULL); pull.setsockopt(zmq.RCVHWM, 10000); pull.bind(f"tcp://127.0.0.1:{port}")
 rep = ctx.socket(zmq.PAIR); rep.bind(f"tcp://127.0.0.1:{sys.argv[3]}")
+pool = numpy.ones(n * nbytes if mode == "pool" else 0, numpy.uint8)  # touched before the clock starts
+at = 0
 rep.recv()  # "go"
 kept = []
 for _ in range(n):
+    if mode == "pool":  # every frame copied into pre-faulted memory (recv_into), as the buffer's ingest pool
+        while True:
+            at += pull.recv_into(memoryview(pool[at:]))
+            if not pull.getsockopt(zmq.RCVMORE):
+                break
+        continue
     msg = pull.recv_multipart(copy=False)
-    if keep:
+    if mode == "keep":
         kept.append(msg)
 rep.send(b"done")
 """
@@ -68,16 +78,17 @@ def chunk_at(i: int, obs, arrays):
     return TurnChunk("bench-actor", 1, 0, f"ep{i}", 0, "bench/p", obs, reward=0.0, done=True, **arrays)
 
 
-def bench_raw(n: int, obs, arrays, keep: bool = False) -> float:
-    """Seconds to push n messages (the encoded chunk frames) through PUSH -> PULL in another process."""
+def bench_raw(n: int, obs, arrays, mode: str = "drop") -> float:
+    """Seconds to push n messages (the encoded chunk frames) through PUSH -> PULL in another process whose
+    receiver drops each message, keeps it (libzmq's memory) or copies it into a pre-faulted pool."""
     import zmq
 
     from protocol.codec import encode
     from turnstream.processes import free_port
 
     port, ctl = free_port(), free_port()
-    child = subprocess.Popen([sys.executable, "-c", RECEIVER, str(port), str(n), str(ctl),
-                              "keep" if keep else "drop"])
+    nbytes = sum(memoryview(f).nbytes for f in encode(chunk_at(0, obs, arrays)))
+    child = subprocess.Popen([sys.executable, "-c", RECEIVER, str(port), str(n), str(ctl), mode, str(nbytes)])
     ctx = zmq.Context()
     try:
         push = ctx.socket(zmq.PUSH)
@@ -186,7 +197,8 @@ def main(argv: list[str]) -> int:
             nbytes = sum(memoryview(f).nbytes for f in encode(chunk_at(0, obs, arrays)))
             figures = {"chunk_bytes": nbytes, "chunks": count}
             for name, run in (("raw", lambda: bench_raw(count, obs, arrays)),
-                              ("raw_keep", lambda: bench_raw(count, obs, arrays, keep=True)),
+                              ("raw_keep", lambda: bench_raw(count, obs, arrays, "keep")),
+                              ("raw_pool", lambda: bench_raw(count, obs, arrays, "pool")),
                               ("ours", lambda: bench_ours(count, obs, arrays, wal=False, window=window,
                                                           workdir=Path(tmp))),
                               ("ours_nopool", lambda: bench_ours(count, obs, arrays, wal=False, window=window,
@@ -203,6 +215,8 @@ def main(argv: list[str]) -> int:
     result["ratio_large"] = round(result["large"]["ours_chunks_per_s"] / result["large"]["raw_chunks_per_s"], 3)
     result["ratio_large_vs_keep"] = round(result["large"]["ours_chunks_per_s"]
                                           / result["large"]["raw_keep_chunks_per_s"], 3)
+    result["ratio_large_vs_pool"] = round(result["large"]["ours_chunks_per_s"]
+                                          / result["large"]["raw_pool_chunks_per_s"], 3)
     result["pool_gain_large"] = round(result["large"]["ours_chunks_per_s"]
                                       / result["large"]["ours_nopool_chunks_per_s"], 3)
     result["wal_cost_small"] = round(1 - result["small"]["ours_wal_chunks_per_s"] / result["small"]["ours_chunks_per_s"], 3)

@@ -142,6 +142,8 @@ def test_values_from_the_training_forward_give_the_same_update_on_one_microbatch
         s = t.step(synthetic_batch(8, seed=5))
         results.append((torch.cat([p.detach().reshape(-1) for p in t._params()]), s))
     assert (results[0][0] - results[1][0]).abs().max().item() < 1e-6
+    # so "auto" (the default) takes the cheaper path exactly there, and batch whitening under a budget
+    assert cfg_for(estimator).values_in_step() and not cfg_for(estimator, max_tokens_per_microbatch=64).values_in_step()
     for key in ("policy_loss", "value_loss", "explained_variance", "baseline_mean"):
         assert results[0][1][key] == pytest.approx(results[1][1][key], abs=1e-6), key
 
