@@ -153,8 +153,8 @@ class Trainer:
         self._allowed = tb.allowed.to(self.device)
         self._set_eval()
         value_based = cfg.estimator in estimators.VALUE_BASED
-        # critic.whiten = "microbatch" (validated: one optimizer step per batch): the critic's values come from
-        # the training forward itself, and each micro-batch's advantages are computed as it arrives
+        # critic.whiten resolved to micro-batches (only with one optimizer step per batch): the critic's values
+        # come from the training forward itself, and each micro-batch's advantages are computed as it arrives
         values_in_step = value_based and cfg.values_in_step()
         fused = self.fuse_prox and cfg.epochs * cfg.minibatches == 1 and (not value_based or values_in_step)
         if fused and cfg.kl_coef == 0:
