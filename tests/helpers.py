@@ -1,6 +1,7 @@
 """Small helpers shared by integration tests."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -19,6 +20,15 @@ def chunk(episode_id: str, turn: int, *, seq: int, done: bool = False, actor_id:
         gen_logprobs=np.full(len(gen), -0.5, np.float32), gen_versions=np.full(len(gen), version, np.int32),
         reward=reward, done=done,
     )
+
+
+async def stop_in_process_buffer(tasks, server, ctx) -> None:
+    """Cancel a test's tasks, then close its in-process BufferServer and its ZeroMQ context."""
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    server.close()
+    ctx.destroy(linger=0)
 
 
 def in_pool(pool, arr: np.ndarray) -> bool:

@@ -22,7 +22,7 @@ from learner.main import BatchClient
 from protocol import auth
 from protocol.codec import decode, encode
 from protocol.messages import CreditGrant, CreditRequest, VersionAnnouncement
-from tests.helpers import chunk, scrape
+from tests.helpers import chunk, scrape, stop_in_process_buffer
 from turnstream.config import Config
 from turnstream.keygen import main as keygen
 from turnstream.processes import ProcessGroup, free_port
@@ -86,11 +86,7 @@ async def test_keyed_peers_exchange_messages_over_curve(keys):
         reasons = auth.REFUSAL_EVENTS.values()
         assert sum(_failures(metrics, s, r) for s in ("ingest", "serve") for r in reasons) == 0
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        server.close()
-        ctx.destroy(linger=0)
+        await stop_in_process_buffer(tasks, server, ctx)
         pub_auth.stop()
         pub_ctx.destroy(linger=0)
 

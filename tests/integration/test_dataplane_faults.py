@@ -19,7 +19,7 @@ from actors.metrics import ActorMetrics
 from buffer.metrics import BufferMetrics
 from buffer.server import BufferServer
 from buffer.store import ReplayStore
-from tests.helpers import chunk
+from tests.helpers import chunk, stop_in_process_buffer
 
 
 class FlakyProxy:
@@ -103,8 +103,4 @@ async def test_exactly_once_ingestion_through_drops_duplicates_and_reordering(se
             assert {int(c.gen_tokens[0]) for c in ep.turns.values()} == {100 + int(ep.episode_id[1:])}
         assert store.take_batch(0, 1) is None and not store.in_progress
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        server.close()
-        ctx.destroy(linger=0)
+        await stop_in_process_buffer(tasks, server, ctx)

@@ -19,7 +19,7 @@ from buffer.server import BufferServer
 from buffer.slab_receive import SLAB_BYTES
 from buffer.store import ReplayStore
 from learner.main import BatchClient
-from tests.helpers import chunk, in_pool
+from tests.helpers import chunk, in_pool, stop_in_process_buffer
 
 N_OBS = 250_000  # a 1 MB observation frame per chunk
 
@@ -64,8 +64,4 @@ async def test_slabs_come_back_after_their_chunks_are_served():
         assert sample("turnstream_buffer_chunks_total", {"outcome": "ok"}) == rounds * per_round
         assert sample("turnstream_buffer_ingest_pool_misses_total") == 0
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        server.close()
-        ctx.destroy(linger=0)
+        await stop_in_process_buffer(tasks, server, ctx)
