@@ -170,7 +170,7 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
                                                   cfg.vllm.health_interval_s)) if cfg.vllm.urls_file else None
     started = time.monotonic()
     overlap = push_overlaps_training(cfg)
-    publishing: asyncio.Task | None = None  # the previous version's push and announcement (overlap only)
+    publishing: asyncio.Task | None = None  # the latest version's push and announcement
     log.info("weight pushes %s the next step", "overlap" if overlap else "precede")
     try:
         while not stop.is_set() and not (lc.max_steps and trainer.version >= lc.max_steps):
@@ -212,10 +212,10 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
             stats.update(wait_s=wait_s, step_started=step_started)
             if publishing is not None:  # one push at a time: servers and announcements go in version order
                 await publishing
-            publish = _publish(sync, pub, path, trainer.version, stats, metrics, log_file, started)
-            publishing = asyncio.create_task(publish) if overlap else None
+            publishing = asyncio.create_task(_publish(sync, pub, path, trainer.version, stats, metrics, log_file,
+                                                      started))
             if not overlap:
-                await publish
+                await publishing
     finally:
         if publishing is not None:  # the last version still reaches the servers and the buffer
             await publishing
