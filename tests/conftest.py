@@ -28,7 +28,10 @@ def vllm_url(tiny_model, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("vllm")
     procs = ProcessGroup(run_dir)
     port = free_port()
-    argv, env = vllm_command(str(tiny_model), "127.0.0.1", port, VllmSection(max_num_seqs=64))
+    # the tiny model's whole context (1024 tokens): room for a request long enough that a weight push lands
+    # while it generates, also on a slow machine (tests/e2e/test_vllm_roundtrip.py); other tests keep their
+    # own limits below it
+    argv, env = vllm_command(str(tiny_model), "127.0.0.1", port, VllmSection(max_num_seqs=64, max_model_len=1024))
     child = procs.start("vllm", argv, env)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -14,7 +14,7 @@ from tests.helpers import scrape
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
 ADAPTER_ENVS = {
-    # a short self-play game whose moves are single letters, so a whole game fits the server's 512 tokens
+    # a short self-play game whose moves are single letters, so a whole game fits 512 tokens
     "textarena": {"game": "IteratedRockPaperScissors-v0", "game_kwargs": {"num_rounds": 3},
                   "action_tokens": ["r", "p", "s"], "max_action_tokens": 1},
     "textworld": {"challenge": "tw-coin_collector", "settings": {"level": 1}, "seeds": [0], "max_steps": 3,
@@ -54,7 +54,7 @@ def test_every_adapter_feeds_the_buffer_and_the_learner(vllm_url, tiny_model, tm
     cfg.run.run_dir = str(tmp_path / "run")
     cfg.model.path = str(tiny_model)
     cfg.vllm.urls = [vllm_url]
-    cfg.vllm.max_model_len = 512  # the session server's
+    cfg.vllm.max_model_len = 512  # within the session server's
     cfg.actor.concurrent_episodes = 4
     cfg.actor.max_new_tokens = 4
     cfg.buffer.batch_episodes = 8

@@ -128,6 +128,9 @@ def test_weight_push_changes_version_and_outputs(vllm_url, tiny_model, tmp_path)
     asyncio.run(sync.set_version(0))
 
 
+LONG = 960  # tokens, near the whole context: long enough, so the push lands mid-request even under load
+
+
 def test_push_while_generating_keeps_requests_alive(vllm_url, tiny_model, tmp_path):
     """pause(keep) -> reload -> resume while a streamed request is mid-generation: it finishes normally and
     its tokens are split between the old and the new version, in that order."""
@@ -139,7 +142,7 @@ def test_push_while_generating_keeps_requests_alive(vllm_url, tiny_model, tmp_pa
     path = sync.save(_perturbed_state(model, seed=11), version=21)
     asyncio.run(sync.set_version(0))  # label the served weights 0, whatever ran before
     body = {"token_ids": prompt, "stream": True,
-            "sampling_params": {"max_tokens": 480, "temperature": 1.0, "logprobs": 0, "ignore_eos": True}}
+            "sampling_params": {"max_tokens": LONG, "temperature": 1.0, "logprobs": 0, "ignore_eos": True}}
 
     async def scenario():
         tokens, spans, finish, pushed = [], None, None, False
@@ -160,9 +163,9 @@ def test_push_while_generating_keeps_requests_alive(vllm_url, tiny_model, tmp_pa
         return tokens, spans, finish
 
     tokens, spans, finish = asyncio.run(scenario())
-    assert finish == "length" and len(tokens) == 480
+    assert finish == "length" and len(tokens) == LONG
     assert [s["version"] for s in spans] == ["0", "21"], spans
-    assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == 480
+    assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == LONG
     original = _load_model(tiny_model).state_dict()
     asyncio.run(sync.push(sync.save(original, version=22), version=22))
     asyncio.run(sync.set_version(0))
