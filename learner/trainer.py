@@ -169,7 +169,8 @@ class Trainer:
             n = tb.act_tokens.numel()
             old_values = torch.zeros(n)
             adv = estimators.Advantages(torch.zeros(n), estimators.value_positions(cfg.estimator, tb), torch.zeros(n))
-            self._fill = lambda mb: self._microbatch_advantages(batch, tb, mb, old_values, adv, agent_ids)
+            self._fill = lambda mb, values: self._microbatch_advantages(batch, tb, mb, values, old_values, adv,
+                                                                        agent_ids)
         else:
             adv = estimators.compute(cfg.estimator, batch, tb, tracker=self.tracker,
                                      spo_normalize=cfg.spo.normalize, gamma=cfg.critic.gamma, lam=cfg.critic.lam,
@@ -223,10 +224,13 @@ class Trainer:
             out["explained_variance"] = explained_variance(old_values[m], adv.value_targets[m])
         return out
 
-    def _microbatch_advantages(self, batch: Batch, tb: TensorBatch, mb: forward.MicroBatch, old_values: torch.Tensor,
-                               adv: estimators.Advantages, agent_ids: np.ndarray | None) -> None:
-        """Fill the micro-batch's advantages and critic targets from its values (already in old_values)."""
+    def _microbatch_advantages(self, batch: Batch, tb: TensorBatch, mb: forward.MicroBatch, values: torch.Tensor,
+                               old_values: torch.Tensor, adv: estimators.Advantages,
+                               agent_ids: np.ndarray | None) -> None:
+        """Fill the micro-batch's values, advantages and critic targets from its training forward's values:
+        pre-update values, as the step's only optimizer step comes after every micro-batch."""
         cfg, sel = self.cfg, mb.select
+        old_values[sel] = values.detach().float().cpu()
         part = estimators.compute(cfg.estimator, batch, tb, tracker=self.tracker, spo_normalize=cfg.spo.normalize,
                                   gamma=cfg.critic.gamma, lam=cfg.critic.lam, old_values=old_values,
                                   agent_ids=agent_ids, episodes=mb.rows.numpy())
@@ -281,8 +285,7 @@ class Trainer:
         with self.where.autocast():
             logits, values = self.train_net(mb)
         if self._fill is not None and collect:
-            old_values[sel] = values.detach().float().cpu()  # pre-update values: this is the step's only update
-            self._fill(mb)
+            self._fill(mb, values)
         logp, entropy = self._logprobs(logits, tb, mb)
         prox = logp.detach() if prox_logp is None else prox_logp[sel].to(dev)
         if self._collected is not None and collect:

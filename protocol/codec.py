@@ -70,20 +70,10 @@ def declared_frame_bytes(header: dict) -> list[int] | None:
     arrays = header.get("a")
     if not isinstance(arrays, dict):
         return None
-    sizes = []
-    for spec in arrays.values():
-        if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], str)
-                and isinstance(spec[1], list) and len(spec[1]) <= MAX_ARRAY_DIMS
-                and all(type(d) is int and 0 <= d < 2**40 for d in spec[1])):
-            return None
-        try:
-            count = np.dtype(spec[0]).itemsize
-        except Exception:  # numpy's dtype parser raises several types; decode() names the reason
-            return None
-        for d in spec[1]:
-            count *= d
-        sizes.append(count)
-    return sizes
+    try:
+        return [_read_spec(spec, "")[2] for spec in arrays.values()]
+    except DecodeError:
+        return None
 
 
 def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, header: dict | None = None) -> Message:
@@ -150,22 +140,28 @@ def _required(cls, name: str) -> bool:
     return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
-def _decode_array(cls, name: str, spec, buf: memoryview) -> np.ndarray:
-    if name not in cls.ARRAYS:
-        raise DecodeError("unknown_array", f"{cls.TYPE}.{name}")
+def _read_spec(spec, where: str) -> tuple[np.dtype, list[int], int]:
+    """dtype, shape and byte size of one array spec [dtype string, shape] of a header."""
     if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], str)
             and isinstance(spec[1], list) and len(spec[1]) <= MAX_ARRAY_DIMS
             and all(type(d) is int and 0 <= d < 2**40 for d in spec[1])):
-        raise DecodeError("bad_array_spec", f"{cls.TYPE}.{name}")
+        raise DecodeError("bad_array_spec", where)
     try:
         dtype = np.dtype(spec[0])
-    except TypeError:
-        raise DecodeError("bad_dtype", f"{cls.TYPE}.{name}") from None
+    except (TypeError, ValueError):
+        raise DecodeError("bad_dtype", where) from None
+    nbytes = dtype.itemsize
+    for d in spec[1]:  # Python ints: no silent int64 overflow on hostile shapes
+        nbytes *= d
+    return dtype, spec[1], nbytes
+
+
+def _decode_array(cls, name: str, spec, buf: memoryview) -> np.ndarray:
+    if name not in cls.ARRAYS:
+        raise DecodeError("unknown_array", f"{cls.TYPE}.{name}")
+    dtype, shape, nbytes = _read_spec(spec, f"{cls.TYPE}.{name}")
     if dtype != np.dtype(cls.ARRAYS[name]):
         raise DecodeError("bad_dtype", f"{cls.TYPE}.{name} is {dtype}, want {cls.ARRAYS[name]}")
-    count = 1
-    for d in spec[1]:  # Python ints: no silent int64 overflow on hostile shapes
-        count *= d
-    if count * dtype.itemsize != buf.nbytes:
-        raise DecodeError("truncated", f"{cls.TYPE}.{name}: {buf.nbytes} bytes for shape {spec[1]}")
-    return np.frombuffer(buf, dtype=dtype).reshape(spec[1])
+    if nbytes != buf.nbytes:
+        raise DecodeError("truncated", f"{cls.TYPE}.{name}: {buf.nbytes} bytes for shape {shape}")
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
