@@ -30,23 +30,28 @@ def buffer_proc(tmp_path):
     path = tmp_path / "config.toml"
     path.write_text(cfg.dumps())
     ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)  # the test plays the learner's version publisher
-    pub.bind(f"tcp://127.0.0.1:{cfg.network.learner_pub_port}")
     procs = ProcessGroup(tmp_path)
-    child = procs.start("buffer", [sys.executable, "-m", "turnstream.cli", "buffer", "--config", str(path)])
-    metrics_url = f"http://127.0.0.1:{cfg.buffer.metrics_port}/metrics"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            scrape(metrics_url)
-            break
-        except OSError:
-            assert child.proc.poll() is None, (tmp_path / "logs" / "buffer.log").read_text()
-            assert time.monotonic() < deadline, "buffer did not come up"
-            time.sleep(0.2)
-    yield cfg, ctx, pub, metrics_url, child
-    procs.stop_all()
-    ctx.destroy(linger=0)
+    # torn down also when set-up fails: a context left to the garbage collector can block its term() forever
+    # and hang the whole session in whichever later test happens to collect it
+    try:
+        pub = ctx.socket(zmq.PUB)  # the test plays the learner's version publisher
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.bind(f"tcp://127.0.0.1:{cfg.network.learner_pub_port}")
+        child = procs.start("buffer", [sys.executable, "-m", "turnstream.cli", "buffer", "--config", str(path)])
+        metrics_url = f"http://127.0.0.1:{cfg.buffer.metrics_port}/metrics"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                scrape(metrics_url)
+                break
+            except OSError:
+                assert child.proc.poll() is None, (tmp_path / "logs" / "buffer.log").read_text()
+                assert time.monotonic() < deadline, "buffer did not come up"
+                time.sleep(0.2)
+        yield cfg, ctx, pub, metrics_url, child
+    finally:
+        procs.stop_all()
+        ctx.destroy(linger=0)
 
 
 def _dealer(ctx, port):
