@@ -13,6 +13,10 @@ For each chunk size (2 KB and 1 MB encoded TurnChunks) it measures, in one run o
            the pool to what it holds;
 - ours_nopool: the same with the pool off (every large frame in fresh memory), to show what the pool buys;
 - ours+wal: as ours, with the write-ahead log on, fsync "always" (an ack means fsynced).
+Each row also reports the CPU time the sending and the receiving process spent per chunk (all their threads,
+libzmq's I/O threads included) and the receiver's main thread alone, from /proc (Linux): on a machine with
+few cores, where sender and receiver share them, the sum of the two bounds throughput, and the receiver's
+main thread is the single thread a faster buffer would have to relieve.
 Prints a human-readable table, then one JSON line last with ratio_small / ratio_large (ours / raw,
 without the log) and every absolute figure. Processes it starts are stopped by PID.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -31,20 +36,55 @@ import numpy as np
 
 from buffer.slab_receive import SLAB_BYTES
 
+
+class CpuClock:
+    """CPU seconds spent by this process and by a receiver process between start() and stop()."""
+
+    def __init__(self, receiver_pid: int):
+        self.receiver_pid = receiver_pid
+
+    def start(self) -> None:
+        self.begin = self._read()
+
+    def stop(self, chunks: int) -> dict[str, float]:
+        """µs per chunk: sender (this process), receiver, and the receiver's main thread; {} off Linux."""
+        end = self._read()
+        if None in end or None in self.begin:
+            return {}
+        names = ("sender_cpu_us", "receiver_cpu_us", "receiver_main_cpu_us")
+        return {name: round((b - a) / chunks * 1e6, 1) for name, a, b in zip(names, self.begin, end)}
+
+    def _read(self) -> tuple:
+        pid = self.receiver_pid
+        return (_cpu_seconds(f"/proc/{os.getpid()}/stat"), _cpu_seconds(f"/proc/{pid}/stat"),
+                _cpu_seconds(f"/proc/{pid}/task/{pid}/stat"))
+
+
+def _cpu_seconds(stat_path: str) -> float | None:
+    """utime + stime from a /proc stat file (the process's threads together, or one thread's)."""
+    try:
+        fields = Path(stat_path).read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
 RECEIVER = r"""
 import sys, numpy, zmq
 port, n, mode, nbytes = int(sys.argv[1]), int(sys.argv[2]), sys.argv[4], int(sys.argv[5])
 ctx = zmq.Context()
 pull = ctx.socket(zmq.PULL); pull.setsockopt(zmq.RCVHWM, 10000); pull.bind(f"tcp://127.0.0.1:{port}")
 rep = ctx.socket(zmq.PAIR); rep.bind(f"tcp://127.0.0.1:{sys.argv[3]}")
-pool = numpy.ones(n * nbytes if mode == "pool" else 0, numpy.uint8)  # touched before the clock starts
-at = 0
+slab_bytes = 16 << 20  # as the buffer's ingest pool: 16 MiB slabs, touched before the clock starts
+per_slab = slab_bytes // nbytes
+slabs = [numpy.ones(slab_bytes, numpy.uint8) for _ in range(-(-n // per_slab) if mode == "pool" else 0)]
+rep.send(b"ready")  # the pool is touched: the clock may start
 rep.recv()  # "go"
 kept = []
-for _ in range(n):
+for i in range(n):
     if mode == "pool":  # every frame copied into pre-faulted memory (recv_into), as the buffer's ingest pool
+        slab, at = slabs[i // per_slab], (i % per_slab) * nbytes
         while True:
-            at += pull.recv_into(memoryview(pool[at:]))
+            at += pull.recv_into(memoryview(slab[at:]))
             if not pull.getsockopt(zmq.RCVMORE):
                 break
         continue
@@ -52,6 +92,7 @@ for _ in range(n):
     if mode == "keep":
         kept.append(msg)
 rep.send(b"done")
+rep.recv()  # stay alive until the parent has read this process's CPU time
 """
 
 
@@ -78,9 +119,10 @@ def chunk_at(i: int, obs, arrays):
     return TurnChunk("bench-actor", 1, 0, f"ep{i}", 0, "bench/p", obs, reward=0.0, done=True, **arrays)
 
 
-def bench_raw(n: int, obs, arrays, mode: str = "drop") -> float:
+def bench_raw(n: int, obs, arrays, mode: str = "drop") -> tuple[float, dict]:
     """Seconds to push n messages (the encoded chunk frames) through PUSH -> PULL in another process whose
-    receiver drops each message, keeps it (libzmq's memory) or copies it into a pre-faulted pool."""
+    receiver drops each message, keeps it (libzmq's memory) or copies it into a pre-faulted pool; and the
+    CPU per chunk (CpuClock.stop)."""
     import zmq
 
     from protocol.codec import encode
@@ -100,21 +142,27 @@ def bench_raw(n: int, obs, arrays, mode: str = "drop") -> float:
         push.connect(f"tcp://127.0.0.1:{port}")
         time.sleep(0.3)
         frames = [bytes(f) for f in encode(chunk_at(0, obs, arrays))]
+        assert pair.poll(120_000), "raw receiver did not start"
+        pair.recv()  # "ready": frames sent before then would queue in fresh memory while the pool is touched
+        cpu = CpuClock(child.pid)
+        cpu.start()
         pair.send(b"go")
         t0 = time.perf_counter()
         for _ in range(n):  # the transport's ceiling: the same bytes, already encoded
             push.send_multipart(frames, copy=len(frames[1]) < 65536)
         assert pair.poll(120_000), "raw receiver did not finish"
         pair.recv()
-        return time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        return elapsed, cpu.stop(n)
     finally:
         ctx.destroy(linger=0)
         child.kill()
         child.wait()
 
 
-def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path, pool: bool = True) -> float:
-    """Seconds from the first BufferLink.send to the last ack from a real buffer process."""
+def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path,
+               pool: bool = True) -> tuple[float, dict]:
+    """Seconds from the first BufferLink.send to the last ack from a real buffer process, and CPU per chunk."""
     from turnstream.config import Config
     from turnstream.processes import ProcessGroup, free_port
 
@@ -133,12 +181,12 @@ def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path, po
                                                       "--config", str(path)])
     try:
         _wait_up(cfg.buffer.metrics_port, child)
-        return asyncio.run(_send_all(cfg, n, obs, arrays, window))
+        return asyncio.run(_send_all(cfg, n, obs, arrays, window, CpuClock(child.proc.pid)))
     finally:
         procs.stop_all()
 
 
-async def _send_all(cfg, n: int, obs, arrays, window: int) -> float:
+async def _send_all(cfg, n: int, obs, arrays, window: int, cpu: CpuClock) -> tuple[float, dict]:
     import zmq.asyncio
 
     from actors.link import BufferLink
@@ -151,14 +199,16 @@ async def _send_all(cfg, n: int, obs, arrays, window: int) -> float:
     task = asyncio.create_task(link.run())
     try:
         await asyncio.sleep(0.3)
+        cpu.start()
         t0 = time.perf_counter()
         for i in range(n):
             await link.send(chunk_at(i, obs, arrays))
         async with link._changed:
             await link._changed.wait_for(lambda: not link.unacked)
         elapsed = time.perf_counter() - t0
+        used = cpu.stop(n)
         assert link.m.acks.labels("ok")._value.get() == n, "not every chunk was acked ok"
-        return elapsed
+        return elapsed, used
     finally:
         task.cancel()
         ctx.destroy(linger=0)
@@ -183,7 +233,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--small-bytes", type=int, default=2048)
     p.add_argument("--large-bytes", type=int, default=1 << 20)
     p.add_argument("--small-count", type=int, default=20000, help="2 KB chunks per measurement")
-    p.add_argument("--large-count", type=int, default=200, help="1 MB chunks per measurement")
+    p.add_argument("--large-count", type=int, default=1000, help="1 MB chunks per measurement")
     p.add_argument("--small-window", type=int, default=1024, help="unacked window (actor.max_unacked)")
     p.add_argument("--large-window", type=int, default=32)
     args = p.parse_args(argv)
@@ -205,21 +255,26 @@ def main(argv: list[str]) -> int:
                                                                  workdir=Path(tmp), pool=False)),
                               ("ours_wal", lambda: bench_ours(count, obs, arrays, wal=True, window=window,
                                                               workdir=Path(tmp)))):
-                seconds = run()
+                seconds, cpu = run()
                 figures[f"{name}_chunks_per_s"] = round(count / seconds, 1)
                 figures[f"{name}_mb_per_s"] = round(count * nbytes / seconds / 1e6, 2)
+                figures.update({f"{name}_{key}_per_chunk": value for key, value in cpu.items()})
+                cpu_text = "  CPU us/chunk: " + ", ".join(f"{key.removesuffix('_cpu_us')} {value:.0f}"
+                                                         for key, value in cpu.items()) if cpu else ""
                 print(f"{label:5s} {name:11s} {nbytes:>8d} B  {count / seconds:>10.1f} chunks/s  "
-                      f"{count * nbytes / seconds / 1e6:>9.2f} MB/s", flush=True)
+                      f"{count * nbytes / seconds / 1e6:>9.2f} MB/s{cpu_text}", flush=True)
             result[label] = figures
-    result["ratio_small"] = round(result["small"]["ours_chunks_per_s"] / result["small"]["raw_chunks_per_s"], 3)
-    result["ratio_large"] = round(result["large"]["ours_chunks_per_s"] / result["large"]["raw_chunks_per_s"], 3)
-    result["ratio_large_vs_keep"] = round(result["large"]["ours_chunks_per_s"]
-                                          / result["large"]["raw_keep_chunks_per_s"], 3)
-    result["ratio_large_vs_pool"] = round(result["large"]["ours_chunks_per_s"]
-                                          / result["large"]["raw_pool_chunks_per_s"], 3)
-    result["pool_gain_large"] = round(result["large"]["ours_chunks_per_s"]
-                                      / result["large"]["ours_nopool_chunks_per_s"], 3)
-    result["wal_cost_small"] = round(1 - result["small"]["ours_wal_chunks_per_s"] / result["small"]["ours_chunks_per_s"], 3)
-    result["wal_cost_large"] = round(1 - result["large"]["ours_wal_chunks_per_s"] / result["large"]["ours_chunks_per_s"], 3)
+    small, large = result["small"], result["large"]
+
+    def per_s(figures: dict, row: str) -> float:
+        return figures[f"{row}_chunks_per_s"]
+
+    result["ratio_small"] = round(per_s(small, "ours") / per_s(small, "raw"), 3)
+    result["ratio_large"] = round(per_s(large, "ours") / per_s(large, "raw"), 3)
+    result["ratio_large_vs_keep"] = round(per_s(large, "ours") / per_s(large, "raw_keep"), 3)
+    result["ratio_large_vs_pool"] = round(per_s(large, "ours") / per_s(large, "raw_pool"), 3)
+    result["pool_gain_large"] = round(per_s(large, "ours") / per_s(large, "ours_nopool"), 3)
+    result["wal_cost_small"] = round(1 - per_s(small, "ours_wal") / per_s(small, "ours"), 3)
+    result["wal_cost_large"] = round(1 - per_s(large, "ours_wal") / per_s(large, "ours"), 3)
     print(json.dumps(result))
     return 0

@@ -15,12 +15,15 @@ async def serve(cfg: Config) -> None:
     from buffer.metrics import BufferMetrics
     from buffer.ratelimit import RateLimiter
     from buffer.server import BufferServer
+    from buffer.slab_receive import keep_receive_buffers_warm
     from buffer.store import ReplayStore
     from protocol.http_metrics import start_metrics_server
     from protocol.auth import keys_for
     from protocol.sockets import bind_address
 
     b, net = cfg.buffer, cfg.network
+    if b.ingest_pool_bytes and not keep_receive_buffers_warm():
+        log.info("buffer: not glibc; libzmq's receive buffers keep the allocator's default thresholds")
     metrics = BufferMetrics()
     limiter = RateLimiter(b.samples_per_insert, b.min_size_to_sample, b.error_buffer or float("inf"))
     store = ReplayStore(batch_episodes=b.batch_episodes, eta=b.eta, max_staleness=b.max_staleness,

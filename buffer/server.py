@@ -254,7 +254,6 @@ class BufferServer:
                                 server_id=self.server_id)
             await self.ingest.send_multipart([identity, *encode(grant)])
         self._update_clocks()
-        self.store.update_gauges()
 
     def _update_clocks(self) -> None:
         now = time.monotonic()

@@ -15,6 +15,8 @@ never what the buffer may hold (`buffer.max_items` does that).
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import sys
 from dataclasses import dataclass
 
@@ -53,6 +55,30 @@ class SlabPool:
                 self.current, self.offset = i, 0
                 return True
         return False
+
+
+# glibc mallopt parameters (malloc.h) and the values this module sets
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's largest on 64-bit: allocations below come from its heaps
+TRIM_THRESHOLD_BYTES = 64 * 1024 * 1024  # free heap memory kept warm beyond what is in use
+
+
+def keep_receive_buffers_warm() -> bool:
+    """Make glibc's malloc serve libzmq's large receive buffers from its heaps and keep freed ones mapped.
+
+    Why: the pool copies each large frame out of libzmq's buffer, which is then freed. By default glibc
+    serves a 1 MB allocation with a fresh mmap until its adaptive threshold rises, and it returns freed heap
+    tops to the kernel, so libzmq's next buffer often takes page faults again; which of the two happens
+    varies run to run. Fixed thresholds make the buffer for the next frame the warm one just freed
+    (BENCHMARKS.md, "Data plane"). Process-wide, so the buffer's entry point calls it once. Returns
+    whether the allocator took both settings (False off glibc, where this is a no-op)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    took_mmap = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    return bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)) and took_mmap
 
 
 @dataclass

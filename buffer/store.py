@@ -73,6 +73,7 @@ class ReplayStore:
         self.closed: OrderedDict[str, None] = OrderedDict()
         self._counts: Counter[str] = Counter()  # metric name -> increments not yet applied
         self._grant_turn = 0  # rotates where grant_credits starts sharing
+        self._bind_gauges()
 
     # ---- admission -------------------------------------------------------------------------
     @property
@@ -320,12 +321,15 @@ class ReplayStore:
         now = time.monotonic() if now is None else now
         return sum(1 for a in self.actors.values() if now - a.last_seen <= self.actor_timeout_s)
 
-    def update_gauges(self) -> None:
-        running = self.running
-        self.m.ready_episodes.set(len(self.ready))
-        self.m.running_episodes.set(running)
-        self.m.items.labels("ready").set(len(self.ready))
-        self.m.items.labels("running").set(running)
-        self.m.learner_version.set(self.learner_version)
-        self.m.actors.set(len(self.actors))
-        self.m.connected_actors.set(self.connected_actors())
+    def _bind_gauges(self) -> None:
+        """The state gauges read the store when scraped, instead of being set after every change: setting
+        seven gauges cost about 20 µs per drained message group, on the path every message takes. Scrapes run on the
+        buffer's event loop (protocol/http_metrics.py), the same thread that changes the store."""
+        m = self.m
+        m.ready_episodes.set_function(lambda: len(self.ready))
+        m.running_episodes.set_function(lambda: self.running)
+        m.items.labels("ready").set_function(lambda: len(self.ready))
+        m.items.labels("running").set_function(lambda: self.running)
+        m.learner_version.set_function(lambda: self.learner_version)
+        m.actors.set_function(lambda: len(self.actors))
+        m.connected_actors.set_function(self.connected_actors)
