@@ -46,22 +46,42 @@ def acks_in(reply) -> list[tuple[int, str]]:
     return []
 
 
-def wait_for_child(predicate, what: str, child, timeout_s: float = 120.0):
-    """Poll `predicate` until it returns something truthy (returned); fail with the child's log tail if the
-    child exits or time runs out. OSError counts as "not yet" (a port that does not answer yet)."""
-    from turnstream.processes import tail
-
+def poll_until(predicate, what: str, timeout_s: float, *, context=lambda: "", check=None,
+               not_yet: tuple = (OSError,), interval_s: float = 0.2):
+    """Poll `predicate` until it returns something truthy (returned). An exception in `not_yet` means "not
+    yet" (a port that does not answer yet); `check()` runs every round and may fail early (a child that
+    exited); on time-out the failure carries `context()` (log tails)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             value = predicate()
             if value:
                 return value
-        except OSError:
+        except not_yet:
             pass
+        if check is not None:
+            check()
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}\n{context()}")
+        time.sleep(interval_s)
+
+
+async def until(condition, what: str = "condition", timeout_s: float = 10.0, interval_s: float = 0.01) -> None:
+    """Await until `condition()` holds, letting the event loop run in between; fail after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(interval_s)
+
+
+def wait_for_child(predicate, what: str, child, timeout_s: float = 120.0):
+    """poll_until, failing at once with the child's log tail if the child exits."""
+    from turnstream.processes import tail
+
+    def alive() -> None:
         assert child.proc.poll() is None, f"{child.name} exited:\n{tail(child.log_path, 30)}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{tail(child.log_path, 30)}"
-        time.sleep(0.2)
+
+    return poll_until(predicate, what, timeout_s, context=lambda: tail(child.log_path, 30), check=alive)
 
 
 def http_json(url: str, body: dict | None = None, timeout: float = 30.0) -> dict:

@@ -14,28 +14,18 @@ import time
 import pytest
 
 from tests.fault.ledger import Ledger
-from tests.helpers import scrape
+from tests.helpers import poll_until, scrape
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
 
-def _wait(predicate, timeout_s: float, what: str, procs=None):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    logs = "" if procs is None else "\n".join(f"--- {c.name}\n{_tail(c.log_path)}" for c in procs.children)
-    raise AssertionError(f"timed out waiting for {what}\n{logs}")
-
-
-def _tail(path, n=15):
+def _wait(predicate, timeout_s: float, what: str, procs) -> None:
     from turnstream.processes import tail
 
-    return tail(path, n)
+    def logs() -> str:
+        return "\n".join(f"--- {c.name}\n{tail(c.log_path, 15)}" for c in procs.children)
+
+    poll_until(predicate, what, timeout_s, context=logs, interval_s=0.5)
 
 
 def _value(url: str, key: str) -> float:

@@ -11,13 +11,12 @@ import os
 import re
 import signal
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 from tests.fault.ledger import Ledger
 from tests.fault.probes import rss_bytes
-from tests.helpers import scrape
+from tests.helpers import poll_until, scrape
 from turnstream.config import Config
 from turnstream.processes import Child, tail
 
@@ -112,18 +111,11 @@ class FaultStack:
 
     # ---- waiting --------------------------------------------------------------------------------
     def wait(self, predicate, what: str, timeout_s: float = 120.0):
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                value = predicate()
-                if value:
-                    return value
-            except (OSError, ValueError):
-                pass  # a role restarting: its port does not answer yet
-            if time.monotonic() > deadline:
-                logs = "\n".join(f"--- {n}\n{tail(self.child(n).log_path, 12)}" for n in ROLES)
-                raise AssertionError(f"timed out waiting for {what}\n{logs}")
-            time.sleep(0.2)
+        def logs() -> str:
+            return "\n".join(f"--- {n}\n{tail(self.child(n).log_path, 12)}" for n in ROLES)
+
+        # a role restarting: its port does not answer yet (OSError) or not with metrics yet (ValueError)
+        return poll_until(predicate, what, timeout_s, context=logs, not_yet=(OSError, ValueError))
 
     def progress(self, steps: int = 2, timeout_s: float = 120.0) -> None:
         """The run goes on: the learner takes `steps` more steps and every actor gets more acks."""

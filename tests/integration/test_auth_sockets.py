@@ -22,7 +22,7 @@ from learner.main import BatchClient
 from protocol import auth
 from protocol.codec import decode, encode
 from protocol.messages import CreditGrant, CreditRequest, VersionAnnouncement
-from tests.helpers import chunk, scrape, stop_in_process_buffer
+from tests.helpers import chunk, scrape, stop_in_process_buffer, until
 from turnstream.config import Config
 from turnstream.keygen import main as keygen
 from turnstream.processes import ProcessGroup, free_port
@@ -41,13 +41,6 @@ def _server(keys, version_addr=None):
     server = BufferServer(store, metrics, ingest_addr="tcp://127.0.0.1:0", serve_addr="tcp://127.0.0.1:0",
                           version_addr=version_addr, max_message_bytes=1 << 20, housekeeping_s=0.1, curve=keys)
     return server, store, metrics
-
-
-async def _wait_for(cond, timeout_s=10.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 def _failures(metrics, socket, reason):
@@ -69,9 +62,9 @@ async def test_keyed_peers_exchange_messages_over_curve(keys):
                       heartbeat_s=0.05, curve=keys)
     tasks = [asyncio.create_task(t) for t in (server.run(), link.run())]
     try:
-        await _wait_for(lambda: link.server_id, what="a credit grant over CURVE")
+        await until(lambda: link.server_id, "a credit grant over CURVE")
         await link.send(chunk("e0", 0, seq=0, actor_id="actor-k", epoch=1, done=True, obs=(1,), gen=(2,)))
-        await _wait_for(lambda: not link.unacked, what="the ack")
+        await until(lambda: not link.unacked, "the ack")
         assert metrics.registry.get_sample_value("turnstream_buffer_chunks_total", {"outcome": "ok"}) == 1
         # the learner's DEALER to the serve ROUTER
         learner = BatchClient(ctx, f"tcp://127.0.0.1:{server.serve_port}", 1 << 20, keys)
@@ -112,8 +105,8 @@ async def test_strangers_are_refused_and_counted(keys, stranger):
     except zmq.Again:
         pass  # no completed handshake, so nothing may even be queued: that is the point
     try:
-        await _wait_for(lambda: sum(_failures(metrics, "ingest", r) for r in reasons) >= 1,
-                        what=f"a counted refusal ({' or '.join(reasons)})")
+        await until(lambda: sum(_failures(metrics, "ingest", r) for r in reasons) >= 1,
+                    f"a counted refusal ({' or '.join(reasons)})")
         assert not await dealer.poll(500), "a refused peer got an answer"
         assert (metrics.registry.get_sample_value("turnstream_buffer_chunks_total", {"outcome": "ok"}) or 0) == 0
         assert not store.in_progress and not store.ready

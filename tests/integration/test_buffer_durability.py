@@ -15,7 +15,7 @@ from actors.link import BufferLink
 from actors.metrics import ActorMetrics
 from protocol.codec import decode, encode
 from protocol.messages import Ack, Batch, BatchRequest, CreditGrant, CreditRequest
-from tests.helpers import chunk, scrape
+from tests.helpers import chunk, scrape, until
 from turnstream.config import Config
 from turnstream.processes import ProcessGroup, free_port
 
@@ -152,7 +152,7 @@ async def test_actor_link_resends_its_window_to_a_restarted_buffer(buffer):
     try:
         for i in range(3):
             await link.send(chunk(f"a{i}", 0, seq=0, actor_id="actor-r", epoch=7, done=True))
-        await _until(lambda: not link.unacked and link.server_id)
+        await until(lambda: not link.unacked and link.server_id, "every chunk acked", 20.0)
         first_server = link.server_id
         b.kill9()
         for i in range(3):  # sent while the buffer is down: no ack can come
@@ -160,7 +160,7 @@ async def test_actor_link_resends_its_window_to_a_restarted_buffer(buffer):
         await asyncio.sleep(0.3)
         await asyncio.to_thread(b.start)
         # resend_after_s is 30 s: only the restart detection (a new server_id) can deliver these in time
-        await _until(lambda: not link.unacked)
+        await until(lambda: not link.unacked, "every chunk acked", 20.0)
         assert link.server_id != first_server and link.buffer_restarts == 1
         learner = ctx.socket(zmq.DEALER)
         learner.setsockopt(zmq.LINGER, 0)
@@ -217,10 +217,3 @@ def test_waiting_learner_is_answered_cancelled_when_the_buffer_stops(buffer):
         b.child.proc.wait(20)
     finally:
         ctx.destroy(linger=0)
-
-
-async def _until(cond, timeout_s=20.0):
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.05)

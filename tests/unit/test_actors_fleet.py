@@ -8,6 +8,7 @@ import pytest
 from actors.fleet import InferenceFleet
 from actors.inference import InferenceError
 from actors.metrics import ActorMetrics
+from tests.helpers import until
 from tests.unit.fake_vllm import FakeVllm
 
 
@@ -29,23 +30,15 @@ async def _gen(fleet, n=2):
     return await fleet.generate([1, 2, 3], max_tokens=n, temperature=1.0)
 
 
-async def _until(predicate, timeout=5.0):
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
-
-
 async def test_least_outstanding_requests(pair):
     a, b = pair
     a.gate, b.gate = asyncio.Event(), asyncio.Event()
     async with _fleet(pair) as fleet:
         first = [asyncio.create_task(_gen(fleet)) for _ in range(4)]
-        await _until(lambda: a.in_flight + b.in_flight == 4)
+        await until(lambda: a.in_flight + b.in_flight == 4)
         assert (a.in_flight, b.in_flight) == (2, 2)  # spread evenly
         b.gate.set()  # b finishes its two; a still holds two
-        await _until(lambda: b.served == 2)
+        await until(lambda: b.served == 2)
         more = [asyncio.create_task(_gen(fleet)) for _ in range(2)]
         await asyncio.gather(*more)
         assert b.served == 4 and a.served == 0  # new work went to the server with nothing outstanding
@@ -96,7 +89,7 @@ async def test_servers_added_and_removed_while_running(pair):
     a.gate = asyncio.Event()
     async with _fleet([a]) as fleet:
         slow = asyncio.create_task(_gen(fleet))
-        await _until(lambda: a.in_flight == 1)
+        await until(lambda: a.in_flight == 1)
         fleet.set_urls([b.url])  # a drains, b joins
         assert fleet.servers[a.url].draining
         await asyncio.gather(*(_gen(fleet) for _ in range(3)))

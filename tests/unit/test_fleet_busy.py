@@ -5,6 +5,7 @@ import asyncio
 
 from actors.fleet import InferenceFleet, Server
 from actors.metrics import ActorMetrics
+from tests.helpers import until
 from tests.unit.fake_vllm import FakeVllm
 
 
@@ -44,14 +45,6 @@ class _Clock:
         return self.now
 
 
-async def _until(predicate, timeout=5.0):
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
-
-
 async def test_fleet_counter_is_the_union_of_overlapping_requests():
     server = await FakeVllm("a").start()
     metrics, clock = ActorMetrics(), _Clock()
@@ -68,10 +61,10 @@ async def test_fleet_counter_is_the_union_of_overlapping_requests():
 
             server.gate = asyncio.Event()
             first = gen()  # t = 100
-            await _until(lambda: server.in_flight == 1)
+            await until(lambda: server.in_flight == 1)
             clock.now = 101.0
             second = gen()
-            await _until(lambda: server.in_flight == 2)
+            await until(lambda: server.in_flight == 2)
             clock.now = 103.0
             server.gate.set()  # both finish at t = 103: busy 3 s, not 3 + 2
             await asyncio.gather(first, second)
@@ -80,7 +73,7 @@ async def test_fleet_counter_is_the_union_of_overlapping_requests():
             clock.now = 110.0  # idle 103..110
             server.gate = asyncio.Event()
             third = gen()
-            await _until(lambda: server.in_flight == 1)
+            await until(lambda: server.in_flight == 1)
             clock.now = 114.0
             await fleet.check_health()  # a long request shows before it ends
             assert busy() == 3.0 + 4.0
