@@ -11,7 +11,7 @@ from protocol.chunk_batch import pack
 from protocol.codec import decode, encode
 from protocol.messages import (Ack, AckBatch, Batch, BatchRequest, CreditGrant, CreditRequest,
                                VersionAnnouncement)
-from tests.helpers import chunk, scrape
+from tests.helpers import chunk, scrape, wait_for_child
 from turnstream.config import Config
 from turnstream.processes import ProcessGroup, free_port
 
@@ -39,15 +39,7 @@ def buffer_proc(tmp_path):
         pub.bind(f"tcp://127.0.0.1:{cfg.network.learner_pub_port}")
         child = procs.start("buffer", [sys.executable, "-m", "turnstream.cli", "buffer", "--config", str(path)])
         metrics_url = f"http://127.0.0.1:{cfg.buffer.metrics_port}/metrics"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                scrape(metrics_url)
-                break
-            except OSError:
-                assert child.proc.poll() is None, (tmp_path / "logs" / "buffer.log").read_text()
-                assert time.monotonic() < deadline, "buffer did not come up"
-                time.sleep(0.2)
+        wait_for_child(lambda: scrape(metrics_url), "the buffer's metrics", child, timeout_s=30)
         yield cfg, ctx, pub, metrics_url, child
     finally:
         procs.stop_all()

@@ -7,7 +7,6 @@ pool's capacity flows through here, paced by a consumer, with no miss and every 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import numpy as np
 import zmq.asyncio
@@ -19,7 +18,7 @@ from buffer.server import BufferServer
 from buffer.slab_receive import SLAB_BYTES
 from buffer.store import ReplayStore
 from learner.main import BatchClient
-from tests.helpers import chunk, in_pool, stop_in_process_buffer
+from tests.helpers import chunk, in_pool, stop_in_process_buffer, until
 
 N_OBS = 250_000  # a 1 MB observation frame per chunk
 
@@ -47,10 +46,7 @@ async def test_slabs_come_back_after_their_chunks_are_served():
             for i in range(per_round):
                 e = r * per_round + i
                 await link.send(chunk(f"e{e}", 0, seq=e, actor_id="actor-p", epoch=1, done=True, obs=obs_of(e)))
-            deadline = time.monotonic() + 30
-            while link.unacked:
-                assert time.monotonic() < deadline, "chunks never acked"
-                await asyncio.sleep(0.02)
+            await until(lambda: not link.unacked, "every chunk acked", 30.0)
             held = [c.obs_tokens for ep in store.ready.values() for c in ep.turns.values()]
             assert len(held) == per_round and all(in_pool(server.receiver.pool, a) for a in held)
             del held
