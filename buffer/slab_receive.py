@@ -12,6 +12,8 @@ through its arrays (numpy views), so a slab comes back when all of its chunks ar
 CPython's reference count tells that directly (`sys.getrefcount`); no bookkeeping can go stale.
 When no slab is free the frame is received the plain way (counted): the pool bounds memory it reserves,
 never what the buffer may hold (`buffer.max_items` does that).
+
+keep_receive_buffers_warm() does the same for libzmq's own receive buffers, through glibc's thresholds.
 """
 from __future__ import annotations
 

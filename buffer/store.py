@@ -322,9 +322,9 @@ class ReplayStore:
         return sum(1 for a in self.actors.values() if now - a.last_seen <= self.actor_timeout_s)
 
     def _bind_gauges(self) -> None:
-        """The state gauges read the store when scraped, instead of being set after every change: setting
-        seven gauges cost about 20 µs per drained message group, on the path every message takes. Scrapes run on the
-        buffer's event loop (protocol/http_metrics.py), the same thread that changes the store."""
+        """The state gauges read the store when scraped, instead of being set after every change (setting
+        seven gauges cost about 20 µs per drained group of messages, on the path every message takes).
+        Scrapes run on the buffer's event loop (protocol/http_metrics.py), the thread that changes the store."""
         m = self.m
         m.ready_episodes.set_function(lambda: len(self.ready))
         m.running_episodes.set_function(lambda: self.running)
