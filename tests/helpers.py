@@ -4,8 +4,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 
@@ -111,6 +116,34 @@ def process_group_gone(pgid: int) -> bool:
         return False
     except ProcessLookupError:
         return True
+
+
+@contextmanager
+def launcher_running(config: Path, run_dir: Path, timeout_s: float = 240.0):
+    """`turnstream up --config config`, yielded once the learner has logged a step (so every role has done
+    work); its process group is killed on the way out if it still runs."""
+    launcher = subprocess.Popen([sys.executable, "-m", "turnstream.cli", "up", "--config", str(config)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        def alive() -> None:
+            assert launcher.poll() is None, "launcher exited early"
+
+        log = run_dir / "learner.jsonl"
+        poll_until(lambda: log.exists() and log.read_text().strip(), "the first learner step", timeout_s,
+                   check=alive, interval_s=1.0)
+        yield launcher
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+
+
+def stop_launcher(launcher: subprocess.Popen, run_dir: Path, sig: int = signal.SIGTERM) -> None:
+    """Signal the launcher; once it exits, every process group it started is gone."""
+    pids = json.loads((run_dir / "pids.json").read_text())
+    launcher.send_signal(sig)
+    assert launcher.wait(timeout=60) is not None
+    assert all(process_group_gone(pid) for pid in pids.values()), pids
 
 
 class CollectingLink:

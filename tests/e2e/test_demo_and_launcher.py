@@ -2,16 +2,14 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import process_group_gone
+from tests.helpers import launcher_running, process_group_gone, stop_launcher
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -46,20 +44,5 @@ def test_launcher_stops_every_role_on_signal(tmp_path, tiny_model, sig):
     run_dir = tmp_path / "up"
     config = tmp_path / "up.toml"
     config.write_text(f'[run]\nrun_dir = "{run_dir}"\ntime_limit_s = 300.0\n\n[model]\npath = "{tiny_model}"\n')
-    launcher = subprocess.Popen([sys.executable, "-m", "turnstream.cli", "up", "--config", str(config)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 240
-        log = run_dir / "learner.jsonl"
-        while not (log.exists() and log.read_text().strip()):  # wait until the loop really turns
-            assert launcher.poll() is None, "launcher exited early"
-            assert time.monotonic() < deadline, "no learner step within the deadline"
-            time.sleep(1)
-        pids = json.loads((run_dir / "pids.json").read_text())
-        launcher.send_signal(sig)
-        assert launcher.wait(timeout=60) is not None
-        assert all(process_group_gone(pid) for pid in pids.values()), pids
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
+    with launcher_running(config, run_dir) as launcher:
+        stop_launcher(launcher, run_dir, sig)

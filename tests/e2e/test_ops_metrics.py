@@ -3,17 +3,12 @@ follows the naming rules and is in the catalogue (docs/metrics.md)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 import tomllib
 import urllib.request
 
 import pytest
 
-from tests.helpers import process_group_gone
+from tests.helpers import launcher_running, stop_launcher
 
 from turnstream.metrics_catalogue import KNOWN_DEVIATIONS, lint_exposition, roles_with_build_info
 
@@ -31,16 +26,7 @@ def test_every_role_serves_lint_clean_metrics(tmp_path, tiny_model):
     config = tmp_path / "up.toml"
     config.write_text(f'[run]\nrun_dir = "{run_dir}"\ntime_limit_s = 300.0\n\n[model]\npath = "{tiny_model}"\n'
                       "\n[actor]\nnum_processes = 2\nconcurrent_episodes = 16\n")
-    launcher = subprocess.Popen([sys.executable, "-m", "turnstream.cli", "up", "--config", str(config)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 240
-        log = run_dir / "learner.jsonl"
-        while not (log.exists() and log.read_text().strip()):  # one learner step: every role has done work
-            assert launcher.poll() is None, "launcher exited early"
-            assert time.monotonic() < deadline, "no learner step within the deadline"
-            time.sleep(1)
-
+    with launcher_running(config, run_dir) as launcher:  # one learner step: every role has done work
         resolved = tomllib.loads((run_dir / "config.resolved.toml").read_text())
         groups = json.loads((run_dir / "prometheus" / "turnstream.json").read_text())
         targets = {(g["labels"]["role"], t) for g in groups for t in g["targets"]}
@@ -65,11 +51,4 @@ def test_every_role_serves_lint_clean_metrics(tmp_path, tiny_model):
         for role, count in (("vllm", 1), ("buffer", 1), ("learner", 1), ("actor", 2)):
             assert f'turnstream_launcher_processes_running{{role="{role}"}} {count}.0' in body, role
 
-        pids = json.loads((run_dir / "pids.json").read_text())
-        launcher.send_signal(signal.SIGTERM)
-        assert launcher.wait(timeout=60) is not None
-        assert all(process_group_gone(pid) for pid in pids.values()), pids
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
+        stop_launcher(launcher, run_dir)
