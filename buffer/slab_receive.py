@@ -4,7 +4,7 @@ Why: a buffer keeps what it receives. With plain `recv_multipart`, libzmq alloca
 afresh (glibc serves big allocations from new mmap'd pages), and every kept megabyte first takes page
 faults. Here, frames of at least `MIN_POOLED_FRAME` bytes are copied by `recv_into` into slabs that were
 touched once at start-up; libzmq's own buffer is freed at once, so malloc hands the same warm memory back
-for the next message. The decoded arrays are views into the slab. 1 MB chunks arrive 1.1-1.6x faster
+for the next message. The decoded arrays are views into the slab. 1 MB chunks arrive 1.1-1.7x faster
 (`turnstream bench dataplane`: ours against ours_nopool, BENCHMARKS.md "Data plane").
 
 A slab is reused once nothing refers to it any more: every chunk held in the store keeps its slab alive

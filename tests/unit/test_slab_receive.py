@@ -9,7 +9,6 @@ import json
 import platform
 import subprocess
 import sys
-import time
 
 import msgpack
 import numpy as np
@@ -21,7 +20,7 @@ from hypothesis import strategies as st
 from buffer.slab_receive import MIN_POOLED_FRAME, SlabPool, SlabReceiver, keep_receive_buffers_warm
 from protocol import PROTOCOL_VERSION
 from protocol.codec import DecodeError, decode, encode
-from tests.helpers import chunk, in_pool
+from tests.helpers import chunk, in_pool, poll_until
 
 SLAB = 1 << 20  # small slabs keep the test's memory small; the buffer's are 16 MiB
 
@@ -40,12 +39,8 @@ def big_chunk(i: int, n_obs: int = 75_000):  # a 300 KB obs frame: three fit in 
     return chunk(f"e{i}", 0, seq=i, obs=(np.arange(n_obs) + i) % 30000, gen=(7, 8))
 
 
-def receive(receiver: SlabReceiver, router, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while (msg := receiver.receive(router)) is None:
-        assert time.monotonic() < deadline, "no message arrived"
-        router.poll(100)
-    return msg
+def receive(receiver: SlabReceiver, router):
+    return poll_until(lambda: receiver.receive(router), "a message", 10.0, interval_s=0.01)
 
 
 def test_large_frames_land_in_the_pool_and_decode_equal(pair):
