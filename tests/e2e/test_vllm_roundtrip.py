@@ -128,13 +128,15 @@ def test_weight_push_changes_version_and_outputs(vllm_url, tiny_model, tmp_path)
     asyncio.run(sync.set_version(0))
 
 
-LONG = 960  # tokens, near the whole context: long enough, so the push lands mid-request even under load
+LONG = 960  # tokens, near the whole context
 
 
 def test_push_while_generating_keeps_requests_alive(vllm_url, tiny_model, tmp_path):
     """pause(keep) -> reload -> resume while a streamed request is mid-generation: it finishes normally and
     its tokens are split between the old and the new version, in that order."""
     import aiohttp
+
+    from learner.weight_sync import post
 
     model = _load_model(tiny_model)
     prompt = ChatTokens(tiny_model).first_turn("junction 1 sign R")
@@ -144,23 +146,52 @@ def test_push_while_generating_keeps_requests_alive(vllm_url, tiny_model, tmp_pa
     body = {"token_ids": prompt, "stream": True,
             "sampling_params": {"max_tokens": LONG, "temperature": 1.0, "logprobs": 0, "ignore_eos": True}}
 
-    async def scenario():
-        tokens, spans, finish, pushed = [], None, None, False
-        async with aiohttp.ClientSession() as session:
-            async with session.post(f"{vllm_url}/inference/v1/generate", json=body) as resp:
-                assert resp.status == 200
-                async for raw in resp.content:
-                    line = raw.decode().strip()
-                    if not line.startswith("data:") or line == "data: [DONE]":
-                        continue
-                    choice = json.loads(line[5:])["choices"][0]
-                    tokens += choice.get("token_ids") or []
-                    spans = choice.get("weight_versions") or spans
-                    finish = choice.get("finish_reason") or finish
-                    if tokens and not pushed:  # the request is generating now: push under it
-                        pushed = True
-                        await sync.push(path, version=21)
+    async def one_request(session):
+        """The streamed request with the push under it; None when the server had already finished it by the
+        time the test could pause it (its engine can run ahead of the stream on a loaded machine)."""
+        tokens, spans, finish = [], None, None
+
+        def take(raw: bytes) -> None:
+            nonlocal tokens, spans, finish
+            line = raw.decode().strip()
+            if line.startswith("data:") and line != "data: [DONE]":
+                choice = json.loads(line[5:])["choices"][0]
+                tokens += choice.get("token_ids") or []
+                spans = choice.get("weight_versions") or spans
+                finish = choice.get("finish_reason") or finish
+
+        async with session.post(f"{vllm_url}/inference/v1/generate", json=body) as resp:
+            assert resp.status == 200
+            while not tokens:  # the request is generating now
+                raw = await resp.content.readline()
+                assert raw, "the stream ended before its first token"
+                take(raw)
+            # freeze it where it is; a request that already finished sends its last output within moments
+            await post(session, f"{vllm_url}/pause?mode=keep&clear_cache=false", {})
+            pushed = False
+            try:
+                while finish is None and (raw := await asyncio.wait_for(resp.content.readline(), 1.0)):
+                    take(raw)
+            except asyncio.TimeoutError:
+                pass
+            try:
+                if finish is not None:
+                    return None
+                pushed = True
+                await sync.push(path, version=21)  # under the frozen request: pause (already so), reload, resume
+            finally:
+                if not pushed:  # push resumes the server itself, also when it fails
+                    await post(session, f"{vllm_url}/resume", {})
+            while raw := await resp.content.readline():
+                take(raw)
         return tokens, spans, finish
+
+    async def scenario():
+        async with aiohttp.ClientSession() as session:
+            for _ in range(3):
+                if (result := await one_request(session)) is not None:
+                    return result
+        raise AssertionError("the server finished every request before the test could pause it")
 
     tokens, spans, finish = asyncio.run(scenario())
     assert finish == "length" and len(tokens) == LONG
