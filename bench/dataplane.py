@@ -5,13 +5,13 @@ For each chunk size (2 KB and 1 MB encoded TurnChunks) it measures, in one run o
            until the receiver has them all (the transport's ceiling: no encoding, acks, decoding, storage);
 - raw_keep: the same, but the receiver keeps every message, as a buffer must (a reference, not the target's
            baseline: it shows what holding fresh memory alone costs, which dominates at 1 MB);
-- raw_pool: the same, the receiver copying every frame into pre-faulted memory with recv_into (what the
-           buffer's ingest pool does): the floor for a receiver that keeps what it receives;
+- raw_warm: raw_keep after buffer.warm_heap.reserve_warm_heap, as the buffer starts: the floor for a
+           receiver that keeps what it receives;
 - ours:    actors.link.BufferLink (this process) -> the real buffer process (`turnstream buffer`), from the
-           first send until the last ack, write-ahead log off; its ingest pool (buffer.ingest_pool_bytes,
-           buffer/slab_receive.py) sized to hold the run, since nothing consumes here and a buffer sizes
-           the pool to what it holds;
-- ours_nopool: the same with the pool off (every large frame in fresh memory), to show what the pool buys;
+           first send until the last ack, write-ahead log off; its warm heap reserve
+           (buffer.ingest_reserve_bytes, buffer/warm_heap.py) sized to hold the run, since nothing consumes
+           here and a buffer sizes the reserve to the growth it expects;
+- ours_cold: the same with the reserve off (every kept frame in fresh memory), to show what it buys;
 - ours+wal: as ours, with the write-ahead log on, fsync "always" (an ack means fsynced).
 Each row also reports the CPU time the sending and the receiving process spent per chunk (all their threads,
 libzmq's I/O threads included) and the receiver's main thread alone, from /proc (Linux): on a machine with
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from buffer.slab_receive import SLAB_BYTES
+from buffer.warm_heap import MAX_RESERVE_BYTES
 
 
 class CpuClock:
@@ -69,27 +69,20 @@ def _cpu_seconds(stat_path: str) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 RECEIVER = r"""
-import sys, numpy, zmq
+import sys, zmq
 port, n, mode, nbytes = int(sys.argv[1]), int(sys.argv[2]), sys.argv[4], int(sys.argv[5])
+if mode == "warm":  # as the buffer starts: before the first socket starts libzmq's I/O thread
+    from buffer.warm_heap import MAX_RESERVE_BYTES, reserve_warm_heap
+    assert reserve_warm_heap(min(n * nbytes + (64 << 20), MAX_RESERVE_BYTES)), "not glibc"
 ctx = zmq.Context()
 pull = ctx.socket(zmq.PULL); pull.setsockopt(zmq.RCVHWM, 10000); pull.bind(f"tcp://127.0.0.1:{port}")
 rep = ctx.socket(zmq.PAIR); rep.bind(f"tcp://127.0.0.1:{sys.argv[3]}")
-slab_bytes = 16 << 20  # as the buffer's ingest pool: 16 MiB slabs, touched before the clock starts
-per_slab = slab_bytes // nbytes
-slabs = [numpy.ones(slab_bytes, numpy.uint8) for _ in range(-(-n // per_slab) if mode == "pool" else 0)]
-rep.send(b"ready")  # the pool is touched: the clock may start
+rep.send(b"ready")  # set up: the clock may start
 rep.recv()  # "go"
 kept = []
 for i in range(n):
-    if mode == "pool":  # every frame copied into pre-faulted memory (recv_into), as the buffer's ingest pool
-        slab, at = slabs[i // per_slab], (i % per_slab) * nbytes
-        while True:
-            at += pull.recv_into(memoryview(slab[at:]))
-            if not pull.getsockopt(zmq.RCVMORE):
-                break
-        continue
     msg = pull.recv_multipart(copy=False)
-    if mode == "keep":
+    if mode != "drop":
         kept.append(msg)
 rep.send(b"done")
 rep.recv()  # stay alive until the parent has read this process's CPU time
@@ -121,8 +114,8 @@ def chunk_at(i: int, obs, arrays):
 
 def bench_raw(n: int, obs, arrays, mode: str = "drop") -> tuple[float, dict]:
     """Seconds to push n messages (the encoded chunk frames) through PUSH -> PULL in another process whose
-    receiver drops each message, keeps it (libzmq's memory) or copies it into a pre-faulted pool; and the
-    CPU per chunk (CpuClock.stop)."""
+    receiver drops each message, keeps it, or keeps it in a warm heap (module docstring); and the CPU per
+    chunk (CpuClock.stop)."""
     import zmq
 
     from protocol.codec import encode
@@ -143,7 +136,7 @@ def bench_raw(n: int, obs, arrays, mode: str = "drop") -> tuple[float, dict]:
         push.connect(f"tcp://127.0.0.1:{port}")
         time.sleep(0.3)
         assert pair.poll(120_000), "raw receiver did not start"
-        pair.recv()  # "ready": frames sent before then would queue in fresh memory while the pool is touched
+        pair.recv()  # "ready": frames sent before then would queue in fresh memory while the heap is warmed
         cpu = CpuClock(child.pid)
         cpu.start()
         pair.send(b"go")
@@ -161,23 +154,24 @@ def bench_raw(n: int, obs, arrays, mode: str = "drop") -> tuple[float, dict]:
 
 
 def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path,
-               pool: bool = True) -> tuple[float, dict]:
+               reserve: bool = True) -> tuple[float, dict]:
     """Seconds from the first BufferLink.send to the last ack from a real buffer process, and CPU per chunk."""
     from turnstream.config import Config
     from turnstream.processes import ProcessGroup, free_port
 
     cfg = Config()
-    cfg.run.run_dir = str(workdir / f"run-{wal}-{pool}-{obs.size}")
+    name = f"{wal}-{reserve}-{obs.size}"
+    cfg.run.run_dir = str(workdir / f"run-{name}")
     cfg.network.buffer_ingest_port, cfg.network.buffer_serve_port = free_port(), free_port()
     cfg.buffer.metrics_port = free_port()
     cfg.buffer.wal, cfg.buffer.wal_fsync = wal, "always"
     cfg.buffer.max_items = cfg.buffer.max_running = max(cfg.buffer.max_items, n + 1)
     cfg.buffer.eta = cfg.buffer.max_staleness = 1000
-    cfg.buffer.ingest_pool_bytes = (n * obs.nbytes // SLAB_BYTES + 2) * SLAB_BYTES if pool else 0
-    path = workdir / f"bench-{wal}-{pool}-{obs.size}.toml"
+    cfg.buffer.ingest_reserve_bytes = min(n * obs.nbytes + (64 << 20), MAX_RESERVE_BYTES) if reserve else 0
+    path = workdir / f"bench-{name}.toml"
     path.write_text(cfg.dumps())
     procs = ProcessGroup(workdir)
-    child = procs.start(f"buffer-{wal}-{pool}-{obs.size}", [sys.executable, "-m", "turnstream.cli", "buffer",
+    child = procs.start(f"buffer-{name}", [sys.executable, "-m", "turnstream.cli", "buffer",
                                                       "--config", str(path)])
     try:
         _wait_up(cfg.buffer.metrics_port, child)
@@ -248,11 +242,11 @@ def main(argv: list[str]) -> int:
             figures = {"chunk_bytes": nbytes, "chunks": count}
             for name, run in (("raw", lambda: bench_raw(count, obs, arrays)),
                               ("raw_keep", lambda: bench_raw(count, obs, arrays, "keep")),
-                              ("raw_pool", lambda: bench_raw(count, obs, arrays, "pool")),
+                              ("raw_warm", lambda: bench_raw(count, obs, arrays, "warm")),
                               ("ours", lambda: bench_ours(count, obs, arrays, wal=False, window=window,
                                                           workdir=Path(tmp))),
-                              ("ours_nopool", lambda: bench_ours(count, obs, arrays, wal=False, window=window,
-                                                                 workdir=Path(tmp), pool=False)),
+                              ("ours_cold", lambda: bench_ours(count, obs, arrays, wal=False, window=window,
+                                                               workdir=Path(tmp), reserve=False)),
                               ("ours_wal", lambda: bench_ours(count, obs, arrays, wal=True, window=window,
                                                               workdir=Path(tmp)))):
                 seconds, cpu = run()
@@ -272,8 +266,8 @@ def main(argv: list[str]) -> int:
     result["ratio_small"] = round(per_s(small, "ours") / per_s(small, "raw"), 3)
     result["ratio_large"] = round(per_s(large, "ours") / per_s(large, "raw"), 3)
     result["ratio_large_vs_keep"] = round(per_s(large, "ours") / per_s(large, "raw_keep"), 3)
-    result["ratio_large_vs_pool"] = round(per_s(large, "ours") / per_s(large, "raw_pool"), 3)
-    result["pool_gain_large"] = round(per_s(large, "ours") / per_s(large, "ours_nopool"), 3)
+    result["ratio_large_vs_warm"] = round(per_s(large, "ours") / per_s(large, "raw_warm"), 3)
+    result["reserve_gain_large"] = round(per_s(large, "ours") / per_s(large, "ours_cold"), 3)
     result["wal_cost_small"] = round(1 - per_s(small, "ours_wal") / per_s(small, "ours"), 3)
     result["wal_cost_large"] = round(1 - per_s(large, "ours_wal") / per_s(large, "ours"), 3)
     print(json.dumps(result))

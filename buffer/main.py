@@ -15,15 +15,16 @@ async def serve(cfg: Config) -> None:
     from buffer.metrics import BufferMetrics
     from buffer.ratelimit import RateLimiter
     from buffer.server import BufferServer
-    from buffer.slab_receive import keep_receive_buffers_warm
+    from buffer.warm_heap import reserve_warm_heap
     from buffer.store import ReplayStore
     from protocol.http_metrics import start_metrics_server
     from protocol.auth import keys_for
     from protocol.sockets import bind_address
 
     b, net = cfg.buffer, cfg.network
-    if b.ingest_pool_bytes and not keep_receive_buffers_warm():
-        log.info("buffer: not glibc; libzmq's receive buffers keep the allocator's default thresholds")
+    # before any socket: libzmq's I/O thread must find the allocator set (buffer/warm_heap.py)
+    if b.ingest_reserve_bytes and not reserve_warm_heap(b.ingest_reserve_bytes):
+        log.info("buffer: not glibc; received frames take fresh memory (buffer.ingest_reserve_bytes unused)")
     metrics = BufferMetrics()
     limiter = RateLimiter(b.samples_per_insert, b.min_size_to_sample, b.error_buffer or float("inf"))
     store = ReplayStore(batch_episodes=b.batch_episodes, eta=b.eta, max_staleness=b.max_staleness,
@@ -35,8 +36,7 @@ async def serve(cfg: Config) -> None:
     version_addr = bind_address(net.learner_address, net.learner_pub_port) if net.learner_pub_port else None
     server = BufferServer(store, metrics, ingest_addr=bind_address(net.listen_host, net.buffer_ingest_port),
                           serve_addr=bind_address(net.listen_host, net.buffer_serve_port), version_addr=version_addr,
-                          max_message_bytes=net.max_message_bytes, journal=journal, curve=keys_for(net),
-                          ingest_pool_bytes=b.ingest_pool_bytes)
+                          max_message_bytes=net.max_message_bytes, journal=journal, curve=keys_for(net))
     runner, port = await start_metrics_server(metrics.registry, net.listen_host, b.metrics_port,
                                               health=lambda: {"learner_version": store.learner_version})
     log.info("buffer: ingest port %d, serve port %d, metrics port %d", server.ingest_port, server.serve_port, port)

@@ -62,9 +62,6 @@ class BufferMetrics:
                                     "Log records replayed at start-up", registry=r)
         self.wal_torn = Counter("turnstream_buffer_wal_torn_bytes_total",
                                 "Bytes of an unfinished last record cut off at start-up", registry=r)
-        self.ingest_pool_misses = Counter("turnstream_buffer_ingest_pool_misses_total",
-                                          "Large frames received into fresh memory because no slab of the "
-                                          "ingest pool was free (buffer.ingest_pool_bytes)", registry=r)
         # label children bound once: labels() costs more than the increment on the per-chunk path
         self.chunks_ok, self.chunks_duplicate, self.chunks_rejected = (
             self.chunks.labels(o) for o in ("ok", "duplicate", "rejected"))

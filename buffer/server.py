@@ -19,7 +19,6 @@ import zmq.asyncio
 from buffer.episodes import flatten
 from buffer.metrics import BufferMetrics
 from buffer.ratelimit import BlockedClock, Cancelled, Gate
-from buffer.slab_receive import SlabPool, SlabReceiver
 from buffer.store import ReplayStore
 from buffer.validate import batch_is_clean
 from protocol import auth
@@ -35,7 +34,7 @@ log = logging.getLogger("turnstream.buffer")
 class BufferServer:
     def __init__(self, store: ReplayStore, metrics: BufferMetrics, *, ingest_addr: str, serve_addr: str,
                  version_addr: str | None, max_message_bytes: int, journal=None, drain_max: int = 256,
-                 housekeeping_s: float = 0.5, curve: auth.CurveKeys | None = None, ingest_pool_bytes: int = 0):
+                 housekeeping_s: float = 0.5, curve: auth.CurveKeys | None = None):
         self.store, self.m, self.journal = store, metrics, journal
         self.server_id = uuid.uuid4().hex[:16]  # a new one per start tells actors to resend their window
         self.ctx = zmq.asyncio.Context()
@@ -58,7 +57,6 @@ class BufferServer:
                 auth.make_client(self.versions, curve)
             self.versions.connect(version_addr)
         self.max_message_bytes, self.drain_max, self.housekeeping_s = max_message_bytes, drain_max, housekeeping_s
-        self.receiver = SlabReceiver(SlabPool(ingest_pool_bytes), max_message_bytes)
         self.gate = Gate()
         self.requests: dict[bytes, asyncio.Task] = {}  # learner identity -> task answering its request
         self.answered: dict[bytes, int] = {}  # learner identity -> request_id last answered with a batch
@@ -106,11 +104,9 @@ class BufferServer:
             # non-blocking sends, which is safe only because no receive on this socket is pending while
             # this loop runs; a ROUTER send never blocks (a full peer pipe drops, and the actor resends).
             batch = []
-            while len(batch) < self.drain_max and (msg := self.receiver.receive(self.ingest)) is not None:
-                batch.append(msg)
-            if self.receiver.misses:
-                self.m.ingest_pool_misses.inc(self.receiver.misses)
-                self.receiver.misses = 0
+            # Frames are kept as received, zero-copy: the stored arrays are views into them (warm_heap.py).
+            while len(batch) < self.drain_max and (frames := receive_now(self.ingest)) is not None:
+                batch.append(frames)
             if not batch:
                 continue
             acks, heartbeats = self._apply_ingest(batch)
@@ -125,12 +121,10 @@ class BufferServer:
         whose credit request gets an answer (even of 0 credits)."""
         acks: dict[bytes, list[tuple[int, str, str]]] = {}  # identity -> (seq, status, reason) in order
         heartbeats: set[bytes] = set()
-        for received in batch:
-            identity, frames = received.identity, received.frames
+        for peer, *frames in batch:
+            identity = peer.bytes
             try:
-                if received.error is not None:
-                    raise received.error
-                msg = decode(frames, self.max_message_bytes, received.header)
+                msg = decode(frames, self.max_message_bytes)
             except DecodeError as exc:
                 self.m.rejected.labels(exc.reason).inc()
                 log.warning("bad message from an actor: %s", exc)
@@ -268,6 +262,18 @@ def ack_batch(entries: list[tuple[int, str, str]]) -> AckBatch:
     return AckBatch(seq=np.fromiter((e[0] for e in entries), np.int64, len(entries)),
                     status=np.fromiter((ACK_CODES[e[1]] for e in entries), np.uint8, len(entries)),
                     reasons=[e[2] for e in entries if e[1] == "rejected"])
+
+
+def receive_now(sock: zmq.asyncio.Socket) -> list[zmq.Frame] | None:
+    """The next queued message, or None. The plain zmq.Socket receive, not the asyncio one: no future
+    per call, and it never blocks, since a multipart message arrives whole."""
+    try:
+        frames = [zmq.Socket.recv(sock, zmq.NOBLOCK, copy=False)]
+    except zmq.Again:
+        return None
+    while sock.getsockopt(zmq.RCVMORE):
+        frames.append(zmq.Socket.recv(sock, zmq.NOBLOCK, copy=False))
+    return frames
 
 
 def _bind(sock: zmq.Socket, addr: str) -> int:

@@ -36,12 +36,6 @@ async def stop_in_process_buffer(tasks, server, ctx) -> None:
     ctx.destroy(linger=0)
 
 
-def in_pool(pool, arr: np.ndarray) -> bool:
-    """Whether arr's data lies in one of a buffer.slab_receive.SlabPool's slabs."""
-    addr = arr.__array_interface__["data"][0]
-    return any(s.ctypes.data <= addr < s.ctypes.data + s.size for s in pool.slabs)
-
-
 def acks_in(reply) -> list[tuple[int, str]]:
     """(seq, status) of every ack a buffer reply carries: one `ack`, several in one `acks`, or none."""
     if isinstance(reply, Ack):

@@ -203,13 +203,14 @@ class BufferSection:
     wal_fsync: Literal["always", "interval", "never"] = "always"  # when an acked chunk reaches the disk
     wal_fsync_interval_s: float = 0.05  # for wal_fsync = "interval"
     wal_compact_bytes: int = 256 * 1024 * 1024  # rewrite the log without consumed data past this size
-    # memory reserved (and touched) at start for receiving frames of 64 KiB or more (buffer/slab_receive.py):
-    # recycled 16 MiB slabs instead of fresh pages per message; 0: receive into fresh memory
-    ingest_pool_bytes: int = 64 * 1024 * 1024
+    # heap faulted in at start and kept mapped for received frames (buffer/warm_heap.py): kept chunks take no
+    # page faults until the buffer has grown this much past its start; 0: glibc's defaults
+    ingest_reserve_bytes: int = 64 * 1024 * 1024
     cpus: list[int] = field(default_factory=list)  # CPU ids this role is pinned to (os affinity); empty: any
 
     def validate(self, path: str) -> None:
         from buffer.ratelimit import limiter_problem
+        from buffer.warm_heap import MAX_RESERVE_BYTES
 
         check(self.batch_episodes >= 1, f"{path}.batch_episodes", "must be >= 1")
         check(self.eta >= 0, f"{path}.eta", "must be >= 0")
@@ -228,7 +229,8 @@ class BufferSection:
             batch_episodes=self.batch_episodes, max_items=self.max_items, eta=self.eta)
         check(not field_name, f"{path}.{field_name}", reason)
         check(self.wal_fsync_interval_s > 0, f"{path}.wal_fsync_interval_s", "must be > 0")
-        check(self.ingest_pool_bytes >= 0, f"{path}.ingest_pool_bytes", "must be >= 0 (0 turns the pool off)")
+        check(0 <= self.ingest_reserve_bytes <= MAX_RESERVE_BYTES, f"{path}.ingest_reserve_bytes",
+              f"must be in 0..{MAX_RESERVE_BYTES} (glibc's trim threshold is a C int; 0 turns it off)")
         check(self.wal_compact_bytes >= 1024 * 1024, f"{path}.wal_compact_bytes", "must be >= 1048576 (1 MiB)")
 
 

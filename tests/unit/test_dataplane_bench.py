@@ -11,9 +11,9 @@ def test_bench_dataplane_smoke(capsys):
     assert dataplane.main(["--small-count", "200", "--large-count", "20", "--large-bytes", str(256 * 1024)]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     out = json.loads(lines[-1])
-    assert out["ratio_small"] > 0 and out["ratio_large"] > 0 and out["ratio_large_vs_pool"] > 0
+    assert out["ratio_small"] > 0 and out["ratio_large"] > 0 and out["ratio_large_vs_warm"] > 0
     for size in ("small", "large"):
-        for row in ("raw", "raw_keep", "raw_pool", "ours", "ours_nopool", "ours_wal"):
+        for row in ("raw", "raw_keep", "raw_warm", "ours", "ours_cold", "ours_wal"):
             assert out[size][f"{row}_chunks_per_s"] > 0, (size, row)
             # CPU time comes from /proc in clock ticks (10 ms), too coarse at these counts to compare figures
             for side in ("sender", "receiver", "receiver_main"):
