@@ -266,13 +266,16 @@ def ack_batch(entries: list[tuple[int, str, str]]) -> AckBatch:
 
 def receive_now(sock: zmq.asyncio.Socket) -> list[zmq.Frame] | None:
     """The next queued message, or None. The plain zmq.Socket receive, not the asyncio one: no future
-    per call, and it never blocks, since a multipart message arrives whole."""
+    per call, and it never blocks, since a multipart message arrives whole. Frame.more instead of the
+    RCVMORE socket option halves the cost of a receive."""
     try:
-        frames = [zmq.Socket.recv(sock, zmq.NOBLOCK, copy=False)]
+        frame = zmq.Socket.recv(sock, zmq.NOBLOCK, copy=False)
     except zmq.Again:
         return None
-    while sock.getsockopt(zmq.RCVMORE):
-        frames.append(zmq.Socket.recv(sock, zmq.NOBLOCK, copy=False))
+    frames = [frame]
+    while frame.more:
+        frame = zmq.Socket.recv(sock, zmq.NOBLOCK, copy=False)
+        frames.append(frame)
     return frames
 
 
