@@ -171,8 +171,7 @@ def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path,
     path = workdir / f"bench-{name}.toml"
     path.write_text(cfg.dumps())
     procs = ProcessGroup(workdir)
-    child = procs.start(f"buffer-{name}", [sys.executable, "-m", "turnstream.cli", "buffer",
-                                                      "--config", str(path)])
+    child = procs.start(f"buffer-{name}", [sys.executable, "-m", "turnstream.cli", "buffer", "--config", str(path)])
     try:
         _wait_up(cfg.buffer.metrics_port, child)
         return asyncio.run(_send_all(cfg, n, obs, arrays, window, CpuClock(child.proc.pid)))

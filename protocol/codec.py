@@ -64,30 +64,15 @@ def parse_header(buf) -> dict:
     return header
 
 
-def declared_frame_bytes(header: dict) -> list[int] | None:
-    """The byte size of each array frame the header declares, in order; None when it declares nothing
-    readable (decode() then refuses the message with the precise reason)."""
-    arrays = header.get("a")
-    if not isinstance(arrays, dict):
-        return None
-    try:
-        return [_read_spec(spec, "")[2] for spec in arrays.values()]
-    except DecodeError:
-        return None
-
-
-def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, header: dict | None = None) -> Message:
-    """Decode a multipart message; raise DecodeError (never anything else) on bad input.
-
-    `header`: frame 0 already parsed by parse_header (a receiver that sized the array frames from it)."""
+def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
+    """Decode a multipart message; raise DecodeError (never anything else) on bad input."""
     if not frames:
         raise DecodeError("empty")
     buffers = [memoryview(f.buffer if hasattr(f, "buffer") else f) for f in frames]
     total = sum(b.nbytes for b in buffers)
     if total > max_bytes:
         raise DecodeError("oversized", f"{total} bytes > limit {max_bytes}")
-    if header is None:
-        header = parse_header(buffers[0])
+    header = parse_header(buffers[0])
     version, type_name = header.get("v"), header.get("t")
     if type(version) is not int or version != PROTOCOL_VERSION:
         raise DecodeError("unknown_version", f"got {version!r}, speak {PROTOCOL_VERSION}")
