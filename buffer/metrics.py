@@ -1,7 +1,10 @@
 """Prometheus metrics of the buffer role, on a registry of its own (tests run several in one process)."""
 from __future__ import annotations
 
+import resource
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
 
 from turnstream.build_info import register_build_info
 
@@ -62,8 +65,26 @@ class BufferMetrics:
                                     "Log records replayed at start-up", registry=r)
         self.wal_torn = Counter("turnstream_buffer_wal_torn_bytes_total",
                                 "Bytes of an unfinished last record cut off at start-up", registry=r)
+        r.register(PageFaults())
         # label children bound once: labels() costs more than the increment on the per-chunk path
         self.chunks_ok, self.chunks_duplicate, self.chunks_rejected = (
             self.chunks.labels(o) for o in ("ok", "duplicate", "rejected"))
         self.episodes_started, self.episodes_started_without_credit, self.episodes_completed = (
             self.episodes.labels(e) for e in ("started", "started_without_credit", "completed"))
+
+
+class PageFaults:
+    """The buffer process's minor page faults since it started, read at scrape time. One that keeps rising
+    while chunks come in means they land in fresh memory: the warm heap reserve
+    (`buffer.ingest_reserve_bytes`, buffer/warm_heap.py) is smaller than the buffer's growth."""
+
+    def describe(self):
+        return [self._family(0)]
+
+    def collect(self):
+        return [self._family(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)]
+
+    @staticmethod
+    def _family(value: int) -> CounterMetricFamily:
+        return CounterMetricFamily("turnstream_buffer_page_faults", "Minor page faults of the buffer process "
+                                   "(fresh memory touched); see buffer.ingest_reserve_bytes", value=value)

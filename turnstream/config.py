@@ -204,7 +204,8 @@ class BufferSection:
     wal_fsync_interval_s: float = 0.05  # for wal_fsync = "interval"
     wal_compact_bytes: int = 256 * 1024 * 1024  # rewrite the log without consumed data past this size
     # heap faulted in at start and kept mapped for received frames (buffer/warm_heap.py): kept chunks take no
-    # page faults until the buffer has grown this much past its start; 0: glibc's defaults
+    # page faults until the buffer has grown this much past its start (turnstream_buffer_page_faults_total
+    # rising while chunks come in: raise it); 0: glibc's defaults
     ingest_reserve_bytes: int = 64 * 1024 * 1024
     cpus: list[int] = field(default_factory=list)  # CPU ids this role is pinned to (os affinity); empty: any
 

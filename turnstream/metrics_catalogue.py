@@ -97,8 +97,12 @@ def _specs(role: str, registry: CollectorRegistry) -> list[MetricSpec]:
     specs = []
     for collector in list(registry._collector_to_names):  # noqa: SLF001
         name, kind = getattr(collector, "_name", None), getattr(collector, "_type", None)
-        if name is None or kind is None:
-            continue  # a custom collector; none are registered today
+        if name is None or kind is None:  # a custom collector (buffer.metrics.PageFaults): what it describes
+            for family in collector.describe():
+                exposed = f"{family.name}_total" if family.type == "counter" else family.name
+                labels = tuple(sorted({k for sample in family.samples for k in sample.labels}))
+                specs.append(MetricSpec(role, exposed, family.type, labels, family.documentation))
+            continue
         exposed = f"{name}_total" if kind == "counter" else name
         specs.append(MetricSpec(role, exposed, kind, tuple(collector._labelnames),  # noqa: SLF001
                                 collector._documentation))  # noqa: SLF001

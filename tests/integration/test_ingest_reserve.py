@@ -1,7 +1,8 @@
 """The buffer's warm heap reserve (buffer/warm_heap.py) in a real buffer process, over real sockets.
 
 Two rounds of forty 1 MB chunks go in, each consumed by batch requests before the next. With a 64 MiB
-reserve the buffer process takes almost no page faults while it ingests, in the first round (the reserve
+reserve the buffer process takes almost no page faults while it ingests (its own
+`turnstream_buffer_page_faults_total`, the signal an operator sizes the reserve by), in the first round (the reserve
 is warm) and in the second too: that holds only if the first round's frames went back to the heap once
 they were served, since both rounds together do not fit in the reserve. Without the reserve, every kept
 megabyte is faulted in (about 256 faults of 4 KiB). Every token arrives intact either way.
@@ -33,10 +34,6 @@ def obs_of(e: int) -> np.ndarray:
     return (np.arange(N_OBS) * 7 + e) % 30000
 
 
-def minor_faults(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
-
-
 def run_rounds(tmp_path: Path, reserve_bytes: int) -> list[float]:
     """Page faults the buffer process took per MB ingested, for each round."""
     cfg = Config()
@@ -54,15 +51,19 @@ def run_rounds(tmp_path: Path, reserve_bytes: int) -> list[float]:
     procs, ctx = ProcessGroup(tmp_path), zmq.Context()
     try:
         child = procs.start("buffer", [sys.executable, "-m", "turnstream.cli", "buffer", "--config", str(path)])
-        wait_for_child(lambda: scrape(f"http://127.0.0.1:{cfg.buffer.metrics_port}/metrics"), "the buffer's metrics",
-                       child, timeout_s=30)
+        metrics_url = f"http://127.0.0.1:{cfg.buffer.metrics_port}/metrics"
+        wait_for_child(lambda: scrape(metrics_url), "the buffer's metrics", child, timeout_s=30)
+
+        def page_faults() -> float:
+            return scrape(metrics_url)["turnstream_buffer_page_faults_total"]
+
         actor, learner = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
         actor.connect(f"tcp://127.0.0.1:{cfg.network.buffer_ingest_port}")
         learner.connect(f"tcp://127.0.0.1:{cfg.network.buffer_serve_port}")
         faults_per_mb = []
         for r in range(2):
             episodes = range(r * PER_ROUND, (r + 1) * PER_ROUND)
-            before = minor_faults(child.proc.pid)
+            before = page_faults()
             for e in episodes:
                 actor.send_multipart(encode(chunk(f"e{e}", 0, seq=e, done=True, obs=obs_of(e))))
             acked = []
@@ -70,7 +71,7 @@ def run_rounds(tmp_path: Path, reserve_bytes: int) -> list[float]:
                 assert actor.poll(30_000), f"acks for {len(acked)} of {PER_ROUND} chunks"
                 acked += [status for _, status in acks_in(decode(actor.recv_multipart()))]
             assert acked == ["ok"] * PER_ROUND
-            faults_per_mb.append((minor_faults(child.proc.pid) - before) / (PER_ROUND * 4 * N_OBS / 1e6))
+            faults_per_mb.append((page_faults() - before) / (PER_ROUND * 4 * N_OBS / 1e6))
             served = []
             for i in range(PER_ROUND // BATCH):
                 learner.send_multipart(encode(BatchRequest(request_id=r * 100 + i, learner_version=0,
