@@ -22,7 +22,7 @@ from turnstream.processes import Child, tail
 
 PROXY = Path(__file__).with_name("tcp_proxy.py")
 ROLES = ("buffer", "learner", "actor-0", "actor-1")
-BUFFER_RSS_CAP = 200 * 1024 * 1024  # the buffer runs at ~60 MiB here; its episodes are bounded by max_items
+BUFFER_RSS_CAP = 200 * 1024 * 1024  # the buffer peaks at ~120 MiB here, 64 of them its warm heap reserve
 # Rejection reasons that mean a chunk was malformed or contradicted its episode (buffer/validate.py,
 # buffer/store.py). Not here: `episode_closed`, a late chunk of an episode already dropped as abandoned
 # (the actor waited on a server longer than buffer.episode_timeout_s), which is a counted, expected outcome.
