@@ -70,17 +70,17 @@ def _cpu_seconds(stat_path: str) -> float | None:
 
 RECEIVER = r"""
 import sys, zmq
-port, n, mode, nbytes = int(sys.argv[1]), int(sys.argv[2]), sys.argv[4], int(sys.argv[5])
+port, n, mode, reserve = int(sys.argv[1]), int(sys.argv[2]), sys.argv[4], int(sys.argv[5])
 if mode == "warm":  # as the buffer starts: before the first socket starts libzmq's I/O thread
-    from buffer.warm_heap import MAX_RESERVE_BYTES, reserve_warm_heap
-    assert reserve_warm_heap(min(n * nbytes + (64 << 20), MAX_RESERVE_BYTES)), "not glibc"
+    from buffer.warm_heap import reserve_warm_heap
+    assert reserve_warm_heap(reserve), "not glibc"
 ctx = zmq.Context()
 pull = ctx.socket(zmq.PULL); pull.setsockopt(zmq.RCVHWM, 10000); pull.bind(f"tcp://127.0.0.1:{port}")
 rep = ctx.socket(zmq.PAIR); rep.bind(f"tcp://127.0.0.1:{sys.argv[3]}")
 rep.send(b"ready")  # set up: the clock may start
 rep.recv()  # "go"
 kept = []
-for i in range(n):
+for _ in range(n):
     msg = pull.recv_multipart(copy=False)
     if mode != "drop":
         kept.append(msg)
@@ -112,6 +112,11 @@ def chunk_at(i: int, obs, arrays):
     return TurnChunk("bench-actor", 1, 0, f"ep{i}", 0, "bench/p", obs, reward=0.0, done=True, **arrays)
 
 
+def reserve_for(n: int, chunk_bytes: int) -> int:
+    """A warm heap reserve that holds n chunks, as nothing consumes them here (within glibc's limit)."""
+    return min(n * chunk_bytes + (64 << 20), MAX_RESERVE_BYTES)
+
+
 def bench_raw(n: int, obs, arrays, mode: str = "drop") -> tuple[float, dict]:
     """Seconds to push n messages (the encoded chunk frames) through PUSH -> PULL in another process whose
     receiver drops each message, keeps it, or keeps it in a warm heap (module docstring); and the CPU per
@@ -123,8 +128,8 @@ def bench_raw(n: int, obs, arrays, mode: str = "drop") -> tuple[float, dict]:
 
     port, ctl = free_port(), free_port()
     frames = [bytes(f) for f in encode(chunk_at(0, obs, arrays))]  # the same bytes for every message
-    nbytes = sum(len(f) for f in frames)
-    child = subprocess.Popen([sys.executable, "-c", RECEIVER, str(port), str(n), str(ctl), mode, str(nbytes)])
+    reserve = reserve_for(n, sum(len(f) for f in frames))
+    child = subprocess.Popen([sys.executable, "-c", RECEIVER, str(port), str(n), str(ctl), mode, str(reserve)])
     ctx = zmq.Context()
     try:
         push = ctx.socket(zmq.PUSH)
@@ -167,7 +172,7 @@ def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path,
     cfg.buffer.wal, cfg.buffer.wal_fsync = wal, "always"
     cfg.buffer.max_items = cfg.buffer.max_running = max(cfg.buffer.max_items, n + 1)
     cfg.buffer.eta = cfg.buffer.max_staleness = 1000
-    cfg.buffer.ingest_reserve_bytes = min(n * obs.nbytes + (64 << 20), MAX_RESERVE_BYTES) if reserve else 0
+    cfg.buffer.ingest_reserve_bytes = reserve_for(n, obs.nbytes) if reserve else 0
     path = workdir / f"bench-{name}.toml"
     path.write_text(cfg.dumps())
     procs = ProcessGroup(workdir)

@@ -15,8 +15,8 @@ async def serve(cfg: Config) -> None:
     from buffer.metrics import BufferMetrics
     from buffer.ratelimit import RateLimiter
     from buffer.server import BufferServer
-    from buffer.warm_heap import reserve_warm_heap
     from buffer.store import ReplayStore
+    from buffer.warm_heap import reserve_warm_heap
     from protocol.http_metrics import start_metrics_server
     from protocol.auth import keys_for
     from protocol.sockets import bind_address

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from protocol.messages import Ack, AckBatch, TurnChunk
+from turnstream.config import Config
+from turnstream.processes import ProcessGroup, free_port
 
 
 def chunk(episode_id: str, turn: int, *, seq: int, done: bool = False, actor_id: str = "actor-t", epoch: int = 1,
@@ -167,3 +169,40 @@ def link_to_router(ctx, actor_id: str, *, slots: int, heartbeat_s: float):
     link = BufferLink(ctx, f"tcp://127.0.0.1:{port}", actor_id=actor_id, epoch=1, slots=slots, max_unacked=100,
                       resend_after_s=60.0, metrics=metrics, max_message_bytes=1 << 24, heartbeat_s=heartbeat_s)
     return router, link, metrics
+
+
+class BufferProcess:
+    """One buffer configuration that can be started, SIGKILLed (by PID) and started again."""
+
+    def __init__(self, tmp_path, *, max_message_bytes: int | None = None, **buffer_overrides):
+        cfg = Config()
+        cfg.run.run_dir = str(tmp_path / "run")
+        cfg.network.buffer_ingest_port = free_port()
+        cfg.network.buffer_serve_port = free_port()
+        cfg.buffer.metrics_port = free_port()
+        if max_message_bytes is not None:
+            cfg.network.max_message_bytes = max_message_bytes
+        cfg.buffer.batch_episodes, cfg.buffer.eta, cfg.buffer.max_staleness = 2, 4, 4
+        for key, value in buffer_overrides.items():
+            setattr(cfg.buffer, key, value)
+        self.cfg, self.tmp_path = cfg, tmp_path
+        self.path = tmp_path / "config.toml"
+        self.path.write_text(cfg.dumps())
+        self.procs = ProcessGroup(tmp_path)
+        self.child = None
+        self.starts = 0
+        self.metrics_url = f"http://127.0.0.1:{cfg.buffer.metrics_port}/metrics"
+
+    def start(self):
+        self.starts += 1
+        name = f"buffer-{self.starts}"
+        self.child = self.procs.start(name, [sys.executable, "-m", "turnstream.cli", "buffer", "--config",
+                                             str(self.path)])
+        return wait_for_child(lambda: scrape(self.metrics_url), "the buffer's metrics", self.child, timeout_s=60)
+
+    def kill9(self):
+        os.kill(self.child.proc.pid, signal.SIGKILL)
+        self.child.proc.wait(10)
+
+    def metric(self, key):
+        return scrape(self.metrics_url).get(key, 0.0)

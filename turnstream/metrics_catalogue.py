@@ -98,14 +98,13 @@ def _specs(role: str, registry: CollectorRegistry) -> list[MetricSpec]:
     for collector in list(registry._collector_to_names):  # noqa: SLF001
         name, kind = getattr(collector, "_name", None), getattr(collector, "_type", None)
         if name is None or kind is None:  # a custom collector (buffer.metrics.PageFaults): what it describes
-            for family in collector.describe():
-                exposed = f"{family.name}_total" if family.type == "counter" else family.name
-                labels = tuple(sorted({k for sample in family.samples for k in sample.labels}))
-                specs.append(MetricSpec(role, exposed, family.type, labels, family.documentation))
-            continue
-        exposed = f"{name}_total" if kind == "counter" else name
-        specs.append(MetricSpec(role, exposed, kind, tuple(collector._labelnames),  # noqa: SLF001
-                                collector._documentation))  # noqa: SLF001
+            described = [(f.name, f.type, sorted({k for s in f.samples for k in s.labels}), f.documentation)
+                         for f in collector.describe()]
+        else:
+            described = [(name, kind, collector._labelnames, collector._documentation)]  # noqa: SLF001
+        for name, kind, labels, help_text in described:
+            exposed = f"{name}_total" if kind == "counter" else name
+            specs.append(MetricSpec(role, exposed, kind, tuple(labels), help_text))
     return specs
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import time
 
 import pytest
@@ -15,44 +14,7 @@ from actors.link import BufferLink
 from actors.metrics import ActorMetrics
 from protocol.codec import decode, encode
 from protocol.messages import Ack, Batch, BatchRequest, CreditGrant, CreditRequest
-from tests.helpers import chunk, scrape, until, wait_for_child
-from turnstream.config import Config
-from turnstream.processes import ProcessGroup, free_port
-
-
-class BufferProcess:
-    """One buffer configuration that can be started, SIGKILLed (by PID) and started again."""
-
-    def __init__(self, tmp_path, **buffer_overrides):
-        cfg = Config()
-        cfg.run.run_dir = str(tmp_path / "run")
-        cfg.network.buffer_ingest_port = free_port()
-        cfg.network.buffer_serve_port = free_port()
-        cfg.buffer.metrics_port = free_port()
-        cfg.buffer.batch_episodes, cfg.buffer.eta, cfg.buffer.max_staleness = 2, 4, 4
-        for key, value in buffer_overrides.items():
-            setattr(cfg.buffer, key, value)
-        self.cfg, self.tmp_path = cfg, tmp_path
-        self.path = tmp_path / "config.toml"
-        self.path.write_text(cfg.dumps())
-        self.procs = ProcessGroup(tmp_path)
-        self.child = None
-        self.starts = 0
-        self.metrics_url = f"http://127.0.0.1:{cfg.buffer.metrics_port}/metrics"
-
-    def start(self):
-        self.starts += 1
-        name = f"buffer-{self.starts}"
-        self.child = self.procs.start(name, [sys.executable, "-m", "turnstream.cli", "buffer", "--config",
-                                             str(self.path)])
-        return wait_for_child(lambda: scrape(self.metrics_url), "the buffer's metrics", self.child, timeout_s=60)
-
-    def kill9(self):
-        os.kill(self.child.proc.pid, signal.SIGKILL)
-        self.child.proc.wait(10)
-
-    def metric(self, key):
-        return scrape(self.metrics_url).get(key, 0.0)
+from tests.helpers import BufferProcess, chunk, scrape, until
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ megabyte is faulted in (about 256 faults of 4 KiB). Every token arrives intact e
 from __future__ import annotations
 
 import platform
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,13 +18,12 @@ import zmq
 
 from protocol.codec import decode, encode
 from protocol.messages import Batch, BatchRequest
-from tests.helpers import acks_in, chunk, scrape, wait_for_child
-from turnstream.config import Config
-from turnstream.processes import ProcessGroup, free_port
+from tests.helpers import BufferProcess, acks_in, chunk
 
 N_OBS = 250_000  # a 1 MB observation frame per chunk
 PER_ROUND, BATCH = 40, 8
 MESSAGE_LIMIT = 1 << 27  # a batch of eight 1 MB episodes carries ~50 MB of per-token arrays
+FAULTS = "turnstream_buffer_page_faults_total"
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the reserve is glibc's malloc")
 
@@ -36,34 +34,20 @@ def obs_of(e: int) -> np.ndarray:
 
 def run_rounds(tmp_path: Path, reserve_bytes: int) -> list[float]:
     """Page faults the buffer process took per MB ingested, for each round."""
-    cfg = Config()
-    cfg.run.run_dir = str(tmp_path / "run")
-    cfg.network.buffer_ingest_port, cfg.network.buffer_serve_port = free_port(), free_port()
-    cfg.network.max_message_bytes = MESSAGE_LIMIT
-    cfg.buffer.metrics_port = free_port()
-    cfg.buffer.wal = False  # the log's file writes are not what this measures
-    cfg.buffer.batch_episodes = BATCH
-    cfg.buffer.eta = cfg.buffer.max_staleness = 100
-    cfg.buffer.max_items = cfg.buffer.max_running = 2 * PER_ROUND
-    cfg.buffer.ingest_reserve_bytes = reserve_bytes
-    path = tmp_path / "config.toml"
-    path.write_text(cfg.dumps())
-    procs, ctx = ProcessGroup(tmp_path), zmq.Context()
+    buffer = BufferProcess(tmp_path, max_message_bytes=MESSAGE_LIMIT, ingest_reserve_bytes=reserve_bytes,
+                           wal=False,  # the log's file writes are not what this measures
+                           batch_episodes=BATCH, eta=100, max_staleness=100, max_items=2 * PER_ROUND,
+                           max_running=2 * PER_ROUND)
+    ctx = zmq.Context()
     try:
-        child = procs.start("buffer", [sys.executable, "-m", "turnstream.cli", "buffer", "--config", str(path)])
-        metrics_url = f"http://127.0.0.1:{cfg.buffer.metrics_port}/metrics"
-        wait_for_child(lambda: scrape(metrics_url), "the buffer's metrics", child, timeout_s=30)
-
-        def page_faults() -> float:
-            return scrape(metrics_url)["turnstream_buffer_page_faults_total"]
-
+        buffer.start()
         actor, learner = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
-        actor.connect(f"tcp://127.0.0.1:{cfg.network.buffer_ingest_port}")
-        learner.connect(f"tcp://127.0.0.1:{cfg.network.buffer_serve_port}")
+        actor.connect(f"tcp://127.0.0.1:{buffer.cfg.network.buffer_ingest_port}")
+        learner.connect(f"tcp://127.0.0.1:{buffer.cfg.network.buffer_serve_port}")
         faults_per_mb = []
         for r in range(2):
             episodes = range(r * PER_ROUND, (r + 1) * PER_ROUND)
-            before = page_faults()
+            before = buffer.metric(FAULTS)
             for e in episodes:
                 actor.send_multipart(encode(chunk(f"e{e}", 0, seq=e, done=True, obs=obs_of(e))))
             acked = []
@@ -71,7 +55,7 @@ def run_rounds(tmp_path: Path, reserve_bytes: int) -> list[float]:
                 assert actor.poll(30_000), f"acks for {len(acked)} of {PER_ROUND} chunks"
                 acked += [status for _, status in acks_in(decode(actor.recv_multipart()))]
             assert acked == ["ok"] * PER_ROUND
-            faults_per_mb.append((page_faults() - before) / (PER_ROUND * 4 * N_OBS / 1e6))
+            faults_per_mb.append((buffer.metric(FAULTS) - before) / (PER_ROUND * 4 * N_OBS / 1e6))
             served = []
             for i in range(PER_ROUND // BATCH):
                 learner.send_multipart(encode(BatchRequest(request_id=r * 100 + i, learner_version=0,
@@ -87,7 +71,7 @@ def run_rounds(tmp_path: Path, reserve_bytes: int) -> list[float]:
             assert sorted(served) == sorted(f"e{e}" for e in episodes)
         return faults_per_mb
     finally:
-        procs.stop_all()
+        buffer.procs.stop_all()
         ctx.destroy(linger=0)
 
 
