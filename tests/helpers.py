@@ -16,7 +16,7 @@ import numpy as np
 
 from protocol.messages import Ack, AckBatch, TurnChunk
 from turnstream.config import Config
-from turnstream.processes import ProcessGroup, free_port
+from turnstream.processes import ProcessGroup, free_port, tail
 
 
 def chunk(episode_id: str, turn: int, *, seq: int, done: bool = False, actor_id: str = "actor-t", epoch: int = 1,
@@ -77,8 +77,6 @@ async def until(condition, what: str = "condition", timeout_s: float = 10.0, int
 
 def wait_for_child(predicate, what: str, child, timeout_s: float = 120.0):
     """poll_until, failing at once with the child's log tail if the child exits."""
-    from turnstream.processes import tail
-
     def alive() -> None:
         assert child.proc.poll() is None, f"{child.name} exited:\n{tail(child.log_path, 30)}"
 
