@@ -27,6 +27,7 @@ from actors.metrics import ActorMetrics
 from protocol.auth import CurveKeys, make_client
 from protocol.codec import DecodeError, decode, encode
 from protocol.chunk_batch import chunk_nbytes, pack
+from protocol.loop_socket import LoopSocket
 from protocol.messages import Ack, AckBatch, CreditGrant, CreditRequest, TurnChunk
 from protocol.sockets import configure
 
@@ -41,10 +42,11 @@ class BufferLink:
     def __init__(self, ctx: zmq.asyncio.Context, addr: str, *, actor_id: str, epoch: int, slots: int,
                  max_unacked: int, resend_after_s: float, metrics: ActorMetrics, max_message_bytes: int,
                  heartbeat_s: float = 1.0, curve: CurveKeys | None = None):
-        self.sock = configure(ctx.socket(zmq.DEALER), max_bytes=max_message_bytes)
+        self.sock = configure(ctx.socket(zmq.DEALER, socket_class=zmq.Socket), max_bytes=max_message_bytes)
         if curve is not None:
             make_client(self.sock, curve)  # before connect: keys are read when the handshake starts
         self.sock.connect(addr)
+        self.io = LoopSocket(self.sock)
         self.actor_id, self.epoch, self.slots = actor_id, epoch, slots
         self.max_unacked, self.resend_after_s, self.heartbeat_s = max_unacked, resend_after_s, heartbeat_s
         self.m = metrics
@@ -63,7 +65,10 @@ class BufferLink:
         self._outbox_ready = asyncio.Event()
 
     async def run(self) -> None:
-        await asyncio.gather(self._recv_loop(), self._send_loop(), self._heartbeat_loop())
+        try:
+            await asyncio.gather(self._recv_loop(), self._send_loop(), self._heartbeat_loop())
+        finally:
+            self.io.unwatch()
 
     async def acquire_credit(self) -> str:
         """Take one credit; returns the id of the buffer that granted it (for return_credit)."""
@@ -121,18 +126,14 @@ class BufferLink:
         await self._send(encode(group[0] if len(group) == 1 else pack(group)))
 
     async def _send(self, frames: list) -> None:
-        # Always through the asyncio wrapper: a plain send here, while _recv_loop waits, can swallow the
-        # socket's edge-triggered readiness signal and leave that receive asleep for good.
-        await self.sock.send_multipart(frames, copy=False)
+        await self.io.send(frames)
 
     async def _recv_loop(self) -> None:
         while True:
-            frames = await self.sock.recv_multipart(copy=False)
-            self._on_message(frames)
-            for _ in range(256):  # drain what is queued; a non-blocking receive skips the future machinery
-                try:
-                    frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False).result()
-                except zmq.Again:
+            await self.io.readable()
+            for _ in range(256):  # drain what is queued, then wake the waiters once
+                frames = self.io.recv_now()
+                if frames is None:
                     break
                 self._on_message(frames)
             self.m.unacked.set(len(self.unacked))

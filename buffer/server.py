@@ -24,6 +24,7 @@ from buffer.validate import batch_is_clean
 from protocol import auth
 from protocol.codec import DecodeError, decode, encode
 from protocol.chunk_batch import BatchError, readable_seqs, unpack
+from protocol.loop_socket import LoopSocket
 from protocol.messages import (Ack, AckBatch, BatchRequest, CreditGrant, CreditRequest, TurnChunk, TurnChunkBatch,
                                VersionAnnouncement)
 from protocol.sockets import configure
@@ -38,7 +39,7 @@ class BufferServer:
         self.store, self.m, self.journal = store, metrics, journal
         self.server_id = uuid.uuid4().hex[:16]  # a new one per start tells actors to resend their window
         self.ctx = zmq.asyncio.Context()
-        self.ingest = configure(self.ctx.socket(zmq.ROUTER), max_bytes=max_message_bytes)
+        self.ingest = configure(self.ctx.socket(zmq.ROUTER, socket_class=zmq.Socket), max_bytes=max_message_bytes)
         self.serve = configure(self.ctx.socket(zmq.ROUTER), max_bytes=max_message_bytes)
         self.monitors: dict[str, zmq.Socket] = {}  # socket name -> monitor of refused handshakes (CURVE only)
         self.authenticator, self.refusals = None, 0
@@ -48,6 +49,7 @@ class BufferServer:
                 auth.make_server(sock, curve)
                 self.monitors[name] = auth.refusal_monitor(sock)
         self.ingest_port = _bind(self.ingest, ingest_addr)
+        self.ingest_io = LoopSocket(self.ingest)
         self.serve_port = _bind(self.serve, serve_addr)
         self.versions = None
         if version_addr:
@@ -78,6 +80,7 @@ class BufferServer:
             await asyncio.wait(list(self.requests.values()), timeout=1.0)
 
     def close(self) -> None:
+        self.ingest_io.unwatch()
         self.serve.close(linger=500)  # let the "cancelled" answers of shutdown() reach the learners
         if self.authenticator is not None:
             self.authenticator.stop()
@@ -98,14 +101,12 @@ class BufferServer:
     # ---- actors ------------------------------------------------------------------------------------
     async def _ingest_loop(self) -> None:
         while True:
-            await self.ingest.poll(flags=zmq.POLLIN)
-            # Drain what is already queued (non-blocking receives skip the future machinery): one pass over
-            # many messages shares one log commit and one _after_change. The acks go out as plain
-            # non-blocking sends, which is safe only because no receive on this socket is pending while
-            # this loop runs; a ROUTER send never blocks (a full peer pipe drops, and the actor resends).
-            batch = []
+            await self.ingest_io.readable()
+            # Drain what is already queued: one pass over many messages shares one log commit and one
+            # _after_change. A ROUTER send never waits (a full peer pipe drops, and the actor resends).
             # Frames are kept as received, zero-copy: the stored arrays are views into them (warm_heap.py).
-            while len(batch) < self.drain_max and (frames := receive_now(self.ingest)) is not None:
+            batch = []
+            while len(batch) < self.drain_max and (frames := self.ingest_io.recv_now()) is not None:
                 batch.append(frames)
             if not batch:
                 continue
@@ -113,7 +114,7 @@ class BufferServer:
             if self.journal is not None:
                 self.journal.commit()  # before any ack leaves
             for reply in acks:
-                zmq.Socket.send_multipart(self.ingest, reply, zmq.NOBLOCK, copy=False)
+                self.ingest_io.send_now(reply)
             await self._after_change(heartbeats)
 
     def _apply_ingest(self, batch: list) -> tuple[list, set[bytes]]:
@@ -246,7 +247,7 @@ class BufferServer:
         for identity in set(grants) | set(heartbeats):
             grant = CreditGrant(credits=grants.get(identity, 0), learner_version=self.store.learner_version,
                                 server_id=self.server_id)
-            await self.ingest.send_multipart([identity, *encode(grant)])
+            self.ingest_io.send_now([identity, *encode(grant)])
         self._update_clocks()
 
     def _update_clocks(self) -> None:
@@ -262,21 +263,6 @@ def ack_batch(entries: list[tuple[int, str, str]]) -> AckBatch:
     return AckBatch(seq=np.fromiter((e[0] for e in entries), np.int64, len(entries)),
                     status=np.fromiter((ACK_CODES[e[1]] for e in entries), np.uint8, len(entries)),
                     reasons=[e[2] for e in entries if e[1] == "rejected"])
-
-
-def receive_now(sock: zmq.asyncio.Socket) -> list[zmq.Frame] | None:
-    """The next queued message, or None. The plain zmq.Socket receive, not the asyncio one: no future
-    per call, and it never blocks, since a multipart message arrives whole. Frame.more instead of the
-    RCVMORE socket option halves the cost of a receive."""
-    try:
-        frame = zmq.Socket.recv(sock, zmq.NOBLOCK, copy=False)
-    except zmq.Again:
-        return None
-    frames = [frame]
-    while frame.more:
-        frame = zmq.Socket.recv(sock, zmq.NOBLOCK, copy=False)
-        frames.append(frame)
-    return frames
 
 
 def _bind(sock: zmq.Socket, addr: str) -> int:

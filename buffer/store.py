@@ -182,7 +182,9 @@ class ReplayStore:
 
     def _assemble(self, identity: bytes, chunk: TurnChunk, *, counted: bool) -> None:
         key = (chunk.actor_id, chunk.epoch)
-        actor = self.actors.setdefault(key, ActorState(identity=identity))
+        actor = self.actors.get(key)
+        if actor is None:
+            actor = self.actors[key] = ActorState(identity=identity)
         actor.last_seen = time.monotonic()
         ep = self.in_progress.get(chunk.episode_id)
         if ep is None:

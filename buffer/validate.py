@@ -23,7 +23,7 @@ def validate_chunk(c: TurnChunk) -> str:
     if (c.gen_tokens.size and c.gen_tokens.min() < 0) or (c.obs_tokens.size and c.obs_tokens.min() < 0) \
             or (c.allowed_tokens.size and c.allowed_tokens.min() < 0):
         return "negative_token"
-    if n and (not np.isfinite(c.gen_logprobs).all() or c.gen_logprobs.max() > 1e-4):
+    if n and not _logprobs_ok(c.gen_logprobs):
         return "bad_logprob"
     if n and c.gen_versions.min() < 0:
         return "bad_version"
@@ -32,6 +32,12 @@ def validate_chunk(c: TurnChunk) -> str:
     if c.allowed_tokens.size and n and not np.isin(c.gen_tokens, c.allowed_tokens).all():
         return "token_not_allowed"
     return ""
+
+
+def _logprobs_ok(logprobs: np.ndarray) -> bool:
+    """Every log-prob finite and at most 0 (a little slack for rounding). Two reductions and no temporary:
+    NaN propagates through max, so it fails the first test; -inf fails the second."""
+    return bool(logprobs.max() <= 1e-4 and logprobs.min() > -math.inf)
 
 
 def beyond_final_turn(ep: Episode, c: TurnChunk) -> bool:
@@ -52,7 +58,7 @@ def batch_is_clean(b: TurnChunkBatch) -> bool:
     for tokens in (b.obs_tokens, b.gen_tokens, b.allowed_tokens):
         if tokens.size and tokens.min() < 0:
             return False
-    if b.gen_logprobs.size and (not np.isfinite(b.gen_logprobs).all() or b.gen_logprobs.max() > 1e-4):
+    if b.gen_logprobs.size and not _logprobs_ok(b.gen_logprobs):
         return False
     if b.gen_versions.size and b.gen_versions.min() < 0:
         return False
