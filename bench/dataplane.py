@@ -17,8 +17,11 @@ Each row also reports the CPU time the sending and the receiving process spent p
 libzmq's I/O threads included) and the receiver's main thread alone, from /proc (Linux): on a machine with
 few cores, where sender and receiver share them, the sum of the two bounds throughput, and the receiver's
 main thread is the single thread a faster buffer would have to relieve.
-Prints a human-readable table, then one JSON line last with ratio_small / ratio_large (ours / raw,
-without the log) and every absolute figure. Processes it starts are stopped by PID.
+Every row runs --repeats times, interleaved (raw, raw_keep, ..., ours_wal, then again): on a shared machine
+one measurement can differ from the next by half, so the figures are medians over repeats and each ratio is
+the median of the per-repeat ratios, whose two rows ran seconds apart. Prints a human-readable table, then
+one JSON line last with ratio_small / ratio_large (ours / raw, without the log), every absolute figure and
+every repeat ("runs"). Processes it starts are stopped by PID.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -166,7 +170,9 @@ def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path,
 
     cfg = Config()
     name = f"{wal}-{reserve}-{obs.size}"
-    cfg.run.run_dir = str(workdir / f"run-{name}")
+    # a fresh run directory per measurement: a repeat must not replay the previous one's write-ahead log
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-", dir=workdir))
+    cfg.run.run_dir = str(workdir / "run")
     cfg.network.buffer_ingest_port, cfg.network.buffer_serve_port = free_port(), free_port()
     cfg.buffer.metrics_port = free_port()
     cfg.buffer.wal, cfg.buffer.wal_fsync = wal, "always"
@@ -234,6 +240,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--large-count", type=int, default=1000, help="1 MB chunks per measurement")
     p.add_argument("--small-window", type=int, default=1024, help="unacked window (actor.max_unacked)")
     p.add_argument("--large-window", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3,
+                   help="measure every row this many times, interleaved; figures are medians")
     args = p.parse_args(argv)
     from protocol.codec import encode
 
@@ -243,36 +251,42 @@ def main(argv: list[str]) -> int:
                                            ("large", args.large_bytes, args.large_count, args.large_window)):
             obs, arrays = make_chunk_arrays(size)
             nbytes = sum(memoryview(f).nbytes for f in encode(chunk_at(0, obs, arrays)))
-            figures = {"chunk_bytes": nbytes, "chunks": count}
-            for name, run in (("raw", lambda: bench_raw(count, obs, arrays)),
-                              ("raw_keep", lambda: bench_raw(count, obs, arrays, "keep")),
-                              ("raw_warm", lambda: bench_raw(count, obs, arrays, "warm")),
-                              ("ours", lambda: bench_ours(count, obs, arrays, wal=False, window=window,
-                                                          workdir=Path(tmp))),
-                              ("ours_cold", lambda: bench_ours(count, obs, arrays, wal=False, window=window,
-                                                               workdir=Path(tmp), reserve=False)),
-                              ("ours_wal", lambda: bench_ours(count, obs, arrays, wal=True, window=window,
-                                                              workdir=Path(tmp)))):
-                seconds, cpu = run()
-                figures[f"{name}_chunks_per_s"] = round(count / seconds, 1)
-                figures[f"{name}_mb_per_s"] = round(count * nbytes / seconds / 1e6, 2)
-                figures.update({f"{name}_{key}_per_chunk": value for key, value in cpu.items()})
-                cpu_text = "  CPU us/chunk: " + ", ".join(f"{key.removesuffix('_cpu_us')} {value:.0f}"
-                                                         for key, value in cpu.items()) if cpu else ""
-                print(f"{label:5s} {name:11s} {nbytes:>8d} B  {count / seconds:>10.1f} chunks/s  "
-                      f"{count * nbytes / seconds / 1e6:>9.2f} MB/s{cpu_text}", flush=True)
-            result[label] = figures
-    small, large = result["small"], result["large"]
+            rows = {"raw": lambda: bench_raw(count, obs, arrays),
+                    "raw_keep": lambda: bench_raw(count, obs, arrays, "keep"),
+                    "raw_warm": lambda: bench_raw(count, obs, arrays, "warm"),
+                    "ours": lambda: bench_ours(count, obs, arrays, wal=False, window=window, workdir=Path(tmp)),
+                    "ours_cold": lambda: bench_ours(count, obs, arrays, wal=False, window=window,
+                                                    workdir=Path(tmp), reserve=False),
+                    "ours_wal": lambda: bench_ours(count, obs, arrays, wal=True, window=window, workdir=Path(tmp))}
+            runs: list[dict] = []
+            for repeat in range(args.repeats):  # every row once per repeat, so each ratio compares neighbours
+                figures = {}
+                for name, run in rows.items():
+                    seconds, cpu = run()
+                    figures[f"{name}_chunks_per_s"] = round(count / seconds, 1)
+                    figures.update({f"{name}_{key}_per_chunk": value for key, value in cpu.items()})
+                    cpu_text = "  CPU us/chunk: " + ", ".join(f"{key.removesuffix('_cpu_us')} {value:.0f}"
+                                                             for key, value in cpu.items()) if cpu else ""
+                    print(f"{label:5s} {name:11s} {nbytes:>8d} B  {count / seconds:>10.1f} chunks/s  "
+                          f"{count * nbytes / seconds / 1e6:>9.2f} MB/s{cpu_text}  (repeat {repeat + 1})", flush=True)
+                runs.append(figures)
+            result[label] = {"chunk_bytes": nbytes, "chunks": count, "repeats": args.repeats,
+                             **{key: statistics.median(r[key] for r in runs) for key in runs[0]}}
+            for name in rows:
+                result[label][f"{name}_mb_per_s"] = round(result[label][f"{name}_chunks_per_s"] * nbytes / 1e6, 2)
+            result[label]["runs"] = runs
 
-    def per_s(figures: dict, row: str) -> float:
-        return figures[f"{row}_chunks_per_s"]
+    def ratio(label: str, top: str, bottom: str) -> float:
+        """Median over repeats of top / bottom, each pair measured a few seconds apart."""
+        return round(statistics.median(r[f"{top}_chunks_per_s"] / r[f"{bottom}_chunks_per_s"]
+                                       for r in result[label]["runs"]), 3)
 
-    result["ratio_small"] = round(per_s(small, "ours") / per_s(small, "raw"), 3)
-    result["ratio_large"] = round(per_s(large, "ours") / per_s(large, "raw"), 3)
-    result["ratio_large_vs_keep"] = round(per_s(large, "ours") / per_s(large, "raw_keep"), 3)
-    result["ratio_large_vs_warm"] = round(per_s(large, "ours") / per_s(large, "raw_warm"), 3)
-    result["reserve_gain_large"] = round(per_s(large, "ours") / per_s(large, "ours_cold"), 3)
-    result["wal_cost_small"] = round(1 - per_s(small, "ours_wal") / per_s(small, "ours"), 3)
-    result["wal_cost_large"] = round(1 - per_s(large, "ours_wal") / per_s(large, "ours"), 3)
+    result["ratio_small"] = ratio("small", "ours", "raw")
+    result["ratio_large"] = ratio("large", "ours", "raw")
+    result["ratio_large_vs_keep"] = ratio("large", "ours", "raw_keep")
+    result["ratio_large_vs_warm"] = ratio("large", "ours", "raw_warm")
+    result["reserve_gain_large"] = ratio("large", "ours", "ours_cold")
+    result["wal_cost_small"] = round(1 - ratio("small", "ours_wal", "ours"), 3)
+    result["wal_cost_large"] = round(1 - ratio("large", "ours_wal", "ours"), 3)
     print(json.dumps(result))
     return 0

@@ -8,10 +8,17 @@ from bench import dataplane
 
 
 def test_bench_dataplane_smoke(capsys):
-    assert dataplane.main(["--small-count", "200", "--large-count", "20", "--large-bytes", str(256 * 1024)]) == 0
+    assert dataplane.main(["--small-count", "200", "--large-count", "20", "--large-bytes", str(256 * 1024),
+                           "--repeats", "2"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     out = json.loads(lines[-1])
     assert out["ratio_small"] > 0 and out["ratio_large"] > 0 and out["ratio_large_vs_warm"] > 0
+    for size in ("small", "large"):  # the figures are medians of the repeats, which are all there
+        runs = out[size]["runs"]
+        assert len(runs) == 2 and out[size]["repeats"] == 2
+        assert out[size]["ours_chunks_per_s"] == (runs[0]["ours_chunks_per_s"] + runs[1]["ours_chunks_per_s"]) / 2
+    ratios = [r["ours_chunks_per_s"] / r["raw_chunks_per_s"] for r in out["large"]["runs"]]
+    assert out["ratio_large"] == round(sum(ratios) / 2, 3)
     for size in ("small", "large"):
         for row in ("raw", "raw_keep", "raw_warm", "ours", "ours_cold", "ours_wal"):
             assert out[size][f"{row}_chunks_per_s"] > 0, (size, row)
