@@ -7,6 +7,8 @@ For each chunk size (2 KB and 1 MB encoded TurnChunks) it measures, in one run o
            baseline: it shows what holding fresh memory alone costs, which dominates at 1 MB);
 - raw_warm: raw_keep after buffer.warm_heap.reserve_warm_heap, as the buffer starts: the floor for a
            receiver that keeps what it receives;
+- ack_only: actors.link.BufferLink (this process) -> a child process that keeps and acks every chunk, as the
+           buffer's ingest loop does, and nothing else: the protocol's ceiling without the buffer's work;
 - ours:    actors.link.BufferLink (this process) -> the real buffer process (`turnstream buffer`), from the
            first send until the last ack, write-ahead log off; its warm heap reserve
            (buffer.ingest_reserve_bytes, buffer/warm_heap.py) sized to hold the run, since nothing consumes
@@ -28,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -38,59 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.dataplane_receivers import ACKER, RECEIVER, CpuClock
 from buffer.warm_heap import MAX_RESERVE_BYTES
-
-
-class CpuClock:
-    """CPU seconds spent by this process and by a receiver process between start() and stop()."""
-
-    def __init__(self, receiver_pid: int):
-        self.receiver_pid = receiver_pid
-
-    def start(self) -> None:
-        self.begin = self._read()
-
-    def stop(self, chunks: int) -> dict[str, float]:
-        """µs per chunk: sender (this process), receiver, and the receiver's main thread; {} off Linux."""
-        end = self._read()
-        if None in end or None in self.begin:
-            return {}
-        names = ("sender_cpu_us", "receiver_cpu_us", "receiver_main_cpu_us")
-        return {name: round((b - a) / chunks * 1e6, 1) for name, a, b in zip(names, self.begin, end)}
-
-    def _read(self) -> tuple:
-        pid = self.receiver_pid
-        return (_cpu_seconds(f"/proc/{os.getpid()}/stat"), _cpu_seconds(f"/proc/{pid}/stat"),
-                _cpu_seconds(f"/proc/{pid}/task/{pid}/stat"))
-
-
-def _cpu_seconds(stat_path: str) -> float | None:
-    """utime + stime from a /proc stat file (the process's threads together, or one thread's)."""
-    try:
-        fields = Path(stat_path).read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-RECEIVER = r"""
-import sys, zmq
-port, n, mode, reserve = int(sys.argv[1]), int(sys.argv[2]), sys.argv[4], int(sys.argv[5])
-if mode == "warm":  # as the buffer starts: before the first socket starts libzmq's I/O thread
-    from buffer.warm_heap import reserve_warm_heap
-    assert reserve_warm_heap(reserve), "not glibc"
-ctx = zmq.Context()
-pull = ctx.socket(zmq.PULL); pull.setsockopt(zmq.RCVHWM, 10000); pull.bind(f"tcp://127.0.0.1:{port}")
-rep = ctx.socket(zmq.PAIR); rep.bind(f"tcp://127.0.0.1:{sys.argv[3]}")
-rep.send(b"ready")  # set up: the clock may start
-rep.recv()  # "go"
-kept = []
-for _ in range(n):
-    msg = pull.recv_multipart(copy=False)
-    if mode != "drop":
-        kept.append(msg)
-rep.send(b"done")
-rep.recv()  # stay alive until the parent has read this process's CPU time
-"""
 
 
 def make_chunk_arrays(target_bytes: int):
@@ -156,6 +106,32 @@ def bench_raw(n: int, obs, arrays, mode: str = "drop") -> tuple[float, dict]:
         pair.recv()
         elapsed = time.perf_counter() - t0
         return elapsed, cpu.stop(n)
+    finally:
+        ctx.destroy(linger=0)
+        child.kill()
+        child.wait()
+
+
+def bench_ack_only(n: int, obs, arrays, window: int) -> tuple[float, dict]:
+    """BufferLink -> a child process that keeps and acks every chunk and does nothing else (ACKER): the
+    link and its acks without the buffer's work (decode, validation, storage, credits), timed as ours."""
+    import zmq
+
+    from turnstream.config import Config
+    from turnstream.processes import free_port
+
+    cfg = Config()
+    cfg.network.buffer_ingest_port, ctl = free_port(), free_port()
+    args = [str(cfg.network.buffer_ingest_port), str(ctl), str(reserve_for(n, obs.nbytes))]
+    child = subprocess.Popen([sys.executable, "-c", ACKER, *args])
+    ctx = zmq.Context()
+    try:
+        pair = ctx.socket(zmq.PAIR)
+        pair.setsockopt(zmq.LINGER, 0)
+        pair.connect(f"tcp://127.0.0.1:{ctl}")
+        assert pair.poll(120_000), "ack-only receiver did not start"
+        pair.recv()
+        return asyncio.run(_send_all(cfg, n, obs, arrays, window, CpuClock(child.pid)))
     finally:
         ctx.destroy(linger=0)
         child.kill()
@@ -254,6 +230,7 @@ def main(argv: list[str]) -> int:
             rows = {"raw": lambda: bench_raw(count, obs, arrays),
                     "raw_keep": lambda: bench_raw(count, obs, arrays, "keep"),
                     "raw_warm": lambda: bench_raw(count, obs, arrays, "warm"),
+                    "ack_only": lambda: bench_ack_only(count, obs, arrays, window),
                     "ours": lambda: bench_ours(count, obs, arrays, wal=False, window=window, workdir=Path(tmp)),
                     "ours_cold": lambda: bench_ours(count, obs, arrays, wal=False, window=window,
                                                     workdir=Path(tmp), reserve=False),
@@ -283,6 +260,8 @@ def main(argv: list[str]) -> int:
 
     result["ratio_small"] = ratio("small", "ours", "raw")
     result["ratio_large"] = ratio("large", "ours", "raw")
+    result["ack_only_small"] = ratio("small", "ack_only", "raw")  # the protocol's ceiling: no buffer work
+    result["ack_only_large"] = ratio("large", "ack_only", "raw")
     result["ratio_large_vs_keep"] = ratio("large", "ours", "raw_keep")
     result["ratio_large_vs_warm"] = ratio("large", "ours", "raw_warm")
     result["reserve_gain_large"] = ratio("large", "ours", "ours_cold")

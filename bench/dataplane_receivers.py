@@ -1,0 +1,94 @@
+"""The bench's own receivers and its CPU clock (bench/dataplane.py): child-process scripts that stand in
+for the buffer, so that the bench can compare what the buffer costs against what the transport costs."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class CpuClock:
+    """CPU seconds spent by this process and by a receiver process between start() and stop()."""
+
+    def __init__(self, receiver_pid: int):
+        self.receiver_pid = receiver_pid
+
+    def start(self) -> None:
+        self.begin = self._read()
+
+    def stop(self, chunks: int) -> dict[str, float]:
+        """µs per chunk: sender (this process), receiver, and the receiver's main thread; {} off Linux."""
+        end = self._read()
+        if None in end or None in self.begin:
+            return {}
+        names = ("sender_cpu_us", "receiver_cpu_us", "receiver_main_cpu_us")
+        return {name: round((b - a) / chunks * 1e6, 1) for name, a, b in zip(names, self.begin, end)}
+
+    def _read(self) -> tuple:
+        pid = self.receiver_pid
+        return (_cpu_seconds(f"/proc/{os.getpid()}/stat"), _cpu_seconds(f"/proc/{pid}/stat"),
+                _cpu_seconds(f"/proc/{pid}/task/{pid}/stat"))
+
+
+def _cpu_seconds(stat_path: str) -> float | None:
+    """utime + stime from a /proc stat file (the process's threads together, or one thread's)."""
+    try:
+        fields = Path(stat_path).read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+RECEIVER = r"""
+import sys, zmq
+port, n, mode, reserve = int(sys.argv[1]), int(sys.argv[2]), sys.argv[4], int(sys.argv[5])
+if mode == "warm":  # as the buffer starts: before the first socket starts libzmq's I/O thread
+    from buffer.warm_heap import reserve_warm_heap
+    assert reserve_warm_heap(reserve), "not glibc"
+ctx = zmq.Context()
+pull = ctx.socket(zmq.PULL); pull.setsockopt(zmq.RCVHWM, 10000); pull.bind(f"tcp://127.0.0.1:{port}")
+rep = ctx.socket(zmq.PAIR); rep.bind(f"tcp://127.0.0.1:{sys.argv[3]}")
+rep.send(b"ready")  # set up: the clock may start
+rep.recv()  # "go"
+kept = []
+for _ in range(n):
+    msg = pull.recv_multipart(copy=False)
+    if mode != "drop":
+        kept.append(msg)
+rep.send(b"done")
+rep.recv()  # stay alive until the parent has read this process's CPU time
+"""
+
+
+ACKER = r"""
+import sys, zmq
+import numpy as np
+from buffer.server import ack_batch
+from buffer.warm_heap import reserve_warm_heap
+from protocol.codec import encode, parse_header
+from protocol.messages import Ack
+port, ctl, reserve = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+assert reserve_warm_heap(reserve), "not glibc"  # as the buffer starts
+ctx = zmq.Context()
+router = ctx.socket(zmq.ROUTER); router.setsockopt(zmq.RCVHWM, 10000); router.bind(f"tcp://127.0.0.1:{port}")
+rep = ctx.socket(zmq.PAIR); rep.bind(f"tcp://127.0.0.1:{ctl}")
+rep.send(b"ready")
+kept = []
+while True:  # as the buffer's ingest loop, minus its work: drain, keep, one ack message per actor
+    router.poll()
+    acks = {}
+    while True:
+        try:
+            msg = router.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            break
+        kept.append(msg)
+        header = parse_header(msg[1].buffer)
+        if header.get("t") == "turn_chunk":
+            seqs = [header["f"]["seq"]]
+        elif header.get("t") == "turn_chunks":  # packed small chunks: their seqs are an array frame
+            seqs = np.frombuffer(msg[2 + list(header["a"]).index("seq")].buffer, np.int64).tolist()
+        else:
+            continue
+        acks.setdefault(msg[0].bytes, []).extend((seq, "ok", "") for seq in seqs)
+    for identity, entries in acks.items():
+        router.send_multipart([identity, *encode(Ack(*entries[0]) if len(entries) == 1 else ack_batch(entries))])
+"""
