@@ -48,11 +48,11 @@ def encode(msg: Message) -> list[bytes | memoryview]:
     return [header, *frames]
 
 
-_SCALAR_CHECKS = {
-    "str": lambda v: isinstance(v, str),
-    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "bool": lambda v: isinstance(v, bool),
+_SCALAR_CHECKS = {  # msgpack yields exact types, so `type(v) is` suffices (and bool is not taken for int)
+    "str": lambda v: type(v) is str,
+    "int": lambda v: type(v) is int,
+    "float": lambda v: type(v) is float or type(v) is int,
+    "bool": lambda v: type(v) is bool,
     "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     "list[float]": lambda v: isinstance(v, list) and all(_SCALAR_CHECKS["float"](x) for x in v),
     "list[list[int]]": lambda v: isinstance(v, list) and all(
@@ -92,10 +92,11 @@ def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
     if len(arrays) != len(buffers) - 1:
         raise DecodeError("frame_count", f"{len(arrays)} arrays declared, {len(buffers) - 1} frames")
 
+    scalar_specs, required_arrays = _field_specs(cls)
     kwargs: dict[str, Any] = {}
     for i, (name, spec) in enumerate(arrays.items(), start=1):
         kwargs[name] = _decode_array(cls, name, spec, buffers[i])
-    for name, check, required, is_float in _scalar_specs(cls):
+    for name, check, required, is_float in scalar_specs:
         if name not in scalars:
             if required:
                 raise DecodeError("missing_field", f"{cls.TYPE}.{name}")
@@ -104,27 +105,24 @@ def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
         if check is not None and not check(value):
             raise DecodeError("bad_field", f"{cls.TYPE}.{name} is not {cls.__dataclass_fields__[name].type}")
         kwargs[name] = float(value) if is_float else value
-    for name in _required_arrays(cls):
+    for name in required_arrays:
         if name not in kwargs:
             raise DecodeError("missing_field", f"{cls.TYPE}.{name}")
     return cls(**kwargs)
 
 
-_SPECS: dict[type, tuple] = {}
+_SPECS: dict[type, tuple[tuple, tuple[str, ...]]] = {}
 
 
-def _scalar_specs(cls) -> tuple:
-    """(name, type check, required, is_float) per scalar field, computed once per message class."""
+def _field_specs(cls) -> tuple[tuple, tuple[str, ...]]:
+    """(name, type check, required, is_float) per scalar field, and the names of the required arrays;
+    computed once per message class."""
     specs = _SPECS.get(cls)
     if specs is None:
-        specs = _SPECS[cls] = tuple(
-            (f.name, _SCALAR_CHECKS.get(str(f.type)), _required(cls, f.name), f.type == "float")
-            for f in dataclasses.fields(cls) if f.name not in cls.ARRAYS)
+        scalars = tuple((f.name, _SCALAR_CHECKS.get(str(f.type)), _required(cls, f.name), f.type == "float")
+                        for f in dataclasses.fields(cls) if f.name not in cls.ARRAYS)
+        specs = _SPECS[cls] = (scalars, tuple(n for n in cls.ARRAYS if _required(cls, n)))
     return specs
-
-
-def _required_arrays(cls) -> list[str]:
-    return [n for n in cls.ARRAYS if _required(cls, n)]
 
 
 def _required(cls, name: str) -> bool:
