@@ -78,11 +78,15 @@ class LoopSocket:
         return True
 
     async def send(self, frames: list) -> None:
-        """Send one multipart message, waiting while the socket is at its high-water mark."""
+        """Send one multipart message, waiting while the socket is at its high-water mark. (A ROUTER drops
+        what meets a full pipe, unless ZMQ_ROUTER_MANDATORY; then it refuses while reporting room, and this
+        retries once per loop turn.)"""
         self._watch()
         while not self.send_now(frames):
             self._writable.clear()
-            if not self._poll() & _POLLOUT:
+            if self._poll() & _POLLOUT:
+                await asyncio.sleep(0)
+            else:
                 await self._writable.wait()
 
     def unwatch(self) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import zmq
@@ -13,16 +14,25 @@ from turnstream.processes import free_port
 pytestmark = pytest.mark.asyncio
 
 
+@pytest.fixture
+def ctx():
+    """Destroyed even when a test fails: a context left to the garbage collector can hang it in zmq_ctx_term."""
+    context = zmq.asyncio.Context()
+    yield context
+    context.destroy(linger=0)
+
+
 def plain(ctx: zmq.asyncio.Context, kind: int) -> zmq.Socket:
     sock = ctx.socket(kind, socket_class=zmq.Socket)
     sock.setsockopt(zmq.LINGER, 0)
     return sock
 
 
-async def test_both_directions_at_once_leave_no_message_unread():
+async def test_both_directions_at_once_leave_no_message_unread(ctx):
     """Traffic both ways at once, each side sending while its reader waits: every message is read, in order."""
-    ctx = zmq.asyncio.Context()
     router, dealer = plain(ctx, zmq.ROUTER), plain(ctx, zmq.DEALER)
+    router.setsockopt(zmq.SNDHWM, 0)  # a ROUTER drops what meets a full pipe; here nothing may be dropped
+    dealer.setsockopt(zmq.RCVHWM, 0)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     dealer.connect(f"tcp://127.0.0.1:{port}")
     a, b = LoopSocket(dealer), LoopSocket(router)
@@ -54,15 +64,11 @@ async def test_both_directions_at_once_leave_no_message_unread():
     assert [int(f[2].bytes) for f in at_router] == list(range(n))
     assert [int(f[1].bytes) for f in at_dealer] == list(range(n))
     a.unwatch(), b.unwatch()
-    ctx.destroy(linger=0)
 
 
-async def test_a_send_that_takes_the_fds_signal_still_wakes_the_reader():
+async def test_a_send_that_takes_the_fds_signal_still_wakes_the_reader(ctx):
     """libzmq's FD fires once per change of state, and a send processes pending commands, which takes that
     signal. A message that arrives just before a send must still wake the waiting reader."""
-    import time
-
-    ctx = zmq.asyncio.Context()
     router, dealer = plain(ctx, zmq.ROUTER), plain(ctx, zmq.DEALER)
     dealer.connect(f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}")
     link = LoopSocket(dealer)
@@ -78,11 +84,9 @@ async def test_a_send_that_takes_the_fds_signal_still_wakes_the_reader():
         await asyncio.wait_for(reader, 5)
         assert link.recv_now()[0].bytes == b"%d" % i
     link.unwatch()
-    ctx.destroy(linger=0)
 
 
-async def test_send_waits_at_the_high_water_mark_until_the_peer_drains():
-    ctx = zmq.asyncio.Context()
+async def test_send_waits_at_the_high_water_mark_until_the_peer_drains(ctx):
     dealer = plain(ctx, zmq.DEALER)
     dealer.setsockopt(zmq.SNDHWM, 1)
     port = free_port()
@@ -102,11 +106,9 @@ async def test_send_waits_at_the_high_water_mark_until_the_peer_drains():
         got.append(router.recv_multipart()[1])
     assert got == [b"first", b"second"]
     link.unwatch()
-    ctx.destroy(linger=0)
 
 
-async def test_unwatch_stops_watching_and_a_later_wait_watches_again():
-    ctx = zmq.asyncio.Context()
+async def test_unwatch_stops_watching_and_a_later_wait_watches_again(ctx):
     router, dealer = plain(ctx, zmq.ROUTER), plain(ctx, zmq.DEALER)
     dealer.connect(f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}")
     link, loop = LoopSocket(dealer), asyncio.get_running_loop()
@@ -119,4 +121,3 @@ async def test_unwatch_stops_watching_and_a_later_wait_watches_again():
     await asyncio.wait_for(link.readable(), 10)
     assert link.recv_now()[0].bytes == b"back"
     link.unwatch()
-    ctx.destroy(linger=0)
