@@ -35,6 +35,15 @@ class Ledger:
     @classmethod
     def read(cls, run_dir: Path) -> "Ledger":
         led = cls()
+        # The learner's file first: a trained line is written after the ack and served lines of its episodes,
+        # so every episode it names is complete in the buffer's file read next. The other order, against a
+        # running stack, could see a step whose chunks were acked after the buffer's file was read.
+        incarnation = -1
+        for rec in _lines(run_dir / "audit" / "learner.jsonl"):
+            if "start" in rec:
+                incarnation += 1
+            else:
+                led.steps.append((incarnation, rec))
         incarnation, last_served = -1, None
         for rec in _lines(run_dir / "audit" / "buffer.jsonl"):
             if "start" in rec:
@@ -51,12 +60,6 @@ class Ledger:
             elif "dropped" in rec:
                 for ep in rec["dropped"]:
                     led.dropped[ep] = rec["reason"]
-        incarnation = -1
-        for rec in _lines(run_dir / "audit" / "learner.jsonl"):
-            if "start" in rec:
-                incarnation += 1
-            else:
-                led.steps.append((incarnation, rec))
         return led
 
     # ---- what was trained ----------------------------------------------------------------------
