@@ -7,7 +7,7 @@ DecodeError with a short machine-readable reason, so receivers can count it and 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
@@ -25,18 +25,11 @@ class DecodeError(ValueError):
         self.reason = reason  # bounded vocabulary, usable as a metric label
 
 
-_LAYOUTS: dict[type, tuple[tuple[str, str | None], ...]] = {}  # class -> (field, array dtype or None) in order
-
-
 def encode(msg: Message) -> list[bytes | memoryview]:
-    cls = type(msg)
-    layout = _LAYOUTS.get(cls)
-    if layout is None:  # dataclasses.fields() builds its tuple anew on every call
-        layout = _LAYOUTS[cls] = tuple((f.name, cls.ARRAYS.get(f.name)) for f in dataclasses.fields(cls))
     scalars: dict[str, Any] = {}
     arrays: dict[str, list] = {}
     frames: list[bytes | memoryview] = []
-    for name, dtype in layout:
+    for name, dtype in _class_spec(type(msg)).layout:
         value = getattr(msg, name)
         if dtype is None:
             scalars[name] = value
@@ -58,6 +51,37 @@ _SCALAR_CHECKS = {  # msgpack yields exact types, so `type(v) is` suffices (and 
     "list[list[int]]": lambda v: isinstance(v, list) and all(
         isinstance(x, list) and all(_SCALAR_CHECKS["int"](y) for y in x) for x in v),
 }
+
+
+class _ClassSpec(NamedTuple):
+    """What encode and decode need to know about a message class, derived once from its dataclass fields
+    (dataclasses.fields() builds its tuple anew on every call, and np.dtype() parses its argument)."""
+    layout: tuple[tuple[str, np.dtype | None], ...]  # every field in order, with its array dtype or None
+    scalars: tuple[tuple, ...]  # (name, type check, required, is_float) per scalar field
+    required_arrays: tuple[str, ...]
+    array_dtypes: dict[str, np.dtype]
+
+
+_SPECS: dict[type, _ClassSpec] = {}
+
+
+def _class_spec(cls) -> _ClassSpec:
+    spec = _SPECS.get(cls)
+    if spec is None:
+        fields = dataclasses.fields(cls)
+        array_dtypes = {name: np.dtype(dtype) for name, dtype in cls.ARRAYS.items()}
+        spec = _SPECS[cls] = _ClassSpec(
+            layout=tuple((f.name, array_dtypes.get(f.name)) for f in fields),
+            scalars=tuple((f.name, _SCALAR_CHECKS.get(str(f.type)), _required(cls, f.name), f.type == "float")
+                          for f in fields if f.name not in cls.ARRAYS),
+            required_arrays=tuple(n for n in cls.ARRAYS if _required(cls, n)),
+            array_dtypes=array_dtypes)
+    return spec
+
+
+def _required(cls, name: str) -> bool:
+    f = cls.__dataclass_fields__[name]
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
 def parse_header(buf) -> dict:
@@ -92,11 +116,11 @@ def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
     if len(arrays) != len(buffers) - 1:
         raise DecodeError("frame_count", f"{len(arrays)} arrays declared, {len(buffers) - 1} frames")
 
-    scalar_specs, required_arrays = _field_specs(cls)
+    class_spec = _class_spec(cls)
     kwargs: dict[str, Any] = {}
     for i, (name, spec) in enumerate(arrays.items(), start=1):
-        kwargs[name] = _decode_array(cls, name, spec, buffers[i])
-    for name, check, required, is_float in scalar_specs:
+        kwargs[name] = _decode_array(cls, class_spec.array_dtypes.get(name), name, spec, buffers[i])
+    for name, check, required, is_float in class_spec.scalars:
         if name not in scalars:
             if required:
                 raise DecodeError("missing_field", f"{cls.TYPE}.{name}")
@@ -105,29 +129,10 @@ def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
         if check is not None and not check(value):
             raise DecodeError("bad_field", f"{cls.TYPE}.{name} is not {cls.__dataclass_fields__[name].type}")
         kwargs[name] = float(value) if is_float else value
-    for name in required_arrays:
+    for name in class_spec.required_arrays:
         if name not in kwargs:
             raise DecodeError("missing_field", f"{cls.TYPE}.{name}")
     return cls(**kwargs)
-
-
-_SPECS: dict[type, tuple[tuple, tuple[str, ...]]] = {}
-
-
-def _field_specs(cls) -> tuple[tuple, tuple[str, ...]]:
-    """(name, type check, required, is_float) per scalar field, and the names of the required arrays;
-    computed once per message class."""
-    specs = _SPECS.get(cls)
-    if specs is None:
-        scalars = tuple((f.name, _SCALAR_CHECKS.get(str(f.type)), _required(cls, f.name), f.type == "float")
-                        for f in dataclasses.fields(cls) if f.name not in cls.ARRAYS)
-        specs = _SPECS[cls] = (scalars, tuple(n for n in cls.ARRAYS if _required(cls, n)))
-    return specs
-
-
-def _required(cls, name: str) -> bool:
-    f = cls.__dataclass_fields__[name]
-    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
 def _read_spec(spec, where: str) -> tuple[np.dtype, list[int], int]:
@@ -146,28 +151,18 @@ def _read_spec(spec, where: str) -> tuple[np.dtype, list[int], int]:
     return dtype, spec[1], nbytes
 
 
-_FLAT_ARRAYS: dict[tuple[type, str, str], np.dtype] = {}  # (class, field, dtype as encode writes it) -> dtype
-
-
-def _decode_array(cls, name: str, spec, buf: memoryview) -> np.ndarray:
-    # Fast path for what encode writes, a 1-D array in the field's own dtype spelling: one dict lookup
-    # instead of parsing and comparing a dtype per array (a third of decode's time before).
-    if type(spec) is list and len(spec) == 2 and type(spec[0]) is str and type(spec[1]) is list \
-            and len(spec[1]) == 1 and type(spec[1][0]) is int:
-        dtype = _FLAT_ARRAYS.get((cls, name, spec[0]))
-        if dtype is not None and spec[1][0] * dtype.itemsize == buf.nbytes:
-            return np.frombuffer(buf, dtype=dtype)
-    return _decode_array_checked(cls, name, spec, buf)
-
-
-def _decode_array_checked(cls, name: str, spec, buf: memoryview) -> np.ndarray:
-    if name not in cls.ARRAYS:
+def _decode_array(cls, want: np.dtype | None, name: str, spec, buf: memoryview) -> np.ndarray:
+    """`want`: the field's dtype (None: the class has no such array)."""
+    if want is None:
         raise DecodeError("unknown_array", f"{cls.TYPE}.{name}")
+    # Fast path for what encode writes, a 1-D array in the field's dtype spelled as `dtype.str`: a string
+    # compare instead of parsing a dtype per array (that was a third of decode's time).
+    if type(spec) is list and len(spec) == 2 and spec[0] == want.str and type(spec[1]) is list \
+            and len(spec[1]) == 1 and type(spec[1][0]) is int and spec[1][0] * want.itemsize == buf.nbytes:
+        return np.frombuffer(buf, dtype=want)
     dtype, shape, nbytes = _read_spec(spec, f"{cls.TYPE}.{name}")
-    if dtype != np.dtype(cls.ARRAYS[name]):
+    if dtype != want:
         raise DecodeError("bad_dtype", f"{cls.TYPE}.{name} is {dtype}, want {cls.ARRAYS[name]}")
     if nbytes != buf.nbytes:
         raise DecodeError("truncated", f"{cls.TYPE}.{name}: {buf.nbytes} bytes for shape {shape}")
-    if spec[0] == dtype.str:  # only the canonical spelling: the cache holds one entry per field
-        _FLAT_ARRAYS[(cls, name, spec[0])] = dtype
     return np.frombuffer(buf, dtype=dtype).reshape(shape)
