@@ -86,16 +86,13 @@ def bench_raw(n: int, obs, arrays, mode: str = "drop") -> tuple[float, dict]:
     child = subprocess.Popen([sys.executable, "-c", RECEIVER, str(port), str(n), str(ctl), mode, str(reserve)])
     ctx = zmq.Context()
     try:
+        # "ready" first: frames sent before then would queue in fresh memory while the heap is warmed
+        pair = _ready_child(ctx, ctl, "raw receiver")
         push = ctx.socket(zmq.PUSH)
         push.setsockopt(zmq.SNDHWM, 10000)
         push.setsockopt(zmq.LINGER, 0)
-        pair = ctx.socket(zmq.PAIR)
-        pair.setsockopt(zmq.LINGER, 0)
-        pair.connect(f"tcp://127.0.0.1:{ctl}")
         push.connect(f"tcp://127.0.0.1:{port}")
         time.sleep(0.3)
-        assert pair.poll(120_000), "raw receiver did not start"
-        pair.recv()  # "ready": frames sent before then would queue in fresh memory while the heap is warmed
         cpu = CpuClock(child.pid)
         cpu.start()
         pair.send(b"go")
@@ -117,25 +114,30 @@ def bench_ack_only(n: int, obs, arrays, window: int) -> tuple[float, dict]:
     link and its acks without the buffer's work (decode, validation, storage, credits), timed as ours."""
     import zmq
 
-    from turnstream.config import Config
     from turnstream.processes import free_port
 
-    cfg = Config()
-    cfg.network.buffer_ingest_port, ctl = free_port(), free_port()
-    args = [str(cfg.network.buffer_ingest_port), str(ctl), str(reserve_for(n, obs.nbytes))]
-    child = subprocess.Popen([sys.executable, "-c", ACKER, *args])
+    port, ctl = free_port(), free_port()
+    child = subprocess.Popen([sys.executable, "-c", ACKER, str(port), str(ctl), str(reserve_for(n, obs.nbytes))])
     ctx = zmq.Context()
     try:
-        pair = ctx.socket(zmq.PAIR)
-        pair.setsockopt(zmq.LINGER, 0)
-        pair.connect(f"tcp://127.0.0.1:{ctl}")
-        assert pair.poll(120_000), "ack-only receiver did not start"
-        pair.recv()
-        return asyncio.run(_send_all(cfg, n, obs, arrays, window, CpuClock(child.pid)))
+        _ready_child(ctx, ctl, "ack-only receiver")
+        return asyncio.run(_send_all(port, n, obs, arrays, window, CpuClock(child.pid)))
     finally:
         ctx.destroy(linger=0)
         child.kill()
         child.wait()
+
+
+def _ready_child(ctx, ctl: int, what: str):
+    """The PAIR socket to a receiver child process, once the child said "ready" on it."""
+    import zmq
+
+    pair = ctx.socket(zmq.PAIR)
+    pair.setsockopt(zmq.LINGER, 0)
+    pair.connect(f"tcp://127.0.0.1:{ctl}")
+    assert pair.poll(120_000), f"{what} did not start"
+    pair.recv()
+    return pair
 
 
 def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path,
@@ -161,21 +163,24 @@ def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path,
     child = procs.start(f"buffer-{name}", [sys.executable, "-m", "turnstream.cli", "buffer", "--config", str(path)])
     try:
         _wait_up(cfg.buffer.metrics_port, child)
-        return asyncio.run(_send_all(cfg, n, obs, arrays, window, CpuClock(child.proc.pid)))
+        return asyncio.run(_send_all(cfg.network.buffer_ingest_port, n, obs, arrays, window,
+                                     CpuClock(child.proc.pid)))
     finally:
         procs.stop_all()
 
 
-async def _send_all(cfg, n: int, obs, arrays, window: int, cpu: CpuClock) -> tuple[float, dict]:
+async def _send_all(port: int, n: int, obs, arrays, window: int, cpu: CpuClock) -> tuple[float, dict]:
+    """Send n chunks through a BufferLink to the receiver on `port`; seconds until the last ack, and CPU."""
     import zmq.asyncio
 
     from actors.link import BufferLink
     from actors.metrics import ActorMetrics
+    from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES
 
     ctx = zmq.asyncio.Context()
-    link = BufferLink(ctx, f"tcp://127.0.0.1:{cfg.network.buffer_ingest_port}", actor_id="bench-actor", epoch=1,
-                      slots=0, max_unacked=window, resend_after_s=60.0, metrics=ActorMetrics(),
-                      max_message_bytes=cfg.network.max_message_bytes)
+    link = BufferLink(ctx, f"tcp://127.0.0.1:{port}", actor_id="bench-actor", epoch=1, slots=0,
+                      max_unacked=window, resend_after_s=60.0, metrics=ActorMetrics(),
+                      max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES)
     task = asyncio.create_task(link.run())
     try:
         await asyncio.sleep(0.3)

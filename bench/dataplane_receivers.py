@@ -61,10 +61,9 @@ rep.recv()  # stay alive until the parent has read this process's CPU time
 ACKER = r"""
 import sys, zmq
 import numpy as np
-from buffer.server import ack_batch
+from buffer.server import ack_reply
 from buffer.warm_heap import reserve_warm_heap
 from protocol.codec import encode, parse_header
-from protocol.messages import Ack
 port, ctl, reserve = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 assert reserve_warm_heap(reserve), "not glibc"  # as the buffer starts
 ctx = zmq.Context()
@@ -90,5 +89,5 @@ while True:  # as the buffer's ingest loop, minus its work: drain, keep, one ack
             continue
         acks.setdefault(msg[0].bytes, []).extend((seq, "ok", "") for seq in seqs)
     for identity, entries in acks.items():
-        router.send_multipart([identity, *encode(Ack(*entries[0]) if len(entries) == 1 else ack_batch(entries))])
+        router.send_multipart([identity, *encode(ack_reply(entries))])
 """

@@ -145,8 +145,7 @@ class BufferServer:
             for seq, status, reason in entries:
                 if reason:
                     log.warning("rejected chunk %d from %r: %s", seq, identity, reason)
-            reply = Ack(*entries[0]) if len(entries) == 1 else ack_batch(entries)
-            replies.append([identity, *encode(reply)])
+            replies.append([identity, *encode(ack_reply(entries))])
         return replies, heartbeats
 
     def _ingest_batch(self, identity: bytes, msg: TurnChunkBatch, frames: list) -> list[tuple[int, str, str]]:
@@ -259,7 +258,10 @@ class BufferServer:
 ACK_CODES = {status: i for i, status in enumerate(AckBatch.STATUSES)}
 
 
-def ack_batch(entries: list[tuple[int, str, str]]) -> AckBatch:
+def ack_reply(entries: list[tuple[int, str, str]]) -> Ack | AckBatch:
+    """The one message that answers an actor's drained group: (seq, status, reason) per chunk, in order."""
+    if len(entries) == 1:
+        return Ack(*entries[0])
     return AckBatch(seq=np.fromiter((e[0] for e in entries), np.int64, len(entries)),
                     status=np.fromiter((ACK_CODES[e[1]] for e in entries), np.uint8, len(entries)),
                     reasons=[e[2] for e in entries if e[1] == "rejected"])
