@@ -41,6 +41,9 @@ class BufferServer:
         self.ctx = zmq.asyncio.Context()
         self.ingest = configure(self.ctx.socket(zmq.ROUTER, socket_class=zmq.Socket), max_bytes=max_message_bytes)
         self.serve = configure(self.ctx.socket(zmq.ROUTER), max_bytes=max_message_bytes)
+        # A learner that reconnects under its routing id (after a stall past the heartbeat timeout, say) takes
+        # its identity over from the old connection that the ROUTER may still hold, instead of being refused.
+        self.serve.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.monitors: dict[str, zmq.Socket] = {}  # socket name -> monitor of refused handshakes (CURVE only)
         self.authenticator, self.refusals = None, 0
         if curve is not None:  # must precede bind: the mechanism is fixed per socket before peers arrive
@@ -61,7 +64,9 @@ class BufferServer:
         self.max_message_bytes, self.drain_max, self.housekeeping_s = max_message_bytes, drain_max, housekeeping_s
         self.gate = Gate()
         self.requests: dict[bytes, asyncio.Task] = {}  # learner identity -> task answering its request
-        self.answered: dict[bytes, int] = {}  # learner identity -> request_id last answered with a batch
+        # learner identity -> (request_id, frames) of the last batch sent, kept until the learner asks for the
+        # next one: an answer can be lost with its connection, and the re-ask must get the same batch again
+        self.last_batch: dict[bytes, tuple[int, list]] = {}
         self.insert_clock = BlockedClock(metrics.insert_blocked)
         self.sample_clock = BlockedClock(metrics.sample_blocked)
         self.waiting_requests = 0
@@ -175,10 +180,13 @@ class BufferServer:
                                        else "bad_request").inc()
                 continue
             identity = bytes(identity)
-            if self.answered.get(identity) == msg.request_id:
-                # a re-ask that crossed our answer on the wire: serving it again would hand out a second
-                # batch under the same id, which the learner discards (episodes consumed, never trained)
+            last = self.last_batch.pop(identity, None)
+            if last is not None and last[0] == msg.request_id:
+                # The learner did not get our answer (lost with a torn-down connection) or re-asked while it
+                # was on the wire. Its episodes are consumed, so the same batch goes again, never a new one.
+                self.last_batch[identity] = last
                 self.m.batch_requests.labels("repeat").inc()
+                self.serve.send_multipart([identity, *last[1]], copy=False)
                 continue
             old = self.requests.pop(identity, None)
             if old is not None:
@@ -207,14 +215,21 @@ class BufferServer:
             episodes, dropped = got
             if self.journal is not None:
                 self.journal.commit()  # "consumed" is durable before the batch leaves
-            batch = flatten(episodes, req.request_id, self.store.learner_version, dropped)
-            self.answered[identity] = req.request_id
+            frames = encode(flatten(episodes, req.request_id, self.store.learner_version, dropped))
+            self._keep_last_batch(identity, req.request_id, frames)
             self.m.batches.inc()
         else:
             batch = flatten([], req.request_id, self.store.learner_version, 0)
             batch.status = status
-        await self.serve.send_multipart([identity, *encode(batch)], copy=False)
+            frames = encode(batch)
+        await self.serve.send_multipart([identity, *frames], copy=False)
         await self._after_change()  # serving freed admission room
+
+    def _keep_last_batch(self, identity: bytes, request_id: int, frames: list) -> None:
+        self.last_batch[identity] = (request_id, frames)
+        # learners that died holding an answer are never heard from again: keep the newest few only
+        while len(self.last_batch) > MAX_KEPT_BATCHES:
+            del self.last_batch[next(iter(self.last_batch))]
 
     async def _version_loop(self) -> None:
         while True:
@@ -255,6 +270,7 @@ class BufferServer:
         self.sample_clock.update(self.waiting_requests > 0, now)
 
 
+MAX_KEPT_BATCHES = 16  # last answers kept, one per learner identity; far more than learner processes in a run
 ACK_CODES = {status: i for i, status in enumerate(AckBatch.STATUSES)}
 
 

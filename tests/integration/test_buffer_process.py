@@ -117,6 +117,40 @@ def test_stale_episodes_never_reach_the_learner(buffer_proc):
     assert m['turnstream_buffer_dropped_episodes_total{reason="stale"}'] == 2
 
 
+def test_a_batch_lost_with_its_connection_is_sent_again_on_the_re_ask(buffer_proc):
+    """A learner stalled past the heartbeat timeout loses the answer queued on its dropped connection; it
+    reconnects under the same routing id and re-asks the same request id, and must get the same episodes."""
+    cfg, ctx, _pub, metrics_url, _ = buffer_proc
+    actor = _dealer(ctx, cfg.network.buffer_ingest_port)
+    actor.send_multipart(encode(CreditRequest("actor-t", 1, slots=4)))
+    _recv(actor)
+    for i in range(4):
+        actor.send_multipart(encode(chunk(f"e{i}", 0, seq=i, done=True)))
+        assert _recv(actor).status == "ok"
+
+    def learner_socket():
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTING_ID, b"learner-stalled")
+        sock.connect(f"tcp://127.0.0.1:{cfg.network.buffer_serve_port}")
+        return sock
+
+    stalled = learner_socket()
+    stalled.send_multipart(encode(BatchRequest(request_id=1, learner_version=0, max_episodes=2)))
+    assert stalled.poll(10_000), "no answer to the first request"  # answered, and never read
+    reconnected = learner_socket()  # the buffer still holds the old connection: the new one takes it over
+    reconnected.send_multipart(encode(BatchRequest(request_id=1, learner_version=0, max_episodes=2)))
+    again = _recv(reconnected)
+    assert isinstance(again, Batch) and again.request_id == 1 and again.episode_ids == ["e0", "e1"]
+    assert decode(stalled.recv_multipart()).episode_ids == again.episode_ids  # the very batch that was lost
+
+    reconnected.send_multipart(encode(BatchRequest(request_id=2, learner_version=0, max_episodes=2)))
+    assert _recv(reconnected).episode_ids == ["e2", "e3"]  # the next request moves on, nothing served twice
+    m = scrape(metrics_url)
+    assert m["turnstream_buffer_batches_served_total"] == 2
+    assert m['turnstream_buffer_batch_requests_total{outcome="repeat"}'] == 1
+
+
 def test_garbage_is_counted_and_the_buffer_keeps_serving(buffer_proc):
     cfg, ctx, _pub, metrics_url, child = buffer_proc
     actor = _dealer(ctx, cfg.network.buffer_ingest_port)
