@@ -37,7 +37,8 @@ async def serve(cfg: Config) -> None:
     version_addr = bind_address(net.learner_address, net.learner_pub_port) if net.learner_pub_port else None
     server = BufferServer(store, metrics, ingest_addr=bind_address(net.listen_host, net.buffer_ingest_port),
                           serve_addr=bind_address(net.listen_host, net.buffer_serve_port), version_addr=version_addr,
-                          max_message_bytes=net.max_message_bytes, journal=journal, curve=keys_for(net))
+                          max_message_bytes=net.max_message_bytes, journal=journal, ack_delay_s=b.ack_delay_ms / 1000,
+                          curve=keys_for(net))
     runner, port = await start_metrics_server(metrics.registry, net.listen_host, b.metrics_port,
                                               health=lambda: {"learner_version": store.learner_version})
     log.info("buffer: ingest port %d, serve port %d, metrics port %d", server.ingest_port, server.serve_port, port)

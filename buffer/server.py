@@ -35,7 +35,7 @@ log = logging.getLogger("turnstream.buffer")
 class BufferServer:
     def __init__(self, store: ReplayStore, metrics: BufferMetrics, *, ingest_addr: str, serve_addr: str,
                  version_addr: str | None, max_message_bytes: int, journal=None, drain_max: int = 256,
-                 housekeeping_s: float = 0.5, curve: auth.CurveKeys | None = None):
+                 housekeeping_s: float = 0.5, ack_delay_s: float = 0.0, curve: auth.CurveKeys | None = None):
         self.store, self.m, self.journal = store, metrics, journal
         self.server_id = uuid.uuid4().hex[:16]  # a new one per start tells actors to resend their window
         self.ctx = zmq.asyncio.Context()
@@ -62,6 +62,7 @@ class BufferServer:
                 auth.make_client(self.versions, curve)
             self.versions.connect(version_addr)
         self.max_message_bytes, self.drain_max, self.housekeeping_s = max_message_bytes, drain_max, housekeeping_s
+        self.ack_delay_s = ack_delay_s
         self.gate = Gate()
         self.requests: dict[bytes, asyncio.Task] = {}  # learner identity -> task answering its request
         # learner identity -> (request_id, frames) of the last batch sent, kept until the learner asks for the
@@ -105,28 +106,42 @@ class BufferServer:
 
     # ---- actors ------------------------------------------------------------------------------------
     async def _ingest_loop(self) -> None:
-        while True:
-            await self.ingest_io.readable()
-            # Drain what is already queued: one pass over many messages shares one log commit and one
-            # _after_change. A ROUTER send never waits (a full peer pipe drops, and the actor resends).
-            # Frames are kept as received, zero-copy: the stored arrays are views into them (warm_heap.py).
-            batch = []
-            while len(batch) < self.drain_max and (frames := self.ingest_io.recv_now()) is not None:
-                batch.append(frames)
-            if not batch:
-                continue
-            acks, heartbeats = self._apply_ingest(batch)
-            if self.journal is not None:
-                self.journal.commit()  # before any ack leaves
-            for reply in acks:
-                self.ingest_io.send_now(reply)
-            await self._after_change(heartbeats)
-
-    def _apply_ingest(self, batch: list) -> tuple[list, set[bytes]]:
-        """Apply one drained group of messages; returns one ack message per actor, and the actors
-        whose credit request gets an answer (even of 0 credits)."""
-        acks: dict[bytes, list[tuple[int, str, str]]] = {}  # identity -> (seq, status, reason) in order
+        acks: dict[bytes, list[tuple[int, str, str]]] = {}  # identity -> (seq, status, reason), not yet sent
         heartbeats: set[bytes] = set()
+        pending, flush_at = 0, 0.0
+        while True:
+            if pending == 0:
+                arrived = await self.ingest_io.readable()
+            else:
+                arrived = await self.ingest_io.readable(flush_at - time.monotonic())
+            if arrived:
+                # Drain what is already queued. A ROUTER send never waits (a full peer pipe drops, and the
+                # actor resends). Frames are kept as received, zero-copy: the stored arrays are views into
+                # them (warm_heap.py).
+                batch = []
+                while len(batch) < self.drain_max and (frames := self.ingest_io.recv_now()) is not None:
+                    batch.append(frames)
+                added = self._apply_ingest(batch, acks, heartbeats)
+                if added and pending == 0:
+                    flush_at = time.monotonic() + self.ack_delay_s
+                pending += added
+            # Acks wait up to ack_delay_s for more chunks (TCP's delayed ack, Kafka's linger): one log
+            # commit and one ack message then answer several chunks, and the actor wakes once for them.
+            # A credit request is answered at once: an actor without credits has nothing else to send.
+            if heartbeats or pending >= ACK_AFTER_CHUNKS or (pending and time.monotonic() >= flush_at):
+                if self.journal is not None:
+                    self.journal.commit()  # before any ack leaves
+                for reply in self._ack_replies(acks):
+                    self.ingest_io.send_now(reply)
+                acks, pending = {}, 0
+                await self._after_change(heartbeats)
+                heartbeats = set()
+
+    def _apply_ingest(self, batch: list, acks: dict[bytes, list], heartbeats: set[bytes]) -> int:
+        """Apply one drained group of messages: each chunk's (seq, status, reason) goes to its actor's
+        acks, and an actor whose credit request gets an answer (even of 0 credits) to heartbeats. Returns
+        the number of chunks applied."""
+        added = 0
         for peer, *frames in batch:
             identity = peer.bytes
             try:
@@ -138,20 +153,28 @@ class BufferServer:
             if isinstance(msg, TurnChunk):
                 results = self.store.ingest_many(identity, [msg], raw=frames)
                 acks.setdefault(identity, []).append((msg.seq, *results[0]))
+                added += 1
             elif isinstance(msg, TurnChunkBatch):
-                acks.setdefault(identity, []).extend(self._ingest_batch(identity, msg, frames))
+                entries = self._ingest_batch(identity, msg, frames)
+                acks.setdefault(identity, []).extend(entries)
+                added += len(entries)
             elif isinstance(msg, CreditRequest):
                 self.store.on_credit_request(identity, msg.actor_id, msg.epoch, msg.slots)
                 heartbeats.add(identity)
             else:
                 self.m.rejected.labels("unexpected_type").inc()
+        return added
+
+    @staticmethod
+    def _ack_replies(acks: dict[bytes, list[tuple[int, str, str]]]) -> list[list]:
+        """One ack message per actor."""
         replies = []
         for identity, entries in acks.items():
             for seq, status, reason in entries:
                 if reason:
                     log.warning("rejected chunk %d from %r: %s", seq, identity, reason)
             replies.append([identity, *encode(ack_reply(entries))])
-        return replies, heartbeats
+        return replies
 
     def _ingest_batch(self, identity: bytes, msg: TurnChunkBatch, frames: list) -> list[tuple[int, str, str]]:
         try:
@@ -270,6 +293,7 @@ class BufferServer:
         self.sample_clock.update(self.waiting_requests > 0, now)
 
 
+ACK_AFTER_CHUNKS = 16  # pending acks sent at once when this many chunks wait, without waiting out the delay
 MAX_KEPT_BATCHES = 16  # last answers kept, one per learner identity; far more than learner processes in a run
 ACK_CODES = {status: i for i, status in enumerate(AckBatch.STATUSES)}
 

@@ -43,12 +43,23 @@ class LoopSocket:
             self._writable.set()
         return events
 
-    async def readable(self) -> None:
-        """Return once at least one message is queued."""
+    async def readable(self, timeout_s: float | None = None) -> bool:
+        """True once at least one message is queued; False if none came within timeout_s (None: wait on)."""
         self._watch()
+        deadline = None if timeout_s is None else self._loop.time() + timeout_s
         while not self._poll() & _POLLIN:
+            timer = None
+            if deadline is not None:
+                if (left := deadline - self._loop.time()) <= 0:
+                    return False
+                timer = self._loop.call_later(left, self._readable.set)
             self._readable.clear()
-            await self._readable.wait()
+            try:
+                await self._readable.wait()
+            finally:
+                if timer is not None:
+                    timer.cancel()
+        return True
 
     def recv_now(self) -> list[zmq.Frame] | None:
         """The next queued message (frames kept zero-copy), or None. A multipart message arrives whole, so

@@ -207,6 +207,9 @@ class BufferSection:
     # page faults until the buffer has grown this much past its start (turnstream_buffer_page_faults_total
     # rising while chunks come in: raise it); 0: glibc's defaults
     ingest_reserve_bytes: int = 64 * 1024 * 1024
+    # an ack (and the log commit before it) waits up to this long for more chunks, so that one ack message
+    # and one fsync answer several; 16 waiting chunks are acked at once. 0: every drained group is acked
+    ack_delay_ms: float = 1.0
     cpus: list[int] = field(default_factory=list)  # CPU ids this role is pinned to (os affinity); empty: any
 
     def validate(self, path: str) -> None:
@@ -230,6 +233,7 @@ class BufferSection:
             batch_episodes=self.batch_episodes, max_items=self.max_items, eta=self.eta)
         check(not field_name, f"{path}.{field_name}", reason)
         check(self.wal_fsync_interval_s > 0, f"{path}.wal_fsync_interval_s", "must be > 0")
+        check(0 <= self.ack_delay_ms <= 1000, f"{path}.ack_delay_ms", "must be in 0..1000")
         check(0 <= self.ingest_reserve_bytes <= MAX_RESERVE_BYTES, f"{path}.ingest_reserve_bytes",
               f"must be in 0..{MAX_RESERVE_BYTES} (glibc's trim threshold is a C int; 0 turns it off)")
         check(self.wal_compact_bytes >= 1024 * 1024, f"{path}.wal_compact_bytes", "must be >= 1048576 (1 MiB)")

@@ -81,7 +81,8 @@ def test_kill9_restart_keeps_every_acked_chunk_and_serves_nothing_twice(buffer):
         tokens = batch.tokens[batch.episode_offsets[0]:batch.episode_offsets[1]].tolist()
         assert tokens == [10, 24, 11, 25]  # the very tokens acked before the crash
         learner.send_multipart(encode(BatchRequest(request_id=2, learner_version=0, max_episodes=4)))
-        # (a re-ask of an answered request is ignored, not answered with a second batch)
+        again = _recv(learner, Batch)  # a re-ask of the answered request gets the same batch, not a second one
+        assert again.request_id == 2 and again.episode_ids == batch.episode_ids
         learner.send_multipart(encode(BatchRequest(request_id=3, learner_version=0, max_episodes=1,
                                                    timeout_s=0.3)))
         assert _recv(learner, Batch).status == "timeout"  # e0/e1 are not served again; "open" is not done

@@ -121,3 +121,19 @@ async def test_unwatch_stops_watching_and_a_later_wait_watches_again(ctx):
     await asyncio.wait_for(link.readable(), 10)
     assert link.recv_now()[0].bytes == b"back"
     link.unwatch()
+
+
+async def test_readable_with_a_timeout_says_whether_a_message_came(ctx):
+    """False once the time-out passes with nothing queued, True for a message that arrives meanwhile."""
+    pull, push = plain(ctx, zmq.PULL), plain(ctx, zmq.PUSH)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    push.connect(f"tcp://127.0.0.1:{port}")
+    reader = LoopSocket(pull)
+    try:
+        assert await asyncio.wait_for(reader.readable(0.05), 10) is False
+        assert await reader.readable(0) is False
+        asyncio.get_running_loop().call_later(0.05, push.send, b"late")
+        assert await asyncio.wait_for(reader.readable(60), 10) is True
+        assert reader.recv_now()[0].bytes == b"late"
+    finally:
+        reader.unwatch()
