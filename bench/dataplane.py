@@ -114,10 +114,13 @@ def bench_ack_only(n: int, obs, arrays, window: int) -> tuple[float, dict]:
     link and its acks without the buffer's work (decode, validation, storage, credits), timed as ours."""
     import zmq
 
+    from turnstream.config import Config
     from turnstream.processes import free_port
 
     port, ctl = free_port(), free_port()
-    child = subprocess.Popen([sys.executable, "-c", ACKER, str(port), str(ctl), str(reserve_for(n, obs.nbytes))])
+    ack_delay_s = Config().buffer.ack_delay_ms / 1000  # acks delayed as the buffer's are
+    child = subprocess.Popen([sys.executable, "-c", ACKER, str(port), str(ctl), str(reserve_for(n, obs.nbytes)),
+                              str(ack_delay_s)])
     ctx = zmq.Context()
     try:
         _ready_child(ctx, ctl, "ack-only receiver")

@@ -59,21 +59,20 @@ rep.recv()  # stay alive until the parent has read this process's CPU time
 
 
 ACKER = r"""
-import sys, zmq
+import sys, time, zmq
 import numpy as np
-from buffer.server import ack_reply
+from buffer.server import ACK_AFTER_CHUNKS, ack_reply
 from buffer.warm_heap import reserve_warm_heap
 from protocol.codec import encode, parse_header
-port, ctl, reserve = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+port, ctl, reserve, ack_delay_s = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 assert reserve_warm_heap(reserve), "not glibc"  # as the buffer starts
 ctx = zmq.Context()
 router = ctx.socket(zmq.ROUTER); router.setsockopt(zmq.RCVHWM, 10000); router.bind(f"tcp://127.0.0.1:{port}")
 rep = ctx.socket(zmq.PAIR); rep.bind(f"tcp://127.0.0.1:{ctl}")
 rep.send(b"ready")
-kept = []
-while True:  # as the buffer's ingest loop, minus its work: drain, keep, one ack message per actor
-    router.poll()
-    acks = {}
+kept, acks, pending, flush_at = [], {}, 0, 0.0
+while True:  # as the buffer's ingest loop, minus its work: drain, keep, delayed acks, one message per actor
+    router.poll(None if pending == 0 else max(0, (flush_at - time.monotonic()) * 1000))
     while True:
         try:
             msg = router.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -87,7 +86,12 @@ while True:  # as the buffer's ingest loop, minus its work: drain, keep, one ack
             seqs = np.frombuffer(msg[2 + list(header["a"]).index("seq")].buffer, np.int64).tolist()
         else:
             continue
+        if pending == 0:
+            flush_at = time.monotonic() + ack_delay_s
+        pending += len(seqs)
         acks.setdefault(msg[0].bytes, []).extend((seq, "ok", "") for seq in seqs)
-    for identity, entries in acks.items():
-        router.send_multipart([identity, *encode(ack_reply(entries))])
+    if pending >= ACK_AFTER_CHUNKS or (pending and time.monotonic() >= flush_at):
+        for identity, entries in acks.items():
+            router.send_multipart([identity, *encode(ack_reply(entries))])
+        acks, pending = {}, 0
 """
