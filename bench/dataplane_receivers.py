@@ -59,20 +59,20 @@ rep.recv()  # stay alive until the parent has read this process's CPU time
 
 
 ACKER = r"""
-import sys, time, zmq
+import sys, zmq
 import numpy as np
-from buffer.server import ACK_AFTER_CHUNKS, ack_reply
+from buffer.acks import AckGroup
 from buffer.warm_heap import reserve_warm_heap
-from protocol.codec import encode, parse_header
+from protocol.codec import parse_header
 port, ctl, reserve, ack_delay_s = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 assert reserve_warm_heap(reserve), "not glibc"  # as the buffer starts
 ctx = zmq.Context()
 router = ctx.socket(zmq.ROUTER); router.setsockopt(zmq.RCVHWM, 10000); router.bind(f"tcp://127.0.0.1:{port}")
 rep = ctx.socket(zmq.PAIR); rep.bind(f"tcp://127.0.0.1:{ctl}")
 rep.send(b"ready")
-kept, acks, pending, flush_at = [], {}, 0, 0.0
-while True:  # as the buffer's ingest loop, minus its work: drain, keep, delayed acks, one message per actor
-    router.poll(None if pending == 0 else max(0, (flush_at - time.monotonic()) * 1000))
+kept, acks = [], AckGroup(ack_delay_s)
+while True:  # as the buffer's ingest loop, minus its work: drain, keep, the same delayed acks
+    router.poll(None if (wait_s := acks.wait_s()) is None else max(0.0, wait_s * 1000))
     while True:
         try:
             msg = router.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -86,12 +86,8 @@ while True:  # as the buffer's ingest loop, minus its work: drain, keep, delayed
             seqs = np.frombuffer(msg[2 + list(header["a"]).index("seq")].buffer, np.int64).tolist()
         else:
             continue
-        if pending == 0:
-            flush_at = time.monotonic() + ack_delay_s
-        pending += len(seqs)
-        acks.setdefault(msg[0].bytes, []).extend((seq, "ok", "") for seq in seqs)
-    if pending >= ACK_AFTER_CHUNKS or (pending and time.monotonic() >= flush_at):
-        for identity, entries in acks.items():
-            router.send_multipart([identity, *encode(ack_reply(entries))])
-        acks, pending = {}, 0
+        acks.add(msg[0].bytes, [(seq, "ok", "") for seq in seqs])
+    if acks.due():
+        for reply in acks.take_replies():
+            router.send_multipart(reply)
 """

@@ -1,8 +1,9 @@
 """The buffer process: two ROUTER sockets (actors, learner), one SUB for versions, one event loop.
 
-Ingest drains every message already queued (up to `drain_max`), applies them to the store, commits the
-write-ahead log once for the lot (group commit), and only then sends the acks: an ack means "in the log
-per the fsync policy". Each batch request is a task waiting on a Gate that every state change notifies,
+Ingest drains every message already queued (up to `drain_max`) and applies them to the store; their acks
+join an ack group (buffer/acks.py) that leaves after a short delay, with the chunks that arrive meanwhile.
+The write-ahead log is committed once for the group (group commit), and only then are its acks sent: an
+ack means "in the log per the fsync policy". Each batch request is a task waiting on a Gate that every state change notifies,
 so a request blocks until its batch exists, its timeout passes, or the buffer shuts down.
 """
 from __future__ import annotations
@@ -12,10 +13,10 @@ import logging
 import time
 import uuid
 
-import numpy as np
 import zmq
 import zmq.asyncio
 
+from buffer.acks import AckGroup
 from buffer.episodes import flatten
 from buffer.metrics import BufferMetrics
 from buffer.ratelimit import BlockedClock, Cancelled, Gate
@@ -25,8 +26,7 @@ from protocol import auth
 from protocol.codec import DecodeError, decode, encode
 from protocol.chunk_batch import BatchError, readable_seqs, unpack
 from protocol.loop_socket import LoopSocket
-from protocol.messages import (Ack, AckBatch, BatchRequest, CreditGrant, CreditRequest, TurnChunk, TurnChunkBatch,
-                               VersionAnnouncement)
+from protocol.messages import BatchRequest, CreditGrant, CreditRequest, TurnChunk, TurnChunkBatch, VersionAnnouncement
 from protocol.sockets import configure
 
 log = logging.getLogger("turnstream.buffer")
@@ -62,7 +62,7 @@ class BufferServer:
                 auth.make_client(self.versions, curve)
             self.versions.connect(version_addr)
         self.max_message_bytes, self.drain_max, self.housekeeping_s = max_message_bytes, drain_max, housekeeping_s
-        self.ack_delay_s = ack_delay_s
+        self.acks = AckGroup(ack_delay_s)
         self.gate = Gate()
         self.requests: dict[bytes, asyncio.Task] = {}  # learner identity -> task answering its request
         # learner identity -> (request_id, frames) of the last batch sent, kept until the learner asks for the
@@ -106,42 +106,28 @@ class BufferServer:
 
     # ---- actors ------------------------------------------------------------------------------------
     async def _ingest_loop(self) -> None:
-        acks: dict[bytes, list[tuple[int, str, str]]] = {}  # identity -> (seq, status, reason), not yet sent
-        heartbeats: set[bytes] = set()
-        pending, flush_at = 0, 0.0
         while True:
-            if pending == 0:
-                arrived = await self.ingest_io.readable()
-            else:
-                arrived = await self.ingest_io.readable(flush_at - time.monotonic())
-            if arrived:
+            heartbeats: set[bytes] = set()
+            if await self.ingest_io.readable(self.acks.wait_s()):
                 # Drain what is already queued. A ROUTER send never waits (a full peer pipe drops, and the
                 # actor resends). Frames are kept as received, zero-copy: the stored arrays are views into
                 # them (warm_heap.py).
                 batch = []
                 while len(batch) < self.drain_max and (frames := self.ingest_io.recv_now()) is not None:
                     batch.append(frames)
-                added = self._apply_ingest(batch, acks, heartbeats)
-                if added and pending == 0:
-                    flush_at = time.monotonic() + self.ack_delay_s
-                pending += added
-            # Acks wait up to ack_delay_s for more chunks (TCP's delayed ack, Kafka's linger): one log
-            # commit and one ack message then answer several chunks, and the actor wakes once for them.
-            # A credit request is answered at once: an actor without credits has nothing else to send.
-            if heartbeats or pending >= ACK_AFTER_CHUNKS or (pending and time.monotonic() >= flush_at):
+                heartbeats = self._apply_ingest(batch)
+            # a credit request is answered at once: an actor without credits has nothing else to send
+            if heartbeats or self.acks.due():
                 if self.journal is not None:
                     self.journal.commit()  # before any ack leaves
-                for reply in self._ack_replies(acks):
+                for reply in self.acks.take_replies():
                     self.ingest_io.send_now(reply)
-                acks, pending = {}, 0
                 await self._after_change(heartbeats)
-                heartbeats = set()
 
-    def _apply_ingest(self, batch: list, acks: dict[bytes, list], heartbeats: set[bytes]) -> int:
-        """Apply one drained group of messages: each chunk's (seq, status, reason) goes to its actor's
-        acks, and an actor whose credit request gets an answer (even of 0 credits) to heartbeats. Returns
-        the number of chunks applied."""
-        added = 0
+    def _apply_ingest(self, batch: list) -> set[bytes]:
+        """Apply one drained group of messages: each chunk's ack joins the ack group. Returns the actors
+        whose credit request gets an answer (even of 0 credits)."""
+        heartbeats: set[bytes] = set()
         for peer, *frames in batch:
             identity = peer.bytes
             try:
@@ -152,29 +138,15 @@ class BufferServer:
                 continue
             if isinstance(msg, TurnChunk):
                 results = self.store.ingest_many(identity, [msg], raw=frames)
-                acks.setdefault(identity, []).append((msg.seq, *results[0]))
-                added += 1
+                self.acks.add(identity, [(msg.seq, *results[0])])
             elif isinstance(msg, TurnChunkBatch):
-                entries = self._ingest_batch(identity, msg, frames)
-                acks.setdefault(identity, []).extend(entries)
-                added += len(entries)
+                self.acks.add(identity, self._ingest_batch(identity, msg, frames))
             elif isinstance(msg, CreditRequest):
                 self.store.on_credit_request(identity, msg.actor_id, msg.epoch, msg.slots)
                 heartbeats.add(identity)
             else:
                 self.m.rejected.labels("unexpected_type").inc()
-        return added
-
-    @staticmethod
-    def _ack_replies(acks: dict[bytes, list[tuple[int, str, str]]]) -> list[list]:
-        """One ack message per actor."""
-        replies = []
-        for identity, entries in acks.items():
-            for seq, status, reason in entries:
-                if reason:
-                    log.warning("rejected chunk %d from %r: %s", seq, identity, reason)
-            replies.append([identity, *encode(ack_reply(entries))])
-        return replies
+        return heartbeats
 
     def _ingest_batch(self, identity: bytes, msg: TurnChunkBatch, frames: list) -> list[tuple[int, str, str]]:
         try:
@@ -293,18 +265,7 @@ class BufferServer:
         self.sample_clock.update(self.waiting_requests > 0, now)
 
 
-ACK_AFTER_CHUNKS = 16  # pending acks sent at once when this many chunks wait, without waiting out the delay
 MAX_KEPT_BATCHES = 16  # last answers kept, one per learner identity; far more than learner processes in a run
-ACK_CODES = {status: i for i, status in enumerate(AckBatch.STATUSES)}
-
-
-def ack_reply(entries: list[tuple[int, str, str]]) -> Ack | AckBatch:
-    """The one message that answers an actor's drained group: (seq, status, reason) per chunk, in order."""
-    if len(entries) == 1:
-        return Ack(*entries[0])
-    return AckBatch(seq=np.fromiter((e[0] for e in entries), np.int64, len(entries)),
-                    status=np.fromiter((ACK_CODES[e[1]] for e in entries), np.uint8, len(entries)),
-                    reasons=[e[2] for e in entries if e[1] == "rejected"])
 
 
 def _bind(sock: zmq.Socket, addr: str) -> int:

@@ -11,7 +11,8 @@ import zmq
 import zmq.asyncio
 
 from buffer.metrics import BufferMetrics
-from buffer.server import ACK_AFTER_CHUNKS, BufferServer
+from buffer.acks import ACK_AFTER_CHUNKS
+from buffer.server import BufferServer
 from buffer.store import ReplayStore
 from protocol.codec import decode, encode
 from protocol.messages import CreditGrant, CreditRequest
