@@ -8,12 +8,14 @@ For each chunk size (2 KB and 1 MB encoded TurnChunks) it measures, in one run o
 - raw_warm: raw_keep after buffer.warm_heap.reserve_warm_heap, as the buffer starts: the floor for a
            receiver that keeps what it receives;
 - ack_only: actors.link.BufferLink (this process) -> a child process that keeps and acks every chunk, as the
-           buffer's ingest loop does, and nothing else: the protocol's ceiling without the buffer's work;
+           buffer's ingest loop does (delayed acks included), and nothing else: the protocol's ceiling without the buffer's work;
 - ours:    actors.link.BufferLink (this process) -> the real buffer process (`turnstream buffer`), from the
            first send until the last ack, write-ahead log off; its warm heap reserve
            (buffer.ingest_reserve_bytes, buffer/warm_heap.py) sized to hold the run, since nothing consumes
            here and a buffer sizes the reserve to the growth it expects;
 - ours_cold: the same with the reserve off (every kept frame in fresh memory), to show what it buys;
+- ours_ack0: ours with buffer.ack_delay_ms = 0, every drained group acked at once, to show what delayed
+           acks (buffer/acks.py) buy;
 - ours+wal: as ours, with the write-ahead log on, fsync "always" (an ack means fsynced).
 Each row also reports the CPU time the sending and the receiving process spent per chunk (all their threads,
 libzmq's I/O threads included) and the receiver's main thread alone, from /proc (Linux): on a machine with
@@ -109,18 +111,16 @@ def bench_raw(n: int, obs, arrays, mode: str = "drop") -> tuple[float, dict]:
         child.wait()
 
 
-def bench_ack_only(n: int, obs, arrays, window: int) -> tuple[float, dict]:
+def bench_ack_only(n: int, obs, arrays, window: int, ack_delay_ms: float) -> tuple[float, dict]:
     """BufferLink -> a child process that keeps and acks every chunk and does nothing else (ACKER): the
     link and its acks without the buffer's work (decode, validation, storage, credits), timed as ours."""
     import zmq
 
-    from turnstream.config import Config
     from turnstream.processes import free_port
 
     port, ctl = free_port(), free_port()
-    ack_delay_s = Config().buffer.ack_delay_ms / 1000  # acks delayed as the buffer's are
     child = subprocess.Popen([sys.executable, "-c", ACKER, str(port), str(ctl), str(reserve_for(n, obs.nbytes)),
-                              str(ack_delay_s)])
+                              str(ack_delay_ms / 1000)])
     ctx = zmq.Context()
     try:
         _ready_child(ctx, ctl, "ack-only receiver")
@@ -143,8 +143,8 @@ def _ready_child(ctx, ctl: int, what: str):
     return pair
 
 
-def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path,
-               reserve: bool = True) -> tuple[float, dict]:
+def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path, reserve: bool = True,
+               ack_delay_ms: float | None = None) -> tuple[float, dict]:
     """Seconds from the first BufferLink.send to the last ack from a real buffer process, and CPU per chunk."""
     from turnstream.config import Config
     from turnstream.processes import ProcessGroup, free_port
@@ -160,6 +160,8 @@ def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path,
     cfg.buffer.max_items = cfg.buffer.max_running = max(cfg.buffer.max_items, n + 1)
     cfg.buffer.eta = cfg.buffer.max_staleness = 1000
     cfg.buffer.ingest_reserve_bytes = reserve_for(n, obs.nbytes) if reserve else 0
+    if ack_delay_ms is not None:
+        cfg.buffer.ack_delay_ms = ack_delay_ms
     path = workdir / f"bench-{name}.toml"
     path.write_text(cfg.dumps())
     procs = ProcessGroup(workdir)
@@ -228,7 +230,9 @@ def main(argv: list[str]) -> int:
                    help="measure every row this many times, interleaved; figures are medians")
     args = p.parse_args(argv)
     from protocol.codec import encode
+    from turnstream.config import Config
 
+    ack_delay_ms = Config().buffer.ack_delay_ms  # the ack-only receiver delays its acks as the buffer does
     result: dict = {}
     with tempfile.TemporaryDirectory(prefix="turnstream-bench-") as tmp:
         for label, size, count, window in (("small", args.small_bytes, args.small_count, args.small_window),
@@ -238,8 +242,10 @@ def main(argv: list[str]) -> int:
             rows = {"raw": lambda: bench_raw(count, obs, arrays),
                     "raw_keep": lambda: bench_raw(count, obs, arrays, "keep"),
                     "raw_warm": lambda: bench_raw(count, obs, arrays, "warm"),
-                    "ack_only": lambda: bench_ack_only(count, obs, arrays, window),
+                    "ack_only": lambda: bench_ack_only(count, obs, arrays, window, ack_delay_ms),
                     "ours": lambda: bench_ours(count, obs, arrays, wal=False, window=window, workdir=Path(tmp)),
+                    "ours_ack0": lambda: bench_ours(count, obs, arrays, wal=False, window=window,
+                                                    workdir=Path(tmp), ack_delay_ms=0.0),
                     "ours_cold": lambda: bench_ours(count, obs, arrays, wal=False, window=window,
                                                     workdir=Path(tmp), reserve=False),
                     "ours_wal": lambda: bench_ours(count, obs, arrays, wal=True, window=window, workdir=Path(tmp))}
@@ -273,6 +279,8 @@ def main(argv: list[str]) -> int:
     result["ratio_large_vs_keep"] = ratio("large", "ours", "raw_keep")
     result["ratio_large_vs_warm"] = ratio("large", "ours", "raw_warm")
     result["reserve_gain_large"] = ratio("large", "ours", "ours_cold")
+    result["ack_delay_gain_small"] = ratio("small", "ours", "ours_ack0")  # delayed acks against none
+    result["ack_delay_gain_large"] = ratio("large", "ours", "ours_ack0")
     result["wal_cost_small"] = round(1 - ratio("small", "ours_wal", "ours"), 3)
     result["wal_cost_large"] = round(1 - ratio("large", "ours_wal", "ours"), 3)
     print(json.dumps(result))

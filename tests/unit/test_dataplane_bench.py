@@ -14,6 +14,7 @@ def test_bench_dataplane_smoke(capsys):
     out = json.loads(lines[-1])
     assert out["ratio_small"] > 0 and out["ratio_large"] > 0 and out["ratio_large_vs_warm"] > 0
     assert out["ack_only_small"] > 0 and out["ack_only_large"] > 0
+    assert out["ack_delay_gain_small"] > 0 and out["ack_delay_gain_large"] > 0
     for size in ("small", "large"):  # the figures are medians of the repeats, which are all there
         runs = out[size]["runs"]
         assert len(runs) == 2 and out[size]["repeats"] == 2
@@ -21,7 +22,7 @@ def test_bench_dataplane_smoke(capsys):
     ratios = [r["ours_chunks_per_s"] / r["raw_chunks_per_s"] for r in out["large"]["runs"]]
     assert out["ratio_large"] == round(sum(ratios) / 2, 3)
     for size in ("small", "large"):
-        for row in ("raw", "raw_keep", "raw_warm", "ack_only", "ours", "ours_cold", "ours_wal"):
+        for row in ("raw", "raw_keep", "raw_warm", "ack_only", "ours", "ours_ack0", "ours_cold", "ours_wal"):
             assert out[size][f"{row}_chunks_per_s"] > 0, (size, row)
             # CPU time comes from /proc in clock ticks (10 ms), too coarse at these counts to compare figures
             for side in ("sender", "receiver", "receiver_main"):
