@@ -8,7 +8,8 @@ For each chunk size (2 KB and 1 MB encoded TurnChunks) it measures, in one run o
 - raw_warm: raw_keep after buffer.warm_heap.reserve_warm_heap, as the buffer starts: the floor for a
            receiver that keeps what it receives;
 - ack_only: actors.link.BufferLink (this process) -> a child process that keeps and acks every chunk, as the
-           buffer's ingest loop does (delayed acks included), and nothing else: the protocol's ceiling without the buffer's work;
+           buffer's ingest loop does (delayed acks included), and nothing else: the protocol's ceiling
+           without the buffer's work;
 - ours:    actors.link.BufferLink (this process) -> the real buffer process (`turnstream buffer`), from the
            first send until the last ack, write-ahead log off; its warm heap reserve
            (buffer.ingest_reserve_bytes, buffer/warm_heap.py) sized to hold the run, since nothing consumes

@@ -3,8 +3,9 @@
 Ingest drains every message already queued (up to `drain_max`) and applies them to the store; their acks
 join an ack group (buffer/acks.py) that leaves after a short delay, with the chunks that arrive meanwhile.
 The write-ahead log is committed once for the group (group commit), and only then are its acks sent: an
-ack means "in the log per the fsync policy". Each batch request is a task waiting on a Gate that every state change notifies,
-so a request blocks until its batch exists, its timeout passes, or the buffer shuts down.
+ack means "in the log per the fsync policy". Each batch request is a task waiting on a Gate that every
+state change notifies, so a request blocks until its batch exists, its timeout passes, or the buffer shuts
+down.
 """
 from __future__ import annotations
 
@@ -181,7 +182,7 @@ class BufferServer:
                 # was on the wire. Its episodes are consumed, so the same batch goes again, never a new one.
                 self.last_batch[identity] = last
                 self.m.batch_requests.labels("repeat").inc()
-                self.serve.send_multipart([identity, *last[1]], copy=False)
+                await self.serve.send_multipart([identity, *last[1]], copy=False)
                 continue
             old = self.requests.pop(identity, None)
             if old is not None:
