@@ -59,35 +59,38 @@ rep.recv()  # stay alive until the parent has read this process's CPU time
 
 
 ACKER = r"""
-import sys, zmq
+import asyncio, sys, zmq
 import numpy as np
 from buffer.acks import AckGroup
 from buffer.warm_heap import reserve_warm_heap
 from protocol.codec import parse_header
+from protocol.loop_socket import LoopSocket
 port, ctl, reserve, ack_delay_s = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 assert reserve_warm_heap(reserve), "not glibc"  # as the buffer starts
 ctx = zmq.Context()
 router = ctx.socket(zmq.ROUTER); router.setsockopt(zmq.RCVHWM, 10000); router.bind(f"tcp://127.0.0.1:{port}")
 rep = ctx.socket(zmq.PAIR); rep.bind(f"tcp://127.0.0.1:{ctl}")
 rep.send(b"ready")
-kept, acks = [], AckGroup(ack_delay_s)
-while True:  # as the buffer's ingest loop, minus its work: drain, keep, the same delayed acks
-    router.poll(None if (wait_s := acks.wait_s()) is None else max(0.0, wait_s * 1000))
+
+
+async def serve():  # as the buffer's ingest loop, minus its work: the same socket driver and delayed acks
+    io, acks, kept = LoopSocket(router), AckGroup(ack_delay_s), []
     while True:
-        try:
-            msg = router.recv_multipart(zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            break
-        kept.append(msg)
-        header = parse_header(msg[1].buffer)
-        if header.get("t") == "turn_chunk":
-            seqs = [header["f"]["seq"]]
-        elif header.get("t") == "turn_chunks":  # packed small chunks: their seqs are an array frame
-            seqs = np.frombuffer(msg[2 + list(header["a"]).index("seq")].buffer, np.int64).tolist()
-        else:
-            continue
-        acks.add(msg[0].bytes, [(seq, "ok", "") for seq in seqs])
-    if acks.due():
-        for reply in acks.take_replies():
-            router.send_multipart(reply)
+        if await io.readable(acks.wait_s()):
+            while (msg := io.recv_now()) is not None:
+                kept.append(msg)
+                header = parse_header(msg[1].buffer)
+                if header.get("t") == "turn_chunk":
+                    seqs = [header["f"]["seq"]]
+                elif header.get("t") == "turn_chunks":  # packed small chunks: their seqs are an array frame
+                    seqs = np.frombuffer(msg[2 + list(header["a"]).index("seq")].buffer, np.int64).tolist()
+                else:
+                    continue
+                acks.add(msg[0].bytes, [(seq, "ok", "") for seq in seqs])
+        if acks.due():
+            for reply in acks.take_replies():
+                io.send_now(reply)
+
+
+asyncio.run(serve())
 """
