@@ -176,14 +176,14 @@ class BufferServer:
                                        else "bad_request").inc()
                 continue
             identity = bytes(identity)
-            last = self.last_batch.pop(identity, None)
+            last = self.last_batch.get(identity)
             if last is not None and last[0] == msg.request_id:
                 # The learner did not get our answer (lost with a torn-down connection) or re-asked while it
                 # was on the wire. Its episodes are consumed, so the same batch goes again, never a new one.
-                self.last_batch[identity] = last
                 self.m.batch_requests.labels("repeat").inc()
                 await self.serve.send_multipart([identity, *last[1]], copy=False)
                 continue
+            self.last_batch.pop(identity, None)  # a new request id: the learner has its previous batch
             old = self.requests.pop(identity, None)
             if old is not None:
                 old.cancel()  # a peer re-asking replaces its earlier request (one per peer)
@@ -224,7 +224,7 @@ class BufferServer:
     def _keep_last_batch(self, identity: bytes, request_id: int, frames: list) -> None:
         self.last_batch[identity] = (request_id, frames)
         # learners that died holding an answer are never heard from again: keep the newest few only
-        while len(self.last_batch) > MAX_KEPT_BATCHES:
+        if len(self.last_batch) > MAX_KEPT_BATCHES:  # one entry per request, so one eviction suffices
             del self.last_batch[next(iter(self.last_batch))]
 
     async def _version_loop(self) -> None:
