@@ -29,6 +29,21 @@ def chunk(episode_id: str, turn: int, *, seq: int, done: bool = False, actor_id:
     )
 
 
+def in_process_buffer(*, batch_episodes: int = 4, eta: int = 20, version_addr: str | None = None, **server_kwargs):
+    """(server, store, metrics): a BufferServer on free ports of 127.0.0.1, not yet running, over a store with
+    room for 100 episodes whose staleness bound is `eta`; `server_kwargs` go to BufferServer."""
+    from buffer.metrics import BufferMetrics
+    from buffer.server import BufferServer
+    from buffer.store import ReplayStore
+
+    metrics = BufferMetrics()
+    store = ReplayStore(batch_episodes=batch_episodes, eta=eta, max_staleness=eta, max_running=100, max_items=100,
+                        episode_timeout_s=60, actor_timeout_s=60, metrics=metrics)
+    server = BufferServer(store, metrics, ingest_addr="tcp://127.0.0.1:0", serve_addr="tcp://127.0.0.1:0",
+                          version_addr=version_addr, max_message_bytes=1 << 20, **server_kwargs)
+    return server, store, metrics
+
+
 async def stop_in_process_buffer(tasks, server, ctx) -> None:
     """Cancel a test's tasks, then close its in-process BufferServer and its ZeroMQ context."""
     for t in tasks:

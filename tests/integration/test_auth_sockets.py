@@ -15,14 +15,11 @@ import zmq.asyncio
 
 from actors.link import BufferLink
 from actors.metrics import ActorMetrics
-from buffer.metrics import BufferMetrics
-from buffer.server import BufferServer
-from buffer.store import ReplayStore
 from learner.main import BatchClient
 from protocol import auth
 from protocol.codec import decode, encode
 from protocol.messages import CreditGrant, CreditRequest, VersionAnnouncement
-from tests.helpers import chunk, scrape, stop_in_process_buffer, until
+from tests.helpers import chunk, in_process_buffer, scrape, stop_in_process_buffer, until
 from turnstream.config import Config
 from turnstream.keygen import main as keygen
 from turnstream.processes import ProcessGroup, free_port
@@ -35,12 +32,7 @@ def keys(tmp_path):
 
 
 def _server(keys, version_addr=None):
-    metrics = BufferMetrics()
-    store = ReplayStore(batch_episodes=1, eta=20, max_staleness=20, max_running=100, max_items=100,
-                        episode_timeout_s=60, actor_timeout_s=60, metrics=metrics)
-    server = BufferServer(store, metrics, ingest_addr="tcp://127.0.0.1:0", serve_addr="tcp://127.0.0.1:0",
-                          version_addr=version_addr, max_message_bytes=1 << 20, housekeeping_s=0.1, curve=keys)
-    return server, store, metrics
+    return in_process_buffer(batch_episodes=1, version_addr=version_addr, housekeeping_s=0.1, curve=keys)
 
 
 def _failures(metrics, socket, reason):

@@ -15,10 +15,7 @@ import zmq.asyncio
 
 from actors.link import BufferLink
 from actors.metrics import ActorMetrics
-from buffer.metrics import BufferMetrics
-from buffer.server import BufferServer
-from buffer.store import ReplayStore
-from tests.helpers import chunk, stop_in_process_buffer, until
+from tests.helpers import chunk, in_process_buffer, stop_in_process_buffer, until
 
 
 class FlakyProxy:
@@ -70,12 +67,7 @@ class FlakyProxy:
 @pytest.mark.parametrize("ack_delay_s", [0.0, 0.001], ids=["acks-at-once", "delayed-acks"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
 async def test_exactly_once_ingestion_through_drops_duplicates_and_reordering(seed, ack_delay_s):
-    metrics = BufferMetrics()
-    store = ReplayStore(batch_episodes=4, eta=20, max_staleness=20, max_running=100, max_items=100,
-                        episode_timeout_s=60, actor_timeout_s=60, metrics=metrics)
-    server = BufferServer(store, metrics, ingest_addr="tcp://127.0.0.1:0", serve_addr="tcp://127.0.0.1:0",
-                          version_addr=None, max_message_bytes=1 << 20, housekeeping_s=0.1,
-                          ack_delay_s=ack_delay_s)
+    server, store, metrics = in_process_buffer(housekeeping_s=0.1, ack_delay_s=ack_delay_s)
     ctx = zmq.asyncio.Context()
     proxy = FlakyProxy(ctx, f"tcp://127.0.0.1:{server.ingest_port}", random.Random(seed))
     link = BufferLink(ctx, f"tcp://127.0.0.1:{proxy.port}", actor_id="actor-f", epoch=1, slots=20,

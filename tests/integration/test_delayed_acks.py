@@ -10,21 +10,14 @@ import asyncio
 import zmq
 import zmq.asyncio
 
-from buffer.metrics import BufferMetrics
 from buffer.acks import ACK_AFTER_CHUNKS
-from buffer.server import BufferServer
-from buffer.store import ReplayStore
 from protocol.codec import decode, encode
 from protocol.messages import CreditGrant, CreditRequest
-from tests.helpers import acks_in, chunk, stop_in_process_buffer
+from tests.helpers import acks_in, chunk, in_process_buffer, stop_in_process_buffer
 
 
 async def _stack(ack_delay_s: float):
-    metrics = BufferMetrics()
-    store = ReplayStore(batch_episodes=4, eta=20, max_staleness=20, max_running=100, max_items=100,
-                        episode_timeout_s=60, actor_timeout_s=60, metrics=metrics)
-    server = BufferServer(store, metrics, ingest_addr="tcp://127.0.0.1:0", serve_addr="tcp://127.0.0.1:0",
-                          version_addr=None, max_message_bytes=1 << 20, ack_delay_s=ack_delay_s)
+    server, store, _metrics = in_process_buffer(ack_delay_s=ack_delay_s)
     ctx = zmq.asyncio.Context()
     actor = ctx.socket(zmq.DEALER)
     actor.setsockopt(zmq.LINGER, 0)

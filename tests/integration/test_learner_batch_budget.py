@@ -6,19 +6,12 @@ import asyncio
 
 import zmq.asyncio
 
-from buffer.metrics import BufferMetrics
-from buffer.server import BufferServer
-from buffer.store import ReplayStore
 from learner.main import BatchClient
-from tests.helpers import chunk
+from tests.helpers import chunk, in_process_buffer
 
 
 async def test_batch_client_token_budget_bounds_the_batch():
-    metrics = BufferMetrics()
-    store = ReplayStore(batch_episodes=8, eta=9, max_staleness=9, max_running=100, max_items=100,
-                        episode_timeout_s=60, actor_timeout_s=60, metrics=metrics)
-    server = BufferServer(store, metrics, ingest_addr="tcp://127.0.0.1:0", serve_addr="tcp://127.0.0.1:0",
-                          version_addr=None, max_message_bytes=1 << 20)
+    server, store, _metrics = in_process_buffer(batch_episodes=8, eta=9)
     for e in range(6):  # 3 observation + 2 generated tokens each
         assert store.ingest(b"a", chunk(f"e{e}", 0, seq=e, done=True, obs=(1, 2, 3), gen=(4, 5)))[0] == "ok"
     ctx = zmq.asyncio.Context()
