@@ -124,7 +124,7 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
     from learner.device import served_dtype, serving_state_dict
     from learner.distributed import broadcast
     from learner.metrics import LearnerMetrics
-    from learner.trainer import BatchOverBudget
+    from learner.trainer import NothingToTrain
     from learner.weight_sync import WeightSyncError, make_weight_sync
     from protocol.auth import (count_refusals, keys_for, make_server, refusal_counter, refusal_monitor,
                                start_authenticator)
@@ -198,12 +198,13 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
                 batch = broadcast(batch, 0, world)
                 step_started = time.time()
                 stats = await asyncio.to_thread(trainer.step, batch)
-            except BatchOverBudget as exc:  # every episode too long: counted, the learner keeps serving
-                metrics.over_budget.inc(exc.dropped)
+            except NothingToTrain as exc:  # every episode dropped: counted, the learner keeps serving
+                metrics.over_budget.inc(exc.over_budget)
+                metrics.bad_tokens.inc(exc.bad_tokens)
                 metrics.rejected_batches.inc()
                 log.error("skipped a batch: %s", exc)
                 continue
-            except ValueError as exc:  # a batch the model cannot take (e.g. token ids beyond its vocabulary)
+            except ValueError as exc:  # a batch the model cannot take (e.g. an episode that starts with an action)
                 metrics.rejected_batches.inc()
                 log.error("skipped a batch: %s", exc)
                 continue

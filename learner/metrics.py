@@ -35,6 +35,9 @@ class LearnerMetrics:
         self.over_budget = Counter("turnstream_learner_over_budget_episodes_total",
                                    "Episodes dropped because alone they exceed max_tokens_per_microbatch",
                                    registry=r)
+        self.bad_tokens = Counter("turnstream_learner_bad_token_episodes_total",
+                                  "Episodes dropped because they hold token ids outside the model's vocabulary",
+                                  registry=r)
         self.staleness = Counter("turnstream_learner_trained_tokens_total",
                                  "Action tokens trained on, by staleness in policy versions", ["staleness"],
                                  registry=r)
@@ -49,6 +52,7 @@ class LearnerMetrics:
         self.episodes.inc(stats["episodes"])
         self.step_seconds.observe(stats["step_s"])
         self.over_budget.inc(stats.get("dropped_over_budget", 0))
+        self.bad_tokens.inc(stats.get("dropped_bad_tokens", 0))
         for staleness, count in stats["staleness_hist"].items():
             self.staleness.labels(str(staleness)).inc(count)
         for name in self.GAUGES:

@@ -32,12 +32,14 @@ class SequenceTooLong(ValueError):
             f"or cap episode length (actor.max_turns, vllm.max_model_len)")
 
 
-class BatchOverBudget(ValueError):
-    """Every episode of a batch exceeded the budget: nothing was left to train on (the learner skips it)."""
+class NothingToTrain(ValueError):
+    """Every episode of a batch was dropped (over the budget, or holding token ids the model does not have):
+    the learner skips the batch and counts the episodes by reason."""
 
-    def __init__(self, errors: list[SequenceTooLong]):
-        self.dropped = len(errors)
-        super().__init__(f"all {len(errors)} episode(s) dropped; first: {errors[0]}")
+    def __init__(self, over_budget: list[SequenceTooLong], bad_tokens: list[str]):
+        self.over_budget, self.bad_tokens = len(over_budget), len(bad_tokens)
+        first = str(over_budget[0]) if over_budget else f"episode {bad_tokens[0]} holds token ids outside the vocabulary"
+        super().__init__(f"all {self.over_budget + self.bad_tokens} episode(s) dropped; first: {first}")
 
 
 def microbatches(lengths, rows: torch.Tensor, budget: int, packed: bool = False,
@@ -98,6 +100,19 @@ def drop_over_budget(batch: Batch, budget: int) -> tuple[Batch, list[SequenceToo
         return batch, []
     errors = [SequenceTooLong(batch.episode_ids[i], int(lengths[i]), budget) for i in over]
     return subset(batch, np.nonzero(lengths <= budget)[0]), errors
+
+
+def drop_out_of_vocabulary(batch: Batch, vocab_size: int) -> tuple[Batch, list[str]]:
+    """The batch without the episodes holding a token id outside [0, vocab_size), and their ids. Per episode,
+    not per batch: one actor's bad episode (a tokenizer that does not match the model, say) must not cost the
+    good episodes it was served with. The buffer cannot check this, as it does not know the vocabulary."""
+    tokens = batch.tokens
+    where = np.nonzero((tokens >= vocab_size) | (tokens < 0))[0]
+    if not where.size:
+        return batch, []
+    bad = np.zeros(len(batch.episode_ids), bool)
+    bad[np.searchsorted(batch.episode_offsets, where, side="right") - 1] = True
+    return subset(batch, np.nonzero(~bad)[0]), [batch.episode_ids[i] for i in np.nonzero(bad)[0]]
 
 
 def _ranges(offsets: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -29,12 +29,12 @@ from learner.checkpoint import rng_state, set_rng_state
 from learner.critic import PolicyAndValue
 from learner.device import Placement, enable_checkpointing, keep_checkpointing_active, placement
 from learner.loss import aggregation_weights, decoupled_ppo_loss, explained_variance, kl_k3, value_loss
-from learner.packing import BatchOverBudget, drop_over_budget, microbatches, shard
+from learner.packing import NothingToTrain, drop_out_of_vocabulary, drop_over_budget, microbatches, shard
 from learner.spo import SpoConfig, SpoTracker
 from protocol.messages import Batch
 from turnstream.config import LearnerSection
 
-__all__ = ["BatchOverBudget", "Trainer"]  # BatchOverBudget: raised by step(), caught by learner/main.py
+__all__ = ["NothingToTrain", "Trainer"]  # NothingToTrain: raised by step(), caught by learner/main.py
 
 log = logging.getLogger("turnstream.learner")
 
@@ -147,8 +147,12 @@ class Trainer:
         batch, too_long = drop_over_budget(batch, cfg.max_tokens_per_microbatch)
         for err in too_long:
             log.warning("dropped from the batch: %s", err)
-        if too_long and not batch.episode_ids:
-            raise BatchOverBudget(too_long)
+        batch, bad_tokens = drop_out_of_vocabulary(batch, self.vocab_size)
+        for episode in bad_tokens:  # an actor's tokenizer that does not match the model, most likely
+            log.error("dropped from the batch: episode %s holds token ids outside the model's vocabulary of %d",
+                      episode, self.vocab_size)
+        if (too_long or bad_tokens) and not batch.episode_ids:
+            raise NothingToTrain(too_long, bad_tokens)
         tb = to_tensors(batch, self.vocab_size, self.pad_id)
         self._allowed = tb.allowed.to(self.device)
         self._set_eval()
@@ -211,11 +215,14 @@ class Trainer:
             baseline_mean=adv.baseline_mean, spo_rho_mean=rho_mean,
             staleness_max=int(staleness.max()), staleness_mean=float(staleness.mean()),
             staleness_hist={int(k): int(v) for k, v in zip(*np.unique(staleness, return_counts=True))},
-            dropped_stale=batch.dropped_stale, dropped_over_budget=len(too_long), step_s=step_s,
+            dropped_stale=batch.dropped_stale, dropped_over_budget=len(too_long), dropped_bad_tokens=len(bad_tokens),
+            step_s=step_s,
             tokens_per_s=float(tb.attention_mask.sum()) * cfg.epochs / max(step_s, 1e-9),
         )
         if too_long:  # which episodes were not trained (learner/main.py's audit trail, logs)
             out["dropped_over_budget_ids"] = [e.episode for e in too_long]
+        if bad_tokens:
+            out["dropped_bad_tokens_ids"] = bad_tokens
         if value_based:
             m = adv.value_mask
             if values_in_step:  # each rank filled its micro-batches' share

@@ -12,8 +12,8 @@ from learner import forward
 from learner.batching import logprobs_from_action_logits, to_tensors
 from learner.device import Placement, placement, resolve_device, served_dtype, serving_state_dict
 from learner.metrics import LearnerMetrics
-from learner.packing import SequenceTooLong, drop_over_budget, microbatches
-from learner.trainer import BatchOverBudget, Trainer
+from learner.packing import SequenceTooLong, drop_out_of_vocabulary, drop_over_budget, microbatches
+from learner.trainer import NothingToTrain, Trainer
 from tests.learner_batches import params_after_steps, synthetic_batch, tiny_causal_lm
 from turnstream.config import LearnerSection
 from turnstream.configtools import ConfigError
@@ -140,9 +140,41 @@ def test_an_over_budget_episode_raises_a_clear_error_and_is_dropped_and_counted(
     metrics = LearnerMetrics()
     metrics.record(stats)
     assert metrics.registry.get_sample_value("turnstream_learner_over_budget_episodes_total") == 1
-    with pytest.raises(BatchOverBudget) as all_over:  # nothing left: the learner skips the batch (main.py)
+    with pytest.raises(NothingToTrain) as all_over:  # nothing left: the learner skips the batch (main.py)
         Trainer(tiny_causal_lm(), LearnerSection(max_tokens_per_microbatch=1), where=CPU_FP32).step(batch)
-    assert all_over.value.dropped == 8 and isinstance(all_over.value, ValueError)
+    assert all_over.value.over_budget == 8 and all_over.value.bad_tokens == 0
+    assert isinstance(all_over.value, ValueError)
+
+
+@pytest.mark.parametrize("bad_token", [64, 1000, -1])
+def test_an_episode_with_token_ids_outside_the_vocabulary_is_dropped_and_counted_not_the_batch(bad_token):
+    batch = synthetic_batch(6, seed=3)
+    vocab = tiny_causal_lm().config.vocab_size
+    assert vocab == 64
+    batch.tokens = batch.tokens.copy()
+    batch.tokens[batch.episode_offsets[2] + 1] = bad_token  # the second token of episode 2
+    kept, bad = drop_out_of_vocabulary(batch, vocab)
+    assert bad == [batch.episode_ids[2]]
+    assert kept.episode_ids == batch.episode_ids[:2] + batch.episode_ids[3:]
+    assert (kept.tokens >= 0).all() and (kept.tokens < vocab).all()
+
+    stats = Trainer(tiny_causal_lm(), LearnerSection(estimator="spo", lr=1e-2), where=CPU_FP32).step(batch)
+    assert stats["episodes"] == 5 and stats["dropped_bad_tokens"] == 1
+    assert stats["dropped_bad_tokens_ids"] == [batch.episode_ids[2]]
+    metrics = LearnerMetrics()
+    metrics.record(stats)
+    assert metrics.registry.get_sample_value("turnstream_learner_bad_token_episodes_total") == 1
+
+    batch.tokens[batch.episode_offsets[:-1]] = bad_token  # the first token of every episode
+    with pytest.raises(NothingToTrain) as nothing_left:
+        Trainer(tiny_causal_lm(), LearnerSection(), where=CPU_FP32).step(batch)
+    assert nothing_left.value.bad_tokens == 6 and "outside the vocabulary" in str(nothing_left.value)
+
+
+def test_a_batch_without_bad_tokens_is_kept_whole():
+    batch = synthetic_batch(4, seed=1)
+    kept, bad = drop_out_of_vocabulary(batch, 64)
+    assert kept is batch and bad == []
 
 
 def test_pushed_weights_have_the_served_dtype(tmp_path):
