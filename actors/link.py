@@ -28,7 +28,7 @@ from protocol.auth import CurveKeys, make_client
 from protocol.codec import DecodeError, decode, encode
 from protocol.chunk_batch import chunk_nbytes, pack
 from protocol.loop_socket import LoopSocket
-from protocol.messages import Ack, AckBatch, CreditGrant, CreditRequest, TurnChunk
+from protocol.messages import Ack, AckBatch, CreditGrant, CreditRequest, TurnChunk, with_unsigned_tokens
 from protocol.sockets import configure
 
 log = logging.getLogger("turnstream.actor")
@@ -56,6 +56,7 @@ class BufferLink:
         self.credits = 0
         self.learner_version = 0
         self.server_id = ""
+        self.unsigned_tokens = False  # the buffer takes token ids as uint32: large chunks go so (no sign to check)
         self.buffer_restarts = 0
         self._changed = asyncio.Condition()
         self._resend_all = False
@@ -111,8 +112,8 @@ class BufferLink:
         group_bytes = 0
         for chunk in chunks:
             size = chunk_nbytes(chunk)
-            if size >= PACK_BELOW_BYTES:
-                await self._send(encode(chunk))  # alone: its arrays go out zero-copy
+            if size >= PACK_BELOW_BYTES:  # alone: its arrays go out zero-copy
+                await self._send(encode(with_unsigned_tokens(chunk) if self.unsigned_tokens else chunk))
                 continue
             if group and (group_bytes + size > MAX_PACKED_BYTES or len(group) == MAX_PACKED_CHUNKS):
                 await self._send_group(group)
@@ -161,6 +162,7 @@ class BufferLink:
             restarted = bool(msg.server_id and self.server_id and msg.server_id != self.server_id)
             if msg.server_id:
                 self.server_id = msg.server_id
+            self.unsigned_tokens = msg.unsigned_tokens
             if restarted:
                 self.buffer_restarts += 1
                 log.warning("buffer restarted (server %s): resending %d unacked chunks",

@@ -73,7 +73,10 @@ def flatten(episodes: list[Episode], request_id: int, learner_version: int, drop
             cols["mask"].append(np.full(n_obs + n_gen, mask_id, np.int32))
         offsets.append(offsets[-1] + ep.num_tokens)
     turns = [[ep.turns[t] for t in range(ep.last_turn + 1)] for ep in episodes]  # type: ignore[operator]
-    cat = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in cols.items()}
+    # Token ids may have come as uint32 (protocol.messages.UNSIGNED_TOKENS). The batch carries int32: an id of
+    # 2**31 or more turns negative, and the learner drops its episode as outside the vocabulary.
+    cat = {k: (np.concatenate(v, dtype=np.int32 if k == "tokens" else None, casting="unsafe") if v
+               else np.zeros(0)) for k, v in cols.items()}
     return Batch(
         request_id=request_id, learner_version=learner_version,
         episode_ids=[e.episode_id for e in episodes], prompt_keys=[e.prompt_key for e in episodes],

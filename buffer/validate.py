@@ -20,8 +20,7 @@ def validate_chunk(c: TurnChunk) -> str:
         return "negative_index"
     if c.turn == 0 and c.obs_tokens.size == 0:
         return "empty_prompt"
-    if (c.gen_tokens.size and c.gen_tokens.min() < 0) or (c.obs_tokens.size and c.obs_tokens.min() < 0) \
-            or (c.allowed_tokens.size and c.allowed_tokens.min() < 0):
+    if _negative(c.gen_tokens) or _negative(c.obs_tokens) or _negative(c.allowed_tokens):
         return "negative_token"
     if n and not _logprobs_ok(c.gen_logprobs):
         return "bad_logprob"
@@ -32,6 +31,12 @@ def validate_chunk(c: TurnChunk) -> str:
     if c.allowed_tokens.size and n and not np.isin(c.gen_tokens, c.allowed_tokens).all():
         return "token_not_allowed"
     return ""
+
+
+def _negative(tokens: np.ndarray) -> bool:
+    """A negative id among signed tokens. Unsigned ones (protocol.messages.UNSIGNED_TOKENS) cannot be, and need
+    no pass over them; an id beyond the vocabulary is the learner's to catch, as only it knows the vocabulary."""
+    return tokens.dtype.kind == "i" and tokens.size > 0 and tokens.min() < 0
 
 
 def _logprobs_ok(logprobs: np.ndarray) -> bool:
@@ -55,9 +60,8 @@ def batch_is_clean(b: TurnChunkBatch) -> bool:
         return False
     if ((b.turn == 0) & (b.obs_len == 0)).any():
         return False
-    for tokens in (b.obs_tokens, b.gen_tokens, b.allowed_tokens):
-        if tokens.size and tokens.min() < 0:
-            return False
+    if _negative(b.obs_tokens) or _negative(b.gen_tokens) or _negative(b.allowed_tokens):
+        return False
     if b.gen_logprobs.size and not _logprobs_ok(b.gen_logprobs):
         return False
     if b.gen_versions.size and b.gen_versions.min() < 0:

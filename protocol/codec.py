@@ -29,12 +29,16 @@ def encode(msg: Message) -> list[bytes | memoryview]:
     scalars: dict[str, Any] = {}
     arrays: dict[str, list] = {}
     frames: list[bytes | memoryview] = []
-    for name, dtype in _class_spec(type(msg)).layout:
+    spec = _class_spec(type(msg))
+    for name, dtype in spec.layout:
         value = getattr(msg, name)
         if dtype is None:
             scalars[name] = value
             continue
-        arr = np.ascontiguousarray(value, dtype=dtype)
+        arr = np.asarray(value)
+        if arr.dtype != dtype and arr.dtype not in spec.alt_dtypes.get(name, ()):
+            arr = arr.astype(dtype)
+        arr = np.ascontiguousarray(arr)
         arrays[name] = [arr.dtype.str, list(arr.shape)]
         frames.append(memoryview(arr).cast("B"))
     header = msgpack.packb({"v": PROTOCOL_VERSION, "t": msg.TYPE, "f": scalars, "a": arrays})
@@ -60,6 +64,7 @@ class _ClassSpec(NamedTuple):
     scalars: tuple[tuple, ...]  # (name, type check, required, is_float) per scalar field
     required_arrays: tuple[str, ...]
     array_dtypes: dict[str, np.dtype]
+    alt_dtypes: dict[str, tuple[np.dtype, ...]]  # a second dtype some arrays may travel in (ALT_DTYPES)
 
 
 _SPECS: dict[type, _ClassSpec] = {}
@@ -75,7 +80,8 @@ def _class_spec(cls) -> _ClassSpec:
             scalars=tuple((f.name, _SCALAR_CHECKS.get(str(f.type)), _required(cls, f.name), f.type == "float")
                           for f in fields if f.name not in cls.ARRAYS),
             required_arrays=tuple(n for n in cls.ARRAYS if _required(cls, n)),
-            array_dtypes=array_dtypes)
+            array_dtypes=array_dtypes,
+            alt_dtypes={name: (np.dtype(dtype),) for name, dtype in cls.ALT_DTYPES.items()})
     return spec
 
 
@@ -119,7 +125,8 @@ def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
     class_spec = _class_spec(cls)
     kwargs: dict[str, Any] = {}
     for i, (name, spec) in enumerate(arrays.items(), start=1):
-        kwargs[name] = _decode_array(cls, class_spec.array_dtypes.get(name), name, spec, buffers[i])
+        kwargs[name] = _decode_array(cls, class_spec.array_dtypes.get(name), class_spec.alt_dtypes.get(name, ()),
+                                     name, spec, buffers[i])
     for name, check, required, is_float in class_spec.scalars:
         if name not in scalars:
             if required:
@@ -151,17 +158,20 @@ def _read_spec(spec, where: str) -> tuple[np.dtype, list[int], int]:
     return dtype, spec[1], nbytes
 
 
-def _decode_array(cls, want: np.dtype | None, name: str, spec, buf: memoryview) -> np.ndarray:
-    """`want`: the field's dtype (None: the class has no such array)."""
+def _decode_array(cls, want: np.dtype | None, alt: tuple[np.dtype, ...], name: str, spec,
+                  buf: memoryview) -> np.ndarray:
+    """`want`: the field's dtype (None: the class has no such array); `alt`: a second dtype it may come in."""
     if want is None:
         raise DecodeError("unknown_array", f"{cls.TYPE}.{name}")
     # Fast path for what encode writes, a 1-D array in the field's dtype spelled as `dtype.str`: a string
     # compare instead of parsing a dtype per array (that was a third of decode's time).
-    if type(spec) is list and len(spec) == 2 and spec[0] == want.str and type(spec[1]) is list \
-            and len(spec[1]) == 1 and type(spec[1][0]) is int and spec[1][0] * want.itemsize == buf.nbytes:
-        return np.frombuffer(buf, dtype=want)
+    if type(spec) is list and len(spec) == 2 and type(spec[1]) is list and len(spec[1]) == 1 \
+            and type(spec[1][0]) is int:
+        for dtype in (want, *alt):
+            if spec[0] == dtype.str and spec[1][0] * dtype.itemsize == buf.nbytes:
+                return np.frombuffer(buf, dtype=dtype)
     dtype, shape, nbytes = _read_spec(spec, f"{cls.TYPE}.{name}")
-    if dtype != want:
+    if dtype != want and dtype not in alt:
         raise DecodeError("bad_dtype", f"{cls.TYPE}.{name} is {dtype}, want {cls.ARRAYS[name]}")
     if nbytes != buf.nbytes:
         raise DecodeError("truncated", f"{cls.TYPE}.{name}: {buf.nbytes} bytes for shape {shape}")

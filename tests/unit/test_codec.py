@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from protocol import PROTOCOL_VERSION
 from protocol.codec import DecodeError, decode, encode
 from protocol.chunk_batch import pack
-from protocol.messages import (MESSAGE_TYPES, Ack, AckBatch, Batch, BatchRequest, CreditGrant, CreditRequest,
-                               TurnChunk, TurnChunkBatch, VersionAnnouncement)
+from protocol.messages import (MESSAGE_TYPES, UNSIGNED_TOKENS, Ack, AckBatch, Batch, BatchRequest, CreditGrant,
+                               CreditRequest, TurnChunk, TurnChunkBatch, VersionAnnouncement, with_unsigned_tokens)
 
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -74,7 +74,8 @@ def assert_same_message(a, b):
         x, y = getattr(a, f.name), getattr(b, f.name)
         if f.name in a.ARRAYS:
             assert isinstance(y, np.ndarray), f.name
-            assert y.dtype == np.dtype(a.ARRAYS[f.name]), f.name
+            # the declared dtype, or the second one a field may travel in (ALT_DTYPES), kept as sent
+            assert y.dtype == (x.dtype if a.ALT_DTYPES.get(f.name) == x.dtype.name else a.ARRAYS[f.name]), f.name
             assert y.shape == x.shape, f.name
             np.testing.assert_array_equal(y, x, err_msg=f.name)
         else:
@@ -237,10 +238,37 @@ def test_shape_disagrees_with_frame():
     assert reason_of(frames) == "truncated"
 
 
-@pytest.mark.parametrize("dtype", ["<f4", "<i8", "<u4", ">i4", "|O", "<U1"])
+@pytest.mark.parametrize("dtype", ["<f4", "<i8", ">i4", ">u4", "<u8", "|O", "<U1"])
 def test_wrong_dtype(dtype):
     frames = with_header(chunk_frames(), lambda h: h["a"]["obs_tokens"].__setitem__(0, dtype))
     assert reason_of(frames) == "bad_dtype"
+
+
+def test_uint32_is_refused_where_no_field_allows_it():
+    frames = with_header(chunk_frames(), lambda h: h["a"]["gen_versions"].__setitem__(0, "<u4"))
+    assert reason_of(frames) == "bad_dtype"
+
+
+@pytest.mark.parametrize("make", [sample_turn_chunk, lambda: pack([sample_turn_chunk()])], ids=["chunk", "batch"])
+def test_token_ids_may_travel_as_uint32_and_decode_as_such(make):
+    msg = make()
+    for name in UNSIGNED_TOKENS:
+        setattr(msg, name, getattr(msg, name).astype(np.uint32))
+    header = header_of(encode(msg))
+    assert {name: header["a"][name][0] for name in UNSIGNED_TOKENS} == dict.fromkeys(UNSIGNED_TOKENS, "<u4")
+    out = decode([bytes(f) for f in encode(msg)])
+    assert all(getattr(out, name).dtype == np.uint32 for name in UNSIGNED_TOKENS)
+    assert_same_message(msg, out)
+
+
+def test_with_unsigned_tokens_views_the_same_ids_without_a_copy():
+    chunk = sample_turn_chunk()
+    unsigned = with_unsigned_tokens(chunk)
+    for name in UNSIGNED_TOKENS:
+        assert getattr(unsigned, name).dtype == np.uint32
+        assert np.shares_memory(getattr(unsigned, name), getattr(chunk, name))
+        np.testing.assert_array_equal(getattr(unsigned, name), getattr(chunk, name))
+    assert unsigned.seq == chunk.seq and unsigned.gen_logprobs is chunk.gen_logprobs
 
 
 def test_unparseable_dtype():

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from buffer.episodes import flatten
 from buffer.metrics import BufferMetrics
 from buffer.store import ReplayStore
-from protocol.messages import TurnChunk
+from protocol.messages import TurnChunk, with_unsigned_tokens
 
 ID = b"actor-identity"
 
@@ -189,6 +189,22 @@ def test_allowed_tokens_that_are_not_a_vector_are_rejected(allowed):
     status, reason = store.ingest(ID, c)
     assert status == "rejected", "malformed allowed_tokens was accepted"
     assert rejected(store, reason) == 1
+
+
+def test_unsigned_token_ids_are_taken_without_a_sign_check_and_served_as_int32():
+    """uint32 ids have no sign to check. One of 2**31 or more has no int32 form: the batch carries it negative,
+    and the learner drops its episode as outside the vocabulary (learner/packing.py)."""
+    store = make_store(batch_episodes=2)
+    ok = with_unsigned_tokens(chunk(seq=0, ep="e-ok", obs=(1, 2, 3), gen=(4, 5), allowed=(4, 5, 6), done=True))
+    huge = chunk(seq=1, ep="e-huge", obs=(7, 8), gen=(9,), done=True)
+    huge.obs_tokens = np.array([7, 2**31 + 5], np.uint32)
+    huge.gen_tokens = huge.gen_tokens.astype(np.uint32)
+    assert store.ingest(ID, ok) == ("ok", "") and store.ingest(ID, huge) == ("ok", "")
+    episodes, _ = store.take_batch(0, 2)
+    batch = flatten(episodes, request_id=1, learner_version=0, dropped_stale=0)
+    assert batch.tokens.dtype == np.int32
+    np.testing.assert_array_equal(batch.tokens, [1, 2, 3, 4, 5, 7, -(2**31) + 5, 9])
+    assert batch.allowed_sets == [[4, 5, 6]]
 
 
 def test_empty_observation_is_fine_after_turn_zero():
