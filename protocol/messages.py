@@ -5,7 +5,6 @@ the msgpack header. New fields must be optional (have defaults) so that older pe
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -67,8 +66,10 @@ class TurnChunk(Message):
 def with_unsigned_tokens(chunk: TurnChunk) -> TurnChunk:
     """The chunk with its token ids as uint32, viewed, not copied (an id below 0 would read as 2**32 + id, which
     the learner drops with its episode as outside the vocabulary)."""
-    return dataclasses.replace(chunk, **{name: np.asarray(getattr(chunk, name), np.int32).view(np.uint32)
-                                         for name in UNSIGNED_TOKENS})
+    fields = dict(chunk.__dict__)  # not dataclasses.replace: that costs twice as much, once per large chunk sent
+    for name in UNSIGNED_TOKENS:
+        fields[name] = np.asarray(fields[name], np.int32).view(np.uint32)
+    return TurnChunk(**fields)
 
 
 @dataclass
