@@ -38,7 +38,8 @@ class NothingToTrain(ValueError):
 
     def __init__(self, over_budget: list[SequenceTooLong], bad_tokens: list[str]):
         self.over_budget, self.bad_tokens = len(over_budget), len(bad_tokens)
-        first = str(over_budget[0]) if over_budget else f"episode {bad_tokens[0]} holds token ids outside the vocabulary"
+        first = (str(over_budget[0]) if over_budget
+                 else f"episode {bad_tokens[0]} holds token ids outside the vocabulary")
         super().__init__(f"all {self.over_budget + self.bad_tokens} episode(s) dropped; first: {first}")
 
 
