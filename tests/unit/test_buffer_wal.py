@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 from buffer.journal import CHUNK, WalJournal
 from buffer.wal import WalFile
 from protocol.codec import encode
+from protocol.messages import UNSIGNED_TOKENS, with_unsigned_tokens
 from tests.unit.test_store import ID, chunk, make_store
 
 
@@ -147,3 +149,18 @@ def test_replay_does_not_count_as_new_traffic(tmp_path):
     assert not again.m.registry.get_sample_value("turnstream_buffer_chunks_total", {"outcome": "ok"})
     assert again.m.registry.get_sample_value("turnstream_buffer_wal_replayed_records_total") == 1
     assert list(again.ready) == ["a"]
+
+
+def test_a_chunk_with_unsigned_token_ids_is_replayed_as_it_came(tmp_path):
+    path = tmp_path / "wal.log"
+    store, journal = open_store(path)
+    sent = with_unsigned_tokens(chunk(seq=0, ep="u", obs=(1, 2, 3), gen=(4, 5), allowed=(4, 5), done=True))
+    assert ingest(store, journal, sent) == ("ok", "")
+    journal.close()
+
+    again, journal2 = open_store(path)
+    replayed = again.ready["u"].turns[0]
+    for name in UNSIGNED_TOKENS:
+        assert getattr(replayed, name).dtype == np.uint32
+        np.testing.assert_array_equal(getattr(replayed, name), getattr(sent, name))
+    journal2.close()
