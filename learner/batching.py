@@ -30,11 +30,16 @@ class TensorBatch:
         return self.input_ids.shape[0]
 
 
+def outside_vocabulary(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Where a token id is not one of the model's: negative, or vocab_size and up."""
+    return (tokens < 0) | (tokens >= vocab_size)
+
+
 def to_tensors(batch: Batch, vocab_size: int, pad_id: int = 0) -> TensorBatch:
     offsets = batch.episode_offsets
     n_eps = len(offsets) - 1
     lengths = np.diff(offsets)
-    if (batch.tokens >= vocab_size).any() or (batch.tokens < 0).any():
+    if outside_vocabulary(batch.tokens, vocab_size).any():  # Trainer.step drops such episodes before this
         raise ValueError("batch holds token ids outside the model's vocabulary")
     ids = np.full((n_eps, int(lengths.max())), pad_id, np.int64)
     att = np.zeros_like(ids)

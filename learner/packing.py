@@ -18,6 +18,7 @@ import dataclasses
 import numpy as np
 import torch
 
+from learner.batching import outside_vocabulary
 from protocol.messages import Batch
 
 
@@ -107,8 +108,7 @@ def drop_out_of_vocabulary(batch: Batch, vocab_size: int) -> tuple[Batch, list[s
     """The batch without the episodes holding a token id outside [0, vocab_size), and their ids. Per episode,
     not per batch: one actor's bad episode (a tokenizer that does not match the model, say) must not cost the
     good episodes it was served with. The buffer cannot check this, as it does not know the vocabulary."""
-    tokens = batch.tokens
-    where = np.nonzero((tokens >= vocab_size) | (tokens < 0))[0]
+    where = np.nonzero(outside_vocabulary(batch.tokens, vocab_size))[0]
     if not where.size:
         return batch, []
     bad = np.zeros(len(batch.episode_ids), bool)

@@ -35,10 +35,9 @@ def encode(msg: Message) -> list[bytes | memoryview]:
         if dtype is None:
             scalars[name] = value
             continue
-        arr = np.asarray(value)
-        if arr.dtype != dtype and arr.dtype not in spec.alt_dtypes.get(name, ()):
+        arr = np.ascontiguousarray(value)
+        if arr.dtype not in spec.accepted[name].values():  # a dtype the field may travel in goes as it is
             arr = arr.astype(dtype)
-        arr = np.ascontiguousarray(arr)
         arrays[name] = [arr.dtype.str, list(arr.shape)]
         frames.append(memoryview(arr).cast("B"))
     header = msgpack.packb({"v": PROTOCOL_VERSION, "t": msg.TYPE, "f": scalars, "a": arrays})
@@ -63,9 +62,8 @@ class _ClassSpec(NamedTuple):
     layout: tuple[tuple[str, np.dtype | None], ...]  # every field in order, with its array dtype or None
     scalars: tuple[tuple, ...]  # (name, type check, required, is_float) per scalar field
     required_arrays: tuple[str, ...]
-    alt_dtypes: dict[str, tuple[np.dtype, ...]]  # a second dtype some arrays may travel in (ALT_DTYPES)
-    # per array, every dtype it may travel in by its `dtype.str` spelling (that property builds a new string
-    # on every read, so decode compares against these instead)
+    # per array, the dtypes it may travel in (ARRAYS, then ALT_DTYPES) by their `dtype.str` spelling: that
+    # property builds a new string on every read, so decode looks the header's spelling up here instead
     accepted: dict[str, dict[str, np.dtype]]
 
 
@@ -77,15 +75,15 @@ def _class_spec(cls) -> _ClassSpec:
     if spec is None:
         fields = dataclasses.fields(cls)
         array_dtypes = {name: np.dtype(dtype) for name, dtype in cls.ARRAYS.items()}
-        alt_dtypes = {name: (np.dtype(dtype),) for name, dtype in cls.ALT_DTYPES.items()}
+        accepted = {name: {dtype.str: dtype} for name, dtype in array_dtypes.items()}
+        for name, alt in cls.ALT_DTYPES.items():
+            accepted[name][np.dtype(alt).str] = np.dtype(alt)
         spec = _SPECS[cls] = _ClassSpec(
             layout=tuple((f.name, array_dtypes.get(f.name)) for f in fields),
             scalars=tuple((f.name, _SCALAR_CHECKS.get(str(f.type)), _required(cls, f.name), f.type == "float")
                           for f in fields if f.name not in cls.ARRAYS),
             required_arrays=tuple(n for n in cls.ARRAYS if _required(cls, n)),
-            alt_dtypes=alt_dtypes,
-            accepted={name: {d.str: d for d in (dtype, *alt_dtypes.get(name, ()))}
-                      for name, dtype in array_dtypes.items()})
+            accepted=accepted)
     return spec
 
 
