@@ -28,7 +28,7 @@ from protocol.auth import CurveKeys, make_client
 from protocol.codec import DecodeError, decode, encode
 from protocol.chunk_batch import chunk_nbytes, pack
 from protocol.loop_socket import LoopSocket
-from protocol.messages import Ack, AckBatch, CreditGrant, CreditRequest, TurnChunk, with_unsigned_tokens
+from protocol.messages import Ack, AckBatch, CreditGrant, CreditRequest, TurnChunk
 from protocol.sockets import configure
 
 log = logging.getLogger("turnstream.actor")
@@ -89,11 +89,12 @@ class BufferLink:
                 self._changed.notify()
 
     async def send(self, chunk: TurnChunk) -> None:
-        async with self._changed:
-            await self._changed.wait_for(lambda: len(self.unacked) < self.max_unacked)
-            chunk.seq = self.next_seq
-            self.next_seq += 1
-            self.unacked[chunk.seq] = (time.monotonic(), chunk)
+        if len(self.unacked) >= self.max_unacked:  # else no lock: nothing else runs until this returns
+            async with self._changed:
+                await self._changed.wait_for(lambda: len(self.unacked) < self.max_unacked)
+        chunk.seq = self.next_seq
+        self.next_seq += 1
+        self.unacked[chunk.seq] = (time.monotonic(), chunk)
         self._outbox.append(chunk)
         self._outbox_ready.set()
 
@@ -108,26 +109,23 @@ class BufferLink:
             self.m.unacked.set(len(self.unacked))
 
     async def _send_chunks(self, chunks: list[TurnChunk]) -> None:
+        """Encode every chunk, then send the messages in one go (one read of the socket's state after them)."""
+        messages = []
         group: list[TurnChunk] = []
         group_bytes = 0
         for chunk in chunks:
             size = chunk_nbytes(chunk)
             if size >= PACK_BELOW_BYTES:  # alone: its arrays go out zero-copy
-                await self._send(encode(with_unsigned_tokens(chunk) if self.unsigned_tokens else chunk))
+                messages.append(encode(chunk, alt_dtypes=self.unsigned_tokens))
                 continue
             if group and (group_bytes + size > MAX_PACKED_BYTES or len(group) == MAX_PACKED_CHUNKS):
-                await self._send_group(group)
+                messages.append(_encode_group(group))
                 group, group_bytes = [], 0
             group.append(chunk)
             group_bytes += size
         if group:
-            await self._send_group(group)
-
-    async def _send_group(self, group: list[TurnChunk]) -> None:
-        await self._send(encode(group[0] if len(group) == 1 else pack(group)))
-
-    async def _send(self, frames: list) -> None:
-        await self.io.send(frames)
+            messages.append(_encode_group(group))
+        await self.io.send_all(messages)
 
     async def _recv_loop(self) -> None:
         while True:
@@ -153,11 +151,11 @@ class BufferLink:
         if isinstance(msg, Ack):
             self._on_acks([msg.seq], [msg.status], [msg.reason] if msg.status == "rejected" else [])
         elif isinstance(msg, AckBatch):
-            statuses = AckBatch.STATUSES
-            if msg.seq.shape != msg.status.shape or msg.status.size and msg.status.max() >= len(statuses):
+            statuses, codes = AckBatch.STATUSES, msg.status.tolist()  # a few acks: lists beat numpy reductions
+            if msg.seq.shape != msg.status.shape or max(codes, default=0) >= len(statuses):
                 self.m.bad_messages.labels("bad_batch").inc()
                 return
-            self._on_acks(msg.seq.tolist(), [statuses[code] for code in msg.status.tolist()], msg.reasons)
+            self._on_acks(msg.seq.tolist(), [statuses[code] for code in codes], msg.reasons)
         elif isinstance(msg, CreditGrant):
             restarted = bool(msg.server_id and self.server_id and msg.server_id != self.server_id)
             if msg.server_id:
@@ -192,7 +190,7 @@ class BufferLink:
     async def _heartbeat_loop(self) -> None:
         """The credit request doubles as heartbeat; resend what waited too long for an ack."""
         while True:
-            await self._send(encode(CreditRequest(self.actor_id, self.epoch, self.slots)))
+            await self.io.send(encode(CreditRequest(self.actor_id, self.epoch, self.slots)))
             await self._resend(everything=self._resend_all)
             self._resend_all = False
             self._wake_sender.clear()
@@ -210,3 +208,7 @@ class BufferLink:
         if due:
             await self._send_chunks(due)
             self.m.resends.inc(len(due))
+
+
+def _encode_group(group: list[TurnChunk]) -> list:
+    return encode(group[0] if len(group) == 1 else pack(group))

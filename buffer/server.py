@@ -156,7 +156,7 @@ class BufferServer:
             # every chunk of it is refused, and acked as such so that the actor does not resend forever
             seqs = readable_seqs(msg)
             self.m.rejected.labels(exc.reason).inc()
-            self.m.chunks_rejected.inc(len(seqs))
+            self.m.counts.chunks["rejected"] += len(seqs)
             return [(seq, "rejected", exc.reason) for seq in seqs]
         results = self.store.ingest_many(identity, chunks, raw=frames, prevalidated=batch_is_clean(msg))
         return [(c.seq, status, reason) for c, (status, reason) in zip(chunks, results)]

@@ -25,21 +25,25 @@ class DecodeError(ValueError):
         self.reason = reason  # bounded vocabulary, usable as a metric label
 
 
-def encode(msg: Message) -> list[bytes | memoryview]:
-    scalars: dict[str, Any] = {}
+def encode(msg: Message, *, alt_dtypes: bool = False) -> list[bytes | memoryview]:
+    """Frames of `msg`. alt_dtypes: arrays that have a second dtype (Message.ALT_DTYPES) travel in it, viewed
+    without a copy; only for a receiver that announced it takes them."""
+    spec = _class_spec(type(msg))
+    values = msg.__dict__
     arrays: dict[str, list] = {}
     frames: list[bytes | memoryview] = []
-    spec = _class_spec(type(msg))
-    for name, dtype in spec.layout:
-        value = getattr(msg, name)
-        if dtype is None:
-            scalars[name] = value
-            continue
-        arr = np.ascontiguousarray(value)
-        if arr.dtype not in spec.accepted[name].values():  # a dtype the field may travel in goes as it is
+    for name, dtype, spelling_of, alt in spec.arrays:
+        arr = np.ascontiguousarray(values[name])
+        spelling = spelling_of.get(arr.dtype)
+        if spelling is None:  # not a dtype the field may travel in: cast to its own
             arr = arr.astype(dtype)
-        arrays[name] = [arr.dtype.str, list(arr.shape)]
+            spelling = spelling_of[dtype]
+        if alt_dtypes and alt is not None and arr.dtype == dtype:
+            arr = arr.view(alt)
+            spelling = spelling_of[alt]
+        arrays[name] = [spelling, list(arr.shape)]
         frames.append(memoryview(arr).cast("B"))
+    scalars = {name: values[name] for name in spec.scalar_names}
     header = msgpack.packb({"v": PROTOCOL_VERSION, "t": msg.TYPE, "f": scalars, "a": arrays})
     return [header, *frames]
 
@@ -59,8 +63,12 @@ _SCALAR_CHECKS = {  # msgpack yields exact types, so `type(v) is` suffices (and 
 class _ClassSpec(NamedTuple):
     """What encode and decode need to know about a message class, derived once from its dataclass fields
     (dataclasses.fields() builds its tuple anew on every call, and np.dtype() parses its argument)."""
-    layout: tuple[tuple[str, np.dtype | None], ...]  # every field in order, with its array dtype or None
+    scalar_names: tuple[str, ...]
+    # the type of each scalar as encode writes it (None if a field is a list): decode's fast path compares these
+    scalar_types: tuple[type, ...] | None
     scalars: tuple[tuple, ...]  # (name, type check, required, is_float) per scalar field
+    # per array field, in order: (name, its dtype, {dtype it may travel in: spelling}, its second dtype or None)
+    arrays: tuple[tuple[str, np.dtype, dict[np.dtype, str], np.dtype | None], ...]
     required_arrays: tuple[str, ...]
     # per array, the dtypes it may travel in (ARRAYS, then ALT_DTYPES) by their `dtype.str` spelling: that
     # property builds a new string on every read, so decode looks the header's spelling up here instead
@@ -74,17 +82,28 @@ def _class_spec(cls) -> _ClassSpec:
     spec = _SPECS.get(cls)
     if spec is None:
         fields = dataclasses.fields(cls)
-        array_dtypes = {name: np.dtype(dtype) for name, dtype in cls.ARRAYS.items()}
-        accepted = {name: {dtype.str: dtype} for name, dtype in array_dtypes.items()}
-        for name, alt in cls.ALT_DTYPES.items():
-            accepted[name][np.dtype(alt).str] = np.dtype(alt)
+        alt_dtypes = {name: np.dtype(alt) for name, alt in cls.ALT_DTYPES.items()}
+        accepted = {}
+        for name, dtype in cls.ARRAYS.items():
+            accepted[name] = {d.str: d for d in (np.dtype(dtype), alt_dtypes.get(name)) if d is not None}
+        scalar_fields = [f for f in fields if f.name not in cls.ARRAYS]
         spec = _SPECS[cls] = _ClassSpec(
-            layout=tuple((f.name, array_dtypes.get(f.name)) for f in fields),
+            scalar_names=tuple(f.name for f in scalar_fields),
+            scalar_types=_exact_types(scalar_fields),
             scalars=tuple((f.name, _SCALAR_CHECKS.get(str(f.type)), _required(cls, f.name), f.type == "float")
-                          for f in fields if f.name not in cls.ARRAYS),
+                          for f in scalar_fields),
+            arrays=tuple((f.name, np.dtype(cls.ARRAYS[f.name]), {d: s for s, d in accepted[f.name].items()},
+                          alt_dtypes.get(f.name)) for f in fields if f.name in cls.ARRAYS),
             required_arrays=tuple(n for n in cls.ARRAYS if _required(cls, n)),
             accepted=accepted)
     return spec
+
+
+def _exact_types(fields) -> tuple[type, ...] | None:
+    types = {"str": str, "int": int, "float": float, "bool": bool}
+    if not all(str(f.type) in types for f in fields):
+        return None
+    return tuple(types[str(f.type)] for f in fields)
 
 
 def _required(cls, name: str) -> bool:
@@ -127,7 +146,28 @@ def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
     class_spec = _class_spec(cls)
     kwargs: dict[str, Any] = {}
     for i, (name, spec) in enumerate(arrays.items(), start=1):
-        kwargs[name] = _decode_array(cls, class_spec.accepted.get(name), name, spec, buffers[i])
+        accepted, buf = class_spec.accepted.get(name), buffers[i]
+        # What encode writes, a 1-D array in an accepted dtype spelled as `dtype.str`, costs a dict lookup instead
+        # of parsing a dtype (that was a third of decode's time); anything else takes the full check.
+        if accepted is not None and type(spec) is list and len(spec) == 2 and type(spec[1]) is list \
+                and len(spec[1]) == 1 and type(spec[0]) is str and type(spec[1][0]) is int:
+            dtype = accepted.get(spec[0])
+            if dtype is not None and spec[1][0] * dtype.itemsize == buf.nbytes:
+                kwargs[name] = np.frombuffer(buf, dtype)
+                continue
+        kwargs[name] = _decode_array(cls, accepted, name, spec, buf)
+    if tuple(scalars) == class_spec.scalar_names and tuple(map(type, scalars.values())) == class_spec.scalar_types:
+        kwargs.update(scalars)  # every field, in order, of exactly the type encode writes: nothing to convert
+    else:
+        kwargs.update(_checked_scalars(cls, class_spec, scalars))
+    for name in class_spec.required_arrays:
+        if name not in kwargs:
+            raise DecodeError("missing_field", f"{cls.TYPE}.{name}")
+    return cls(**kwargs)
+
+
+def _checked_scalars(cls, class_spec: _ClassSpec, scalars: dict) -> dict[str, Any]:
+    out = {}
     for name, check, required, is_float in class_spec.scalars:
         if name not in scalars:
             if required:
@@ -136,11 +176,8 @@ def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
         value = scalars[name]
         if check is not None and not check(value):
             raise DecodeError("bad_field", f"{cls.TYPE}.{name} is not {cls.__dataclass_fields__[name].type}")
-        kwargs[name] = float(value) if is_float else value
-    for name in class_spec.required_arrays:
-        if name not in kwargs:
-            raise DecodeError("missing_field", f"{cls.TYPE}.{name}")
-    return cls(**kwargs)
+        out[name] = float(value) if is_float else value
+    return out
 
 
 def _read_spec(spec, where: str) -> tuple[np.dtype, list[int], int]:
@@ -160,16 +197,10 @@ def _read_spec(spec, where: str) -> tuple[np.dtype, list[int], int]:
 
 
 def _decode_array(cls, accepted: dict[str, np.dtype] | None, name: str, spec, buf: memoryview) -> np.ndarray:
-    """`accepted`: the dtypes the field may travel in, by `dtype.str` (None: the class has no such array)."""
+    """The full check of one array (decode reads the usual case faster). `accepted`: the dtypes the field may
+    travel in, by `dtype.str` (None: the class has no such array)."""
     if accepted is None:
         raise DecodeError("unknown_array", f"{cls.TYPE}.{name}")
-    # Fast path for what encode writes, a 1-D array in an accepted dtype spelled as `dtype.str`: a dict lookup
-    # instead of parsing a dtype per array (that was a third of decode's time).
-    if type(spec) is list and len(spec) == 2 and type(spec[0]) is str and type(spec[1]) is list \
-            and len(spec[1]) == 1 and type(spec[1][0]) is int:
-        dtype = accepted.get(spec[0])
-        if dtype is not None and spec[1][0] * dtype.itemsize == buf.nbytes:
-            return np.frombuffer(buf, dtype=dtype)
     dtype, shape, nbytes = _read_spec(spec, f"{cls.TYPE}.{name}")
     if dtype not in accepted.values():
         raise DecodeError("bad_dtype", f"{cls.TYPE}.{name} is {dtype}, want {cls.ARRAYS[name]}")

@@ -7,7 +7,7 @@ send is a plain non-blocking call with int flags, and a receiver drains every qu
 
 libzmq's FD is edge-triggered: it signals only that the socket's state may have changed, and any operation
 on the socket, a send included, can consume that signal. So this class reads the state (ZMQ_EVENTS) after
-every send and before every sleep, never only when the FD fires.
+every group of sends and before every sleep, never only when the FD fires.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import zmq
 
 _MORE, _LAST = int(zmq.SNDMORE | zmq.NOBLOCK), int(zmq.NOBLOCK)
 _EVENTS, _POLLIN, _POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
+_backend_send = zmq.backend.Socket.send
 
 
 class LoopSocket:
@@ -77,23 +78,39 @@ class LoopSocket:
     def send_now(self, frames: list) -> bool:
         """Send one multipart message without waiting; False if the socket has no room for it (its
         high-water mark). libzmq takes a multipart message whole or refuses its first frame."""
-        last = len(frames) - 1
+        return self.send_many_now([frames]) == 1
+
+    def send_many_now(self, messages: list[list]) -> int:
+        """Send messages in order without waiting, up to the first that finds no room; returns how many went.
+        The state is read once, after the last send: the loop cannot act on it before then anyway."""
+        sent = 0
         try:
-            for i, frame in enumerate(frames):
-                zmq.Socket.send(self.sock, frame, _MORE if i < last else _LAST, copy=False)
+            for frames in messages:
+                last = len(frames) - 1
+                for i, frame in enumerate(frames):
+                    # the backend's send: pyzmq's Socket.send only adds options this socket never uses
+                    _backend_send(self.sock, frame, _MORE if i < last else _LAST, False)
+                sent += 1
         except zmq.Again:
-            return False
+            pass
         finally:
             if self._loop is not None:
-                self._poll()  # the send may have consumed the FD's signal of a message that came meanwhile
-        return True
+                self._poll()  # a send may have consumed the FD's signal of a message that came meanwhile
+        return sent
 
     async def send(self, frames: list) -> None:
-        """Send one multipart message, waiting while the socket is at its high-water mark. (A ROUTER drops
-        what meets a full pipe, unless ZMQ_ROUTER_MANDATORY; then it refuses while reporting room, and this
-        retries once per loop turn.)"""
+        """Send one multipart message, waiting while the socket is at its high-water mark."""
+        await self.send_all([frames])
+
+    async def send_all(self, messages: list[list]) -> None:
+        """Send multipart messages in order, waiting while the socket is at its high-water mark. (A ROUTER
+        drops what meets a full pipe, unless ZMQ_ROUTER_MANDATORY; then it refuses while reporting room, and
+        this retries once per loop turn.)"""
         self._watch()
-        while not self.send_now(frames):
+        while messages:
+            messages = messages[self.send_many_now(messages):]
+            if not messages:
+                return
             self._writable.clear()
             if self._poll() & _POLLOUT:
                 await asyncio.sleep(0)

@@ -63,15 +63,6 @@ class TurnChunk(Message):
     t_end: float = 0.0
 
 
-def with_unsigned_tokens(chunk: TurnChunk) -> TurnChunk:
-    """The chunk with its token ids as uint32, viewed, not copied (an id below 0 would read as 2**32 + id, which
-    the learner drops with its episode as outside the vocabulary)."""
-    fields = dict(chunk.__dict__)  # not dataclasses.replace: that costs twice as much, once per large chunk sent
-    for name in UNSIGNED_TOKENS:
-        fields[name] = np.asarray(fields[name], np.int32).view(np.uint32)
-    return TurnChunk(**fields)
-
-
 @dataclass
 class Ack(Message):
     TYPE: ClassVar[str] = "ack"

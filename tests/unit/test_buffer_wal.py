@@ -8,8 +8,8 @@ import pytest
 
 from buffer.journal import CHUNK, WalJournal
 from buffer.wal import WalFile
-from protocol.codec import encode
-from protocol.messages import UNSIGNED_TOKENS, with_unsigned_tokens
+from protocol.codec import decode, encode
+from protocol.messages import UNSIGNED_TOKENS
 from tests.unit.test_store import ID, chunk, make_store
 
 
@@ -154,7 +154,7 @@ def test_replay_does_not_count_as_new_traffic(tmp_path):
 def test_a_chunk_with_unsigned_token_ids_is_replayed_as_it_came(tmp_path):
     path = tmp_path / "wal.log"
     store, journal = open_store(path)
-    sent = with_unsigned_tokens(chunk(seq=0, ep="u", obs=(1, 2, 3), gen=(4, 5), allowed=(4, 5), done=True))
+    sent = decode(encode(chunk(seq=0, ep="u", obs=(1, 2, 3), gen=(4, 5), allowed=(4, 5), done=True), alt_dtypes=True))
     assert ingest(store, journal, sent) == ("ok", "")
     journal.close()
 

@@ -16,7 +16,7 @@ from protocol import PROTOCOL_VERSION
 from protocol.codec import DecodeError, decode, encode
 from protocol.chunk_batch import pack
 from protocol.messages import (MESSAGE_TYPES, UNSIGNED_TOKENS, Ack, AckBatch, Batch, BatchRequest, CreditGrant,
-                               CreditRequest, TurnChunk, TurnChunkBatch, VersionAnnouncement, with_unsigned_tokens)
+                               CreditRequest, TurnChunk, TurnChunkBatch, VersionAnnouncement)
 
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -121,6 +121,16 @@ def test_integer_valued_float_field_decodes_as_float():
     frames = with_header(encode(sample_turn_chunk()), lambda h: h["f"].__setitem__("reward", 1))
     out = decode(frames)
     assert out.reward == 1.0 and type(out.reward) is float
+
+
+def test_scalar_fields_in_another_order_decode_the_same():
+    """decode reads fields in encode's order without checking each; a peer that orders them otherwise (or
+    omits an optional one) takes the field-by-field path to the same message."""
+    msg = sample_turn_chunk()
+    reordered = with_header(encode(msg), lambda h: h.__setitem__("f", dict(reversed(list(h["f"].items())))))
+    assert_same_message(msg, decode(reordered))
+    without_optional = with_header(encode(msg), lambda h: h["f"].pop("truncated"))
+    assert decode(without_optional).truncated is False
 
 
 def test_zmq_frames_are_decoded_in_place():
@@ -261,14 +271,21 @@ def test_token_ids_may_travel_as_uint32_and_decode_as_such(make):
     assert_same_message(msg, out)
 
 
-def test_with_unsigned_tokens_views_the_same_ids_without_a_copy():
+def test_alt_dtypes_sends_the_token_ids_as_uint32_views_of_the_same_memory():
     chunk = sample_turn_chunk()
-    unsigned = with_unsigned_tokens(chunk)
+    frames = encode(chunk, alt_dtypes=True)
+    header = header_of(frames)
+    for i, name in enumerate(header["a"], start=1):
+        if name in UNSIGNED_TOKENS:
+            assert header["a"][name][0] == "<u4"
+            assert np.shares_memory(np.frombuffer(frames[i], np.uint8), getattr(chunk, name))
+        else:
+            assert header["a"][name][0] == np.dtype(TurnChunk.ARRAYS[name]).str, "only token ids have a second dtype"
+    out = decode([bytes(f) for f in frames])
     for name in UNSIGNED_TOKENS:
-        assert getattr(unsigned, name).dtype == np.uint32
-        assert np.shares_memory(getattr(unsigned, name), getattr(chunk, name))
-        np.testing.assert_array_equal(getattr(unsigned, name), getattr(chunk, name))
-    assert unsigned.seq == chunk.seq and unsigned.gen_logprobs is chunk.gen_logprobs
+        assert getattr(out, name).dtype == np.uint32
+        setattr(out, name, getattr(out, name).view(np.int32))
+    assert_same_message(chunk, out)
 
 
 def test_unparseable_dtype():

@@ -86,12 +86,17 @@ async def test_a_send_that_takes_the_fds_signal_still_wakes_the_reader(ctx):
     link.unwatch()
 
 
-async def test_send_waits_at_the_high_water_mark_until_the_peer_drains(ctx):
+def unheard_dealer(ctx: zmq.asyncio.Context, hwm: int) -> tuple[LoopSocket, int]:
+    """A DEALER connected to a port where nobody listens yet: its messages queue in its pipe, up to hwm."""
     dealer = plain(ctx, zmq.DEALER)
-    dealer.setsockopt(zmq.SNDHWM, 1)
+    dealer.setsockopt(zmq.SNDHWM, hwm)
     port = free_port()
-    dealer.connect(f"tcp://127.0.0.1:{port}")  # nobody listens yet: messages queue in the dealer's pipe
-    link = LoopSocket(dealer)
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+    return LoopSocket(dealer), port
+
+
+async def test_send_waits_at_the_high_water_mark_until_the_peer_drains(ctx):
+    link, port = unheard_dealer(ctx, hwm=1)
     await link.send([b"first"])
     assert not link.send_now([b"second"]), "a full pipe must refuse the message, not drop it"
     waiting = asyncio.create_task(link.send([b"second"]))
@@ -105,6 +110,25 @@ async def test_send_waits_at_the_high_water_mark_until_the_peer_drains(ctx):
         assert router.poll(10_000), "the router never got both messages"
         got.append(router.recv_multipart()[1])
     assert got == [b"first", b"second"]
+    link.unwatch()
+
+
+async def test_a_group_send_stops_at_the_high_water_mark_and_send_all_delivers_the_rest_in_order(ctx):
+    link, port = unheard_dealer(ctx, hwm=2)
+    messages = [[b"m", b"%d" % i] for i in range(6)]
+    sent = link.send_many_now(messages)
+    assert 0 < sent < len(messages), "the pipe holds only a few messages; the rest must be refused, not dropped"
+    waiting = asyncio.create_task(link.send_all(messages[sent:]))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    router = plain(ctx, zmq.ROUTER)
+    router.bind(f"tcp://127.0.0.1:{port}")
+    await asyncio.wait_for(waiting, 10)
+    got = []
+    while len(got) < len(messages):
+        assert router.poll(10_000), f"the router got {len(got)} of {len(messages)} messages"
+        got.append(router.recv_multipart()[2])
+    assert got == [b"%d" % i for i in range(6)]
     link.unwatch()
 
 

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from buffer.episodes import flatten
 from buffer.metrics import BufferMetrics
 from buffer.store import ReplayStore
-from protocol.messages import TurnChunk, with_unsigned_tokens
+from protocol.codec import decode, encode
+from protocol.messages import TurnChunk
 
 ID = b"actor-identity"
 
@@ -195,7 +196,8 @@ def test_unsigned_token_ids_are_taken_without_a_sign_check_and_served_as_int32()
     """uint32 ids have no sign to check. One of 2**31 or more has no int32 form: the batch carries it negative,
     and the learner drops its episode as outside the vocabulary (learner/packing.py)."""
     store = make_store(batch_episodes=2)
-    ok = with_unsigned_tokens(chunk(seq=0, ep="e-ok", obs=(1, 2, 3), gen=(4, 5), allowed=(4, 5, 6), done=True))
+    sent = chunk(seq=0, ep="e-ok", obs=(1, 2, 3), gen=(4, 5), allowed=(4, 5, 6), done=True)
+    ok = decode(encode(sent, alt_dtypes=True))  # as the buffer receives it
     huge = chunk(seq=1, ep="e-huge", obs=(7, 8), gen=(9,), done=True)
     huge.obs_tokens = np.array([7, 2**31 + 5], np.uint32)
     huge.gen_tokens = huge.gen_tokens.astype(np.uint32)
