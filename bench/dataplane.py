@@ -10,6 +10,8 @@ For each chunk size (2 KB and 1 MB encoded TurnChunks) it measures, in one run o
 - ack_only: actors.link.BufferLink (this process) -> a child process that keeps and acks every chunk, as the
            buffer's ingest loop does (delayed acks included), and nothing else: the protocol's ceiling
            without the buffer's work;
+- sync_sender (1 MB only): ack_only's receiver, sent to by a blocking loop that does the link's per-chunk work
+           and nothing else (build, encode, window, acks): against ack_only, what the link's design costs;
 - ours:    actors.link.BufferLink (this process) -> the real buffer process (`turnstream buffer`), from the
            first send until the last ack, write-ahead log off; its warm heap reserve
            (buffer.ingest_reserve_bytes, buffer/warm_heap.py) sized to hold the run, since nothing consumes
@@ -112,9 +114,10 @@ def bench_raw(n: int, obs, arrays, mode: str = "drop") -> tuple[float, dict]:
         child.wait()
 
 
-def bench_ack_only(n: int, obs, arrays, window: int, ack_delay_ms: float) -> tuple[float, dict]:
+def bench_ack_only(n: int, obs, arrays, window: int, ack_delay_ms: float, sync: bool = False) -> tuple[float, dict]:
     """BufferLink -> a child process that keeps and acks every chunk and does nothing else (ACKER): the
-    link and its acks without the buffer's work (decode, validation, storage, credits), timed as ours."""
+    link and its acks without the buffer's work (decode, validation, storage, credits), timed as ours.
+    sync: a blocking loop (_sync_send_all) sends instead of the link."""
     import zmq
 
     from turnstream.processes import free_port
@@ -125,6 +128,8 @@ def bench_ack_only(n: int, obs, arrays, window: int, ack_delay_ms: float) -> tup
     ctx = zmq.Context()
     try:
         _ready_child(ctx, ctl, "ack-only receiver")
+        if sync:
+            return _sync_send_all(ctx, port, n, obs, arrays, window, CpuClock(child.pid))
         return asyncio.run(_send_all(port, n, obs, arrays, window, CpuClock(child.pid)))
     finally:
         ctx.destroy(linger=0)
@@ -205,6 +210,39 @@ async def _send_all(port: int, n: int, obs, arrays, window: int, cpu: CpuClock) 
         ctx.destroy(linger=0)
 
 
+def _sync_send_all(ctx, port: int, n: int, obs, arrays, window: int, cpu: CpuClock) -> tuple[float, dict]:
+    """The link's per-chunk work in a blocking loop: build each chunk, encode it (token ids as uint32), keep
+    `window` chunks unacked and decode the acks. No event loop, metrics or resends: the floor for a Python
+    sender of this wire format, which shows what the link's own design costs (the ack_only row)."""
+    import zmq
+
+    from protocol.codec import decode, encode
+    from protocol.messages import AckBatch
+
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    time.sleep(0.3)
+    cpu.start()
+    t0 = time.perf_counter()
+    unacked: set[int] = set()
+    sent = acked = 0
+    while acked < n:
+        while sent < n and len(unacked) < window:
+            chunk = chunk_at(sent, obs, arrays)
+            chunk.seq = sent
+            unacked.add(sent)
+            sock.send_multipart(encode(chunk, alt_dtypes=True), copy=False)
+            sent += 1
+        ack = decode(sock.recv_multipart(copy=False))
+        for seq in ack.seq.tolist() if isinstance(ack, AckBatch) else [ack.seq]:
+            if seq in unacked:
+                unacked.remove(seq)
+                acked += 1
+    elapsed = time.perf_counter() - t0
+    return elapsed, cpu.stop(n)
+
+
 def _wait_up(port: int, child) -> None:
     import urllib.request
 
@@ -215,7 +253,8 @@ def _wait_up(port: int, child) -> None:
             return
         except OSError:
             if child.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"buffer did not start, see {child.log_path}")
+                tail = Path(child.log_path).read_text(errors="replace").splitlines()[-15:]
+                raise RuntimeError("buffer did not start; the end of its log:\n" + "\n".join(tail))
             time.sleep(0.1)
 
 
@@ -250,6 +289,8 @@ def main(argv: list[str]) -> int:
                     "ours_cold": lambda: bench_ours(count, obs, arrays, wal=False, window=window,
                                                     workdir=Path(tmp), reserve=False),
                     "ours_wal": lambda: bench_ours(count, obs, arrays, wal=True, window=window, workdir=Path(tmp))}
+            if label == "large":  # sent alone, as the link sends a large chunk (it packs small ones)
+                rows["sync_sender"] = lambda: bench_ack_only(count, obs, arrays, window, ack_delay_ms, sync=True)
             runs: list[dict] = []
             for repeat in range(args.repeats):  # every row once per repeat, so each ratio compares neighbours
                 figures = {}
@@ -277,6 +318,7 @@ def main(argv: list[str]) -> int:
     result["ratio_large"] = ratio("large", "ours", "raw")
     result["ack_only_small"] = ratio("small", "ack_only", "raw")  # the protocol's ceiling: no buffer work
     result["ack_only_large"] = ratio("large", "ack_only", "raw")
+    result["sync_sender_large"] = ratio("large", "sync_sender", "raw")  # a sender with nothing but the work
     result["ratio_large_vs_keep"] = ratio("large", "ours", "raw_keep")
     result["ratio_large_vs_warm"] = ratio("large", "ours", "raw_warm")
     result["reserve_gain_large"] = ratio("large", "ours", "ours_cold")

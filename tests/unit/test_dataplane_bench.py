@@ -13,7 +13,8 @@ def test_bench_dataplane_smoke(capsys):
     lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     out = json.loads(lines[-1])
     assert out["ratio_small"] > 0 and out["ratio_large"] > 0 and out["ratio_large_vs_warm"] > 0
-    assert out["ack_only_small"] > 0 and out["ack_only_large"] > 0
+    assert out["ack_only_small"] > 0 and out["ack_only_large"] > 0 and out["sync_sender_large"] > 0
+    assert out["large"]["sync_sender_chunks_per_s"] > 0 and "sync_sender_chunks_per_s" not in out["small"]
     assert out["ack_delay_gain_small"] > 0 and out["ack_delay_gain_large"] > 0
     for size in ("small", "large"):  # the figures are medians of the repeats, which are all there
         runs = out[size]["runs"]
