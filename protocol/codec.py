@@ -48,11 +48,18 @@ def encode(msg: Message, *, alt_dtypes: bool = False) -> list[bytes | memoryview
     return [header, *frames]
 
 
-_SCALAR_CHECKS = {  # msgpack yields exact types, so `type(v) is` suffices (and bool is not taken for int)
-    "str": lambda v: type(v) is str,
-    "int": lambda v: type(v) is int,
-    "float": lambda v: type(v) is float or type(v) is int,
-    "bool": lambda v: type(v) is bool,
+# A scalar field's type, as msgpack yields it: exact types, so `type(v) is` suffices (and bool is not taken
+# for int). decode's fast path compares these; a field whose type is not here is always checked.
+_EXACT_TYPES = {"str": str, "int": int, "float": float, "bool": bool}
+
+
+def _is(t: type):
+    return lambda v: type(v) is t
+
+
+_SCALAR_CHECKS = {
+    **{name: _is(t) for name, t in _EXACT_TYPES.items()},
+    "float": lambda v: type(v) is float or type(v) is int,  # an integer-valued float may travel as an int
     "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     "list[float]": lambda v: isinstance(v, list) and all(_SCALAR_CHECKS["float"](x) for x in v),
     "list[list[int]]": lambda v: isinstance(v, list) and all(
@@ -62,17 +69,15 @@ _SCALAR_CHECKS = {  # msgpack yields exact types, so `type(v) is` suffices (and 
 
 class _ClassSpec(NamedTuple):
     """What encode and decode need to know about a message class, derived once from its dataclass fields
-    (dataclasses.fields() builds its tuple anew on every call, and np.dtype() parses its argument)."""
-    scalar_names: tuple[str, ...]
-    # the type of each scalar as encode writes it (None if a field is a list): decode's fast path compares these
-    scalar_types: tuple[type, ...] | None
+    (dataclasses.fields() builds its tuple anew on every call, np.dtype() parses its argument, and
+    `dtype.str` builds a new string on every read)."""
     scalars: tuple[tuple, ...]  # (name, type check, required, is_float) per scalar field
+    scalar_names: tuple[str, ...]
+    scalar_types: tuple[type, ...] | None  # None if a scalar's type is not in _EXACT_TYPES (a list)
     # per array field, in order: (name, its dtype, {dtype it may travel in: spelling}, its second dtype or None)
     arrays: tuple[tuple[str, np.dtype, dict[np.dtype, str], np.dtype | None], ...]
+    accepted: dict[str, dict[str, np.dtype]]  # the same dtypes by spelling, for decode
     required_arrays: tuple[str, ...]
-    # per array, the dtypes it may travel in (ARRAYS, then ALT_DTYPES) by their `dtype.str` spelling: that
-    # property builds a new string on every read, so decode looks the header's spelling up here instead
-    accepted: dict[str, dict[str, np.dtype]]
 
 
 _SPECS: dict[type, _ClassSpec] = {}
@@ -82,28 +87,23 @@ def _class_spec(cls) -> _ClassSpec:
     spec = _SPECS.get(cls)
     if spec is None:
         fields = dataclasses.fields(cls)
-        alt_dtypes = {name: np.dtype(alt) for name, alt in cls.ALT_DTYPES.items()}
-        accepted = {}
-        for name, dtype in cls.ARRAYS.items():
-            accepted[name] = {d.str: d for d in (np.dtype(dtype), alt_dtypes.get(name)) if d is not None}
         scalar_fields = [f for f in fields if f.name not in cls.ARRAYS]
+        arrays = []
+        for f in fields:
+            if f.name in cls.ARRAYS:
+                alt = cls.ALT_DTYPES.get(f.name)
+                dtypes = [np.dtype(cls.ARRAYS[f.name])] + ([np.dtype(alt)] if alt else [])
+                arrays.append((f.name, dtypes[0], {d: d.str for d in dtypes}, dtypes[1] if alt else None))
+        types = [_EXACT_TYPES.get(str(f.type)) for f in scalar_fields]
         spec = _SPECS[cls] = _ClassSpec(
-            scalar_names=tuple(f.name for f in scalar_fields),
-            scalar_types=_exact_types(scalar_fields),
             scalars=tuple((f.name, _SCALAR_CHECKS.get(str(f.type)), _required(cls, f.name), f.type == "float")
                           for f in scalar_fields),
-            arrays=tuple((f.name, np.dtype(cls.ARRAYS[f.name]), {d: s for s, d in accepted[f.name].items()},
-                          alt_dtypes.get(f.name)) for f in fields if f.name in cls.ARRAYS),
-            required_arrays=tuple(n for n in cls.ARRAYS if _required(cls, n)),
-            accepted=accepted)
+            scalar_names=tuple(f.name for f in scalar_fields),
+            scalar_types=None if None in types else tuple(types),
+            arrays=tuple(arrays),
+            accepted={name: {s: d for d, s in spelling_of.items()} for name, _, spelling_of, _ in arrays},
+            required_arrays=tuple(n for n in cls.ARRAYS if _required(cls, n)))
     return spec
-
-
-def _exact_types(fields) -> tuple[type, ...] | None:
-    types = {"str": str, "int": int, "float": float, "bool": bool}
-    if not all(str(f.type) in types for f in fields):
-        return None
-    return tuple(types[str(f.type)] for f in fields)
 
 
 def _required(cls, name: str) -> bool:
