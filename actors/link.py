@@ -5,7 +5,8 @@ resent when no ack came within `resend_after_s` (the buffer drops the duplicate 
 When the window is full, `send` waits: backpressure reaches the episodes instead of memory growing.
 `send` only queues: one sender task writes the queue out, packing small chunks that queued up meanwhile
 into one `turn_chunks` message (no added delay: a batch is whatever accumulated while the previous send
-ran), and sending large ones alone, zero-copy.
+ran), and sending large ones alone, zero-copy. To a buffer that takes them, the messages of one send go out
+as bundles (several messages in one multipart message, protocol/SCHEMA.md), which the buffer wakes for once.
 
 The credit request, sent every `heartbeat_s`, is also the actor's hello and heartbeat: a restarted buffer
 learns the actor from it, and its answer (a CreditGrant, possibly of 0 credits) carries the buffer's
@@ -36,6 +37,7 @@ log = logging.getLogger("turnstream.actor")
 PACK_BELOW_BYTES = 64 * 1024  # a chunk this large is sent alone: packing would copy it for no gain
 MAX_PACKED_BYTES = 256 * 1024
 MAX_PACKED_CHUNKS = 512
+MAX_BUNDLE_MESSAGES = 8  # a bundle is acked once all of it has come: more would delay its first chunk's ack
 
 
 class BufferLink:
@@ -57,6 +59,7 @@ class BufferLink:
         self.learner_version = 0
         self.server_id = ""
         self.unsigned_tokens = False  # the buffer takes token ids as uint32: large chunks go so (no sign to check)
+        self.message_bundles = False  # the buffer takes several messages in one (protocol.codec.decode_bundle)
         self.buffer_restarts = 0
         self._changed = asyncio.Condition()
         self._resend_all = False
@@ -125,6 +128,8 @@ class BufferLink:
             group_bytes += size
         if group:
             messages.append(_encode_group(group))
+        if self.message_bundles:
+            messages = bundle(messages, self.max_message_bytes)
         await self.io.send_all(messages)
 
     async def _recv_loop(self) -> None:
@@ -160,7 +165,7 @@ class BufferLink:
             restarted = bool(msg.server_id and self.server_id and msg.server_id != self.server_id)
             if msg.server_id:
                 self.server_id = msg.server_id
-            self.unsigned_tokens = msg.unsigned_tokens
+            self.unsigned_tokens, self.message_bundles = msg.unsigned_tokens, msg.message_bundles
             if restarted:
                 self.buffer_restarts += 1
                 log.warning("buffer restarted (server %s): resending %d unacked chunks",
@@ -212,3 +217,22 @@ class BufferLink:
 
 def _encode_group(group: list[TurnChunk]) -> list:
     return encode(group[0] if len(group) == 1 else pack(group))
+
+
+def bundle(messages: list[list], max_bytes: int) -> list[list]:
+    """Messages, in order, joined into bundles of up to MAX_BUNDLE_MESSAGES and max_bytes (SCHEMA.md). A
+    receiver wakes, and a ROUTER adds the peer's identity, once per bundle instead of once per message."""
+    bundles: list[list] = []
+    current: list = []
+    count = size = 0
+    for frames in messages:
+        nbytes = sum(map(len, frames))  # bytes or memoryviews cast to "B": len is the byte count
+        if count and (count == MAX_BUNDLE_MESSAGES or size + nbytes > max_bytes):
+            bundles.append(current)
+            current, count, size = [], 0, 0
+        current += frames
+        count += 1
+        size += nbytes
+    if current:
+        bundles.append(current)
+    return bundles

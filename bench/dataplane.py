@@ -8,8 +8,8 @@ For each chunk size (2 KB and 1 MB encoded TurnChunks) it measures, in one run o
 - raw_warm: raw_keep after buffer.warm_heap.reserve_warm_heap, as the buffer starts: the floor for a
            receiver that keeps what it receives;
 - ack_only: actors.link.BufferLink (this process) -> a child process that keeps and acks every chunk, as the
-           buffer's ingest loop does (delayed acks included), and nothing else: the protocol's ceiling
-           without the buffer's work;
+           buffer's ingest loop does (delayed acks included), and nothing else; it grants what the buffer
+           grants (uint32 token ids, bundles): the protocol's ceiling without the buffer's work;
 - sync_sender (1 MB only): ack_only's receiver, sent to by a blocking loop that does the link's per-chunk work
            and nothing else (build, encode, window, acks): against ack_only, what the link's design costs;
 - ours:    actors.link.BufferLink (this process) -> the real buffer process (`turnstream buffer`), from the
@@ -211,12 +211,14 @@ async def _send_all(port: int, n: int, obs, arrays, window: int, cpu: CpuClock) 
 
 
 def _sync_send_all(ctx, port: int, n: int, obs, arrays, window: int, cpu: CpuClock) -> tuple[float, dict]:
-    """The link's per-chunk work in a blocking loop: build each chunk, encode it (token ids as uint32), keep
-    `window` chunks unacked and decode the acks. No event loop, metrics or resends: the floor for a Python
-    sender of this wire format, which shows what the link's own design costs (the ack_only row)."""
+    """The link's per-chunk work in a blocking loop: build each chunk, encode it (token ids as uint32), send
+    what the window has room for in bundles, keep `window` chunks unacked and decode the acks. No event loop,
+    metrics or resends: the floor for a Python sender of this wire format, which shows what the link's own
+    design costs (the ack_only row)."""
     import zmq
 
-    from protocol.codec import decode, encode
+    from actors.link import bundle
+    from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES, decode, encode
     from protocol.messages import AckBatch
 
     sock = ctx.socket(zmq.DEALER)
@@ -228,12 +230,15 @@ def _sync_send_all(ctx, port: int, n: int, obs, arrays, window: int, cpu: CpuClo
     unacked: set[int] = set()
     sent = acked = 0
     while acked < n:
+        messages = []
         while sent < n and len(unacked) < window:
             chunk = chunk_at(sent, obs, arrays)
             chunk.seq = sent
             unacked.add(sent)
-            sock.send_multipart(encode(chunk, alt_dtypes=True), copy=False)
+            messages.append(encode(chunk, alt_dtypes=True))
             sent += 1
+        for frames in bundle(messages, DEFAULT_MAX_MESSAGE_BYTES):
+            sock.send_multipart(frames, copy=False)
         ack = decode(sock.recv_multipart(copy=False))
         for seq in ack.seq.tolist() if isinstance(ack, AckBatch) else [ack.seq]:
             if seq in unacked:

@@ -24,10 +24,11 @@ from buffer.ratelimit import BlockedClock, Cancelled, Gate
 from buffer.store import ReplayStore
 from buffer.validate import batch_is_clean
 from protocol import auth
-from protocol.codec import DecodeError, decode, encode
+from protocol.codec import DecodeError, decode, decode_bundle, encode
 from protocol.chunk_batch import BatchError, readable_seqs, unpack
 from protocol.loop_socket import LoopSocket
-from protocol.messages import BatchRequest, CreditGrant, CreditRequest, TurnChunk, TurnChunkBatch, VersionAnnouncement
+from protocol.messages import (BatchRequest, CreditGrant, CreditRequest, Message, TurnChunk, TurnChunkBatch,
+                               VersionAnnouncement)
 from protocol.sockets import configure
 
 log = logging.getLogger("turnstream.buffer")
@@ -129,25 +130,28 @@ class BufferServer:
         """Apply one drained group of messages: each chunk's ack joins the ack group. Returns the actors
         whose credit request gets an answer (even of 0 credits)."""
         heartbeats: set[bytes] = set()
-        for peer, *frames in batch:
+        for peer, *bundle in batch:
             identity = peer.bytes
             try:
-                msg = decode(frames, self.max_message_bytes)
+                for msg, frames in decode_bundle(bundle, self.max_message_bytes):
+                    self._apply_message(identity, msg, frames, heartbeats)
             except DecodeError as exc:
                 self.m.rejected.labels(exc.reason).inc()
                 log.warning("bad message from an actor: %s", exc)
-                continue
-            if isinstance(msg, TurnChunk):
-                results = self.store.ingest_many(identity, [msg], raw=frames)
-                self.acks.add(identity, [(msg.seq, *results[0])])
-            elif isinstance(msg, TurnChunkBatch):
-                self.acks.add(identity, self._ingest_batch(identity, msg, frames))
-            elif isinstance(msg, CreditRequest):
-                self.store.on_credit_request(identity, msg.actor_id, msg.epoch, msg.slots)
-                heartbeats.add(identity)
-            else:
-                self.m.rejected.labels("unexpected_type").inc()
         return heartbeats
+
+    def _apply_message(self, identity: bytes, msg: Message, frames: list, heartbeats: set[bytes]) -> None:
+        """Apply one message of a bundle; `frames` are its own (what the write-ahead log keeps)."""
+        if isinstance(msg, TurnChunk):
+            results = self.store.ingest_many(identity, [msg], raw=frames)
+            self.acks.add(identity, [(msg.seq, *results[0])])
+        elif isinstance(msg, TurnChunkBatch):
+            self.acks.add(identity, self._ingest_batch(identity, msg, frames))
+        elif isinstance(msg, CreditRequest):
+            self.store.on_credit_request(identity, msg.actor_id, msg.epoch, msg.slots)
+            heartbeats.add(identity)
+        else:
+            self.m.rejected.labels("unexpected_type").inc()
 
     def _ingest_batch(self, identity: bytes, msg: TurnChunkBatch, frames: list) -> list[tuple[int, str, str]]:
         try:
@@ -256,7 +260,8 @@ class BufferServer:
         grants = dict(self.store.grant_credits())
         for identity in set(grants) | set(heartbeats):
             grant = CreditGrant(credits=grants.get(identity, 0), learner_version=self.store.learner_version,
-                                server_id=self.server_id, unsigned_tokens=True)
+                                server_id=self.server_id, unsigned_tokens=True,
+                                message_bundles=True)
             self.ingest_io.send_now([identity, *encode(grant)])
         self._update_clocks()
 

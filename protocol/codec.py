@@ -7,7 +7,7 @@ DecodeError with a short machine-readable reason, so receivers can count it and 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import msgpack
 import numpy as np
@@ -124,13 +124,37 @@ def parse_header(buf) -> dict:
 
 def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
     """Decode a multipart message; raise DecodeError (never anything else) on bad input."""
+    buffers = _checked_buffers(frames, max_bytes)
+    return _decode_parsed(parse_header(buffers[0]), buffers)
+
+
+def decode_bundle(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Iterator[tuple[Message, list]]:
+    """The messages of a bundle (several messages' frames back to back in one multipart message, SCHEMA.md),
+    in order, each with its own frames; a single message is a bundle of one. Raises DecodeError at the first
+    message that does not decode: those before it stand, and what follows cannot be delimited."""
+    buffers = _checked_buffers(frames, max_bytes)
+    start = 0
+    while start < len(buffers):
+        header = parse_header(buffers[start])
+        arrays = header.get("a")
+        end = start + 1 + (len(arrays) if isinstance(arrays, dict) else 0)
+        if end > len(buffers):
+            raise DecodeError("frame_count", f"{end - start - 1} arrays declared, {len(buffers) - start - 1} frames")
+        yield _decode_parsed(header, buffers[start:end]), frames[start:end]
+        start = end
+
+
+def _checked_buffers(frames: list, max_bytes: int) -> list[memoryview]:
     if not frames:
         raise DecodeError("empty")
     buffers = [memoryview(f) for f in frames]  # zmq.Frame, bytes and memoryview all export a buffer
     total = sum(b.nbytes for b in buffers)
     if total > max_bytes:
         raise DecodeError("oversized", f"{total} bytes > limit {max_bytes}")
-    header = parse_header(buffers[0])
+    return buffers
+
+
+def _decode_parsed(header: dict, buffers: list[memoryview]) -> Message:
     version, type_name = header.get("v"), header.get("t")
     if type(version) is not int or version != PROTOCOL_VERSION:
         raise DecodeError("unknown_version", f"got {version!r}, speak {PROTOCOL_VERSION}")

@@ -140,6 +140,7 @@ class CreditGrant(Message):
     learner_version: int = 0
     server_id: str = ""  # changes when the buffer restarts: the actor then resends its unacked window
     unsigned_tokens: bool = False  # the buffer takes token ids as uint32 (UNSIGNED_TOKENS)
+    message_bundles: bool = False  # the buffer takes several messages in one multipart message (SCHEMA.md)
 
 
 @dataclass

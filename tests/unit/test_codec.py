@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol import PROTOCOL_VERSION
-from protocol.codec import DecodeError, decode, encode
+from protocol.codec import DecodeError, decode, decode_bundle, encode
 from protocol.chunk_batch import pack
 from protocol.messages import (MESSAGE_TYPES, UNSIGNED_TOKENS, Ack, AckBatch, Batch, BatchRequest, CreditGrant,
                                CreditRequest, TurnChunk, TurnChunkBatch, VersionAnnouncement)
@@ -545,3 +545,62 @@ def test_structurally_mutated_header_raises_only_decode_error(data):
         else:
             h2["a"][name][1] = data.draw(st.lists(st.integers(0, 2 ** 64 - 1), max_size=70))
     decode_or_decode_error([msgpack.packb(h2), *frames[1:]])
+
+
+# ---- bundles: several messages in one multipart message (SCHEMA.md) ----
+
+def test_a_bundle_decodes_to_its_messages_in_order_each_with_its_own_frames():
+    first, second = sample_turn_chunk(), CreditRequest(actor_id="actor-3", epoch=2, slots=4)
+    frames_first, frames_second = encode(first), encode(second)
+    got = list(decode_bundle([*frames_first, *frames_second, *frames_first]))
+    for (msg, _), want in zip(got, [first, second, first], strict=True):
+        assert_same_message(msg, want)
+    assert [len(frames) for _, frames in got] == [len(frames_first), len(frames_second), len(frames_first)]
+    assert [bytes(f) for f in got[1][1]] == [bytes(f) for f in frames_second]
+    (only, _), = decode_bundle(frames_first)  # a single message is a bundle of one
+    assert_same_message(only, first)
+
+
+def test_a_bundle_keeps_the_messages_before_a_bad_one_and_names_the_reason():
+    good = encode(sample_turn_chunk())
+    decoded = []
+    with pytest.raises(DecodeError) as err:
+        for msg, _ in decode_bundle([*good, *good[:-1]]):  # the second message lost its last array
+            decoded.append(msg)
+    assert len(decoded) == 1 and err.value.reason == "frame_count"
+    assert_same_message(decoded[0], sample_turn_chunk())
+    with pytest.raises(DecodeError) as err:
+        list(decode_bundle([*good, b"\xc1 not msgpack"]))
+    assert err.value.reason == "bad_header"
+
+
+def test_a_bundle_over_the_size_limit_is_refused_whole():
+    frames = encode(sample_turn_chunk())
+    size = sum(memoryview(f).nbytes for f in frames)
+    assert len(list(decode_bundle([*frames, *frames], max_bytes=2 * size))) == 2
+    with pytest.raises(DecodeError) as err:
+        next(decode_bundle([*frames, *frames], max_bytes=2 * size - 1))
+    assert err.value.reason == "oversized"
+
+
+@FUZZ
+@given(st.data())
+def test_mutated_bundles_raise_only_decode_error(data):
+    names = data.draw(st.lists(st.sampled_from(sorted(SAMPLES)), min_size=2, max_size=3))
+    frames = [bytearray(bytes(f)) for name in names for f in encode(SAMPLES[name]())]
+    for _ in range(data.draw(st.integers(1, 3))):
+        i = data.draw(st.integers(0, len(frames) - 1))
+        op = data.draw(st.sampled_from(["flip", "truncate", "drop_frame", "dup_frame"]))
+        if op == "flip" and frames[i]:
+            frames[i][data.draw(st.integers(0, len(frames[i]) - 1))] = data.draw(st.integers(0, 255))
+        elif op == "truncate":
+            del frames[i][data.draw(st.integers(0, len(frames[i]))):]
+        elif op == "drop_frame" and len(frames) > 1:
+            frames.pop(i)
+        elif op == "dup_frame":
+            frames.insert(i, bytearray(frames[i]))
+    try:
+        for msg, own in decode_bundle([bytes(f) for f in frames]):
+            assert type(msg).TYPE in MESSAGE_TYPES and own
+    except DecodeError as exc:
+        assert isinstance(exc.reason, str) and exc.reason

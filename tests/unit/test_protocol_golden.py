@@ -46,14 +46,15 @@ def test_golden_header_states_major_version_1():
 
 
 def test_v1_message_without_later_optional_fields_still_decodes():
-    """Optional fields added within v1 (max_tokens, timeout_s, server_id, unsigned_tokens, status) take their
-    defaults."""
+    """Optional fields added within v1 (max_tokens, timeout_s, server_id, unsigned_tokens, message_bundles,
+    status) take their defaults."""
     legacy = [msgpack.packb({"v": 1, "t": "batch_request", "f": {"request_id": 3, "learner_version": 2,
                                                                    "max_episodes": 8}, "a": {}})]
     assert decode(legacy) == BatchRequest(request_id=3, learner_version=2, max_episodes=8, max_tokens=0,
                                           timeout_s=0.0)
     legacy = [msgpack.packb({"v": 1, "t": "credit_grant", "f": {"credits": 2}, "a": {}})]
-    assert decode(legacy) == CreditGrant(credits=2, learner_version=0, server_id="", unsigned_tokens=False)
+    assert decode(legacy) == CreditGrant(credits=2, learner_version=0, server_id="", unsigned_tokens=False,
+                                         message_bundles=False)
 
 
 def test_newer_minor_field_is_ignored_and_newer_major_version_is_refused():
