@@ -37,7 +37,10 @@ log = logging.getLogger("turnstream.actor")
 PACK_BELOW_BYTES = 64 * 1024  # a chunk this large is sent alone: packing would copy it for no gain
 MAX_PACKED_BYTES = 256 * 1024
 MAX_PACKED_CHUNKS = 512
-MAX_BUNDLE_MESSAGES = 8  # a bundle is acked once all of it has come: more would delay its first chunk's ack
+# A bundle is acked once all of it is applied. Packed small chunks gain nothing more from bundling, and a
+# bundle of a few packed messages could hold an actor's whole window: no chunk would be acked until all were
+# applied, and the actor would stop sending meanwhile (2 KB chunks ran at two thirds of their rate).
+MAX_BUNDLE_CHUNKS = 8
 
 
 class BufferLink:
@@ -113,24 +116,25 @@ class BufferLink:
 
     async def _send_chunks(self, chunks: list[TurnChunk]) -> None:
         """Encode every chunk, then send the messages in one go (one read of the socket's state after them)."""
-        messages = []
+        messages: list[tuple[list, int]] = []  # (frames, chunks in them)
         group: list[TurnChunk] = []
         group_bytes = 0
         for chunk in chunks:
             size = chunk_nbytes(chunk)
             if size >= PACK_BELOW_BYTES:  # alone: its arrays go out zero-copy
-                messages.append(encode(chunk, alt_dtypes=self.unsigned_tokens))
+                messages.append((encode(chunk, alt_dtypes=self.unsigned_tokens), 1))
                 continue
             if group and (group_bytes + size > MAX_PACKED_BYTES or len(group) == MAX_PACKED_CHUNKS):
-                messages.append(_encode_group(group))
+                messages.append((_encode_group(group), len(group)))
                 group, group_bytes = [], 0
             group.append(chunk)
             group_bytes += size
         if group:
-            messages.append(_encode_group(group))
+            messages.append((_encode_group(group), len(group)))
         if self.message_bundles:
-            messages = bundle(messages, self.max_message_bytes)
-        await self.io.send_all(messages)
+            await self.io.send_all(bundle(messages, self.max_message_bytes))
+        else:
+            await self.io.send_all([frames for frames, _ in messages])
 
     async def _recv_loop(self) -> None:
         while True:
@@ -219,19 +223,20 @@ def _encode_group(group: list[TurnChunk]) -> list:
     return encode(group[0] if len(group) == 1 else pack(group))
 
 
-def bundle(messages: list[list], max_bytes: int) -> list[list]:
-    """Messages, in order, joined into bundles of up to MAX_BUNDLE_MESSAGES and max_bytes (SCHEMA.md). A
-    receiver wakes, and a ROUTER adds the peer's identity, once per bundle instead of once per message."""
+def bundle(messages: list[tuple[list, int]], max_bytes: int) -> list[list]:
+    """Messages (frames, the chunks they carry), in order, joined into bundles of up to MAX_BUNDLE_CHUNKS
+    chunks and max_bytes (SCHEMA.md); a message of more chunks goes alone. A receiver wakes, and a ROUTER adds
+    the peer's identity, once per bundle instead of once per message."""
     bundles: list[list] = []
     current: list = []
-    count = size = 0
-    for frames in messages:
+    chunks = size = 0
+    for frames, n in messages:
         nbytes = sum(map(len, frames))  # bytes or memoryviews cast to "B": len is the byte count
-        if count and (count == MAX_BUNDLE_MESSAGES or size + nbytes > max_bytes):
+        if current and (chunks + n > MAX_BUNDLE_CHUNKS or size + nbytes > max_bytes):
             bundles.append(current)
-            current, count, size = [], 0, 0
+            current, chunks, size = [], 0, 0
         current += frames
-        count += 1
+        chunks += n
         size += nbytes
     if current:
         bundles.append(current)

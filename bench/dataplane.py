@@ -235,7 +235,7 @@ def _sync_send_all(ctx, port: int, n: int, obs, arrays, window: int, cpu: CpuClo
             chunk = chunk_at(sent, obs, arrays)
             chunk.seq = sent
             unacked.add(sent)
-            messages.append(encode(chunk, alt_dtypes=True))
+            messages.append((encode(chunk, alt_dtypes=True), 1))
             sent += 1
         for frames in bundle(messages, DEFAULT_MAX_MESSAGE_BYTES):
             sock.send_multipart(frames, copy=False)

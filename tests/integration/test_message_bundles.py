@@ -11,7 +11,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from actors.link import MAX_BUNDLE_MESSAGES, PACK_BELOW_BYTES, BufferLink
+from actors.link import MAX_BUNDLE_CHUNKS, PACK_BELOW_BYTES, BufferLink
 from actors.metrics import ActorMetrics
 from protocol.codec import decode, decode_bundle, encode
 from protocol.messages import Batch, BatchRequest, CreditGrant, TurnChunk
@@ -54,10 +54,10 @@ async def test_a_link_bundles_what_queued_together_only_for_a_buffer_that_takes_
     router, link, _metrics = link_to_router(ctx, "actor-b", slots=1, heartbeat_s=60.0)
     task = asyncio.create_task(link.run())
     try:
-        messages = await _grant_and_collect(router, link, bundles=bundles, chunks=MAX_BUNDLE_MESSAGES + 2)
-        ids = [f"e{i}" for i in range(MAX_BUNDLE_MESSAGES + 2)]
-        if bundles:  # in order, at most MAX_BUNDLE_MESSAGES to a bundle
-            assert messages == [ids[:MAX_BUNDLE_MESSAGES], ids[MAX_BUNDLE_MESSAGES:]]
+        messages = await _grant_and_collect(router, link, bundles=bundles, chunks=MAX_BUNDLE_CHUNKS + 2)
+        ids = [f"e{i}" for i in range(MAX_BUNDLE_CHUNKS + 2)]
+        if bundles:  # in order, at most MAX_BUNDLE_CHUNKS to a bundle
+            assert messages == [ids[:MAX_BUNDLE_CHUNKS], ids[MAX_BUNDLE_CHUNKS:]]
         else:
             assert messages == [[i] for i in ids]
     finally:

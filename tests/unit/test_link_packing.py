@@ -53,3 +53,18 @@ async def test_small_chunks_travel_packed_large_ones_alone_and_one_acks_message_
     finally:
         task.cancel()
         ctx.destroy(linger=0)
+
+
+def test_bundles_join_single_chunk_messages_in_order_and_leave_packed_ones_alone():
+    from actors.link import MAX_BUNDLE_CHUNKS, bundle
+
+    def message(tag: bytes, chunks: int, nbytes: int = 10):
+        return [tag, b"x" * (nbytes - len(tag))], chunks
+
+    singles = [message(b"s%d" % i, 1) for i in range(MAX_BUNDLE_CHUNKS + 4)]
+    packed = message(b"p", 100)
+    got = bundle([*singles[:3], packed, *singles[3:]], max_bytes=1 << 20)
+    tags = [[f for f in b if not f.startswith(b"x")] for b in got]
+    assert tags == [[b"s0", b"s1", b"s2"], [b"p"], [b"s%d" % i for i in range(3, 3 + MAX_BUNDLE_CHUNKS)],
+                    [b"s%d" % (3 + MAX_BUNDLE_CHUNKS)]]
+    assert len(bundle(singles[:4], max_bytes=25)) == 2  # two 10-byte messages fit in 25 bytes, not three
