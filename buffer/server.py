@@ -134,11 +134,17 @@ class BufferServer:
             identity = peer.bytes
             try:
                 for msg, frames in decode_bundle(bundle, self.max_message_bytes):
-                    self._apply_message(identity, msg, frames, heartbeats)
-            except DecodeError as exc:
-                self.m.rejected.labels(exc.reason).inc()
-                log.warning("bad message from an actor: %s", exc)
+                    if isinstance(msg, DecodeError):
+                        self._bad_message(msg)
+                    else:
+                        self._apply_message(identity, msg, frames, heartbeats)
+            except DecodeError as exc:  # the rest of the bundle cannot be delimited
+                self._bad_message(exc)
         return heartbeats
+
+    def _bad_message(self, exc: DecodeError) -> None:
+        self.m.rejected.labels(exc.reason).inc()
+        log.warning("bad message from an actor: %s", exc)
 
     def _apply_message(self, identity: bytes, msg: Message, frames: list, heartbeats: set[bytes]) -> None:
         """Apply one message of a bundle; `frames` are its own (what the write-ahead log keeps)."""

@@ -124,15 +124,21 @@ def parse_header(buf) -> dict:
 
 def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
     """Decode a multipart message; raise DecodeError (never anything else) on bad input."""
-    buffers = _checked_buffers(frames, max_bytes)
+    if not frames:
+        raise DecodeError("empty")
+    buffers = _within_limit([memoryview(f) for f in frames], max_bytes)
     return _decode_parsed(parse_header(buffers[0]), buffers)
 
 
-def decode_bundle(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Iterator[tuple[Message, list]]:
+def decode_bundle(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+                  ) -> Iterator[tuple[Message | DecodeError, list]]:
     """The messages of a bundle (several messages' frames back to back in one multipart message, SCHEMA.md),
-    in order, each with its own frames; a single message is a bundle of one. Raises DecodeError at the first
-    message that does not decode: those before it stand, and what follows cannot be delimited."""
-    buffers = _checked_buffers(frames, max_bytes)
+    in order, each with its own frames; a single message is a bundle of one. A message that does not decode
+    comes as its DecodeError, and the next ones still come: its header said where it ends. Raises DecodeError
+    where that cannot be known (a header that does not parse, more arrays declared than frames are left)."""
+    if not frames:
+        raise DecodeError("empty")
+    buffers = [memoryview(f) for f in frames]  # zmq.Frame, bytes and memoryview all export a buffer
     start = 0
     while start < len(buffers):
         header = parse_header(buffers[start])
@@ -140,14 +146,15 @@ def decode_bundle(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> I
         end = start + 1 + (len(arrays) if isinstance(arrays, dict) else 0)
         if end > len(buffers):
             raise DecodeError("frame_count", f"{end - start - 1} arrays declared, {len(buffers) - start - 1} frames")
-        yield _decode_parsed(header, buffers[start:end]), frames[start:end]
+        try:  # the size limit is each message's, as if it had come alone
+            item: Message | DecodeError = _decode_parsed(header, _within_limit(buffers[start:end], max_bytes))
+        except DecodeError as exc:
+            item = exc
+        yield item, frames[start:end]
         start = end
 
 
-def _checked_buffers(frames: list, max_bytes: int) -> list[memoryview]:
-    if not frames:
-        raise DecodeError("empty")
-    buffers = [memoryview(f) for f in frames]  # zmq.Frame, bytes and memoryview all export a buffer
+def _within_limit(buffers: list[memoryview], max_bytes: int) -> list[memoryview]:
     total = sum(b.nbytes for b in buffers)
     if total > max_bytes:
         raise DecodeError("oversized", f"{total} bytes > limit {max_bytes}")

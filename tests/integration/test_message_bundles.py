@@ -1,6 +1,6 @@
 """Message bundles, negotiated: a real BufferLink joins the messages it sends together into one multipart message
 only for a buffer whose credit grant says it takes them; a real buffer process acks, journals and keeps every
-chunk of a bundle as if each had come alone, through a kill -9."""
+chunk of a bundle as if each had come alone, through a kill -9, and rejects a bad one without its neighbours."""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +15,7 @@ from actors.link import MAX_BUNDLE_CHUNKS, PACK_BELOW_BYTES, BufferLink
 from actors.metrics import ActorMetrics
 from protocol.codec import decode, decode_bundle, encode
 from protocol.messages import Batch, BatchRequest, CreditGrant, TurnChunk
-from tests.helpers import BufferProcess, chunk, link_to_router, until
+from tests.helpers import BufferProcess, acks_in, chunk, link_to_router, until
 
 LARGE = PACK_BELOW_BYTES // 4 + 100  # token ids in a chunk sent as a message of its own, not packed
 
@@ -107,5 +107,32 @@ async def test_a_buffer_process_acks_journals_and_keeps_every_chunk_of_a_bundle(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        ctx.destroy(linger=0)
+        b.procs.stop_all()
+
+
+def test_a_bad_message_in_a_bundle_is_rejected_and_counted_and_its_neighbours_are_acked(tmp_path):
+    b = BufferProcess(tmp_path, wal=False)
+    b.start()
+    ctx = zmq.Context()
+    try:
+        actor = ctx.socket(zmq.DEALER)
+        actor.setsockopt(zmq.LINGER, 0)
+        actor.connect(f"tcp://127.0.0.1:{b.cfg.network.buffer_ingest_port}")
+        good = [encode(chunk(f"g{seq}", 0, seq=seq, done=True)) for seq in (0, 2)]
+        header, *arrays = encode(chunk("bad", 0, seq=1, done=True))
+        fields = msgpack.unpackb(header)
+        fields["a"]["gen_logprobs"][0] = "<f8"  # delimitable, but not a valid chunk
+        actor.send_multipart([*good[0], msgpack.packb(fields), *arrays, *good[1]])
+        acked = []
+        while len(acked) < 2:
+            assert actor.poll(15_000), "no ack"
+            acked += acks_in(decode(actor.recv_multipart()))
+        assert sorted(acked) == [(0, "ok"), (2, "ok")]
+        assert b.metric('turnstream_buffer_rejected_total{reason="bad_dtype"}') == 1
+        assert b.metric('turnstream_buffer_chunks_total{outcome="ok"}') == 2
+        actor.send_multipart(encode(chunk("g3", 0, seq=3, done=True)))  # and the buffer serves on
+        assert actor.poll(15_000) and acks_in(decode(actor.recv_multipart())) == [(3, "ok")]
+    finally:
         ctx.destroy(linger=0)
         b.procs.stop_all()

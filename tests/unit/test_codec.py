@@ -561,26 +561,34 @@ def test_a_bundle_decodes_to_its_messages_in_order_each_with_its_own_frames():
     assert_same_message(only, first)
 
 
-def test_a_bundle_keeps_the_messages_before_a_bad_one_and_names_the_reason():
+def test_a_bad_message_in_a_bundle_comes_as_its_error_and_the_next_ones_still_decode():
     good = encode(sample_turn_chunk())
-    decoded = []
-    with pytest.raises(DecodeError) as err:
-        for msg, _ in decode_bundle([*good, *good[:-1]]):  # the second message lost its last array
-            decoded.append(msg)
-    assert len(decoded) == 1 and err.value.reason == "frame_count"
-    assert_same_message(decoded[0], sample_turn_chunk())
-    with pytest.raises(DecodeError) as err:
-        list(decode_bundle([*good, b"\xc1 not msgpack"]))
-    assert err.value.reason == "bad_header"
+    header = msgpack.unpackb(good[0])
+    header["a"]["obs_tokens"][0] = "<f8"  # delimitable (its header parses), but not a valid chunk
+    bad = [msgpack.packb(header), *good[1:]]
+    got = list(decode_bundle([*good, *bad, *good]))
+    assert [type(item).__name__ for item, _ in got] == ["TurnChunk", "DecodeError", "TurnChunk"]
+    assert got[1][0].reason == "bad_dtype" and got[1][1] == bad
+    assert_same_message(got[2][0], sample_turn_chunk())
 
 
-def test_a_bundle_over_the_size_limit_is_refused_whole():
+def test_a_bundle_that_cannot_be_delimited_further_raises_after_what_came_before():
+    good = encode(sample_turn_chunk())
+    for tail, reason in ((good[:-1], "frame_count"), ([b"\xc1 not msgpack"], "bad_header")):
+        decoded = []
+        with pytest.raises(DecodeError) as err:
+            for item, _ in decode_bundle([*good, *tail]):  # the second lost its last array / is no header
+                decoded.append(item)
+        assert len(decoded) == 1 and err.value.reason == reason
+        assert_same_message(decoded[0], sample_turn_chunk())
+
+
+def test_the_size_limit_is_each_message_of_a_bundle():
     frames = encode(sample_turn_chunk())
     size = sum(memoryview(f).nbytes for f in frames)
-    assert len(list(decode_bundle([*frames, *frames], max_bytes=2 * size))) == 2
-    with pytest.raises(DecodeError) as err:
-        next(decode_bundle([*frames, *frames], max_bytes=2 * size - 1))
-    assert err.value.reason == "oversized"
+    assert all(isinstance(item, TurnChunk) for item, _ in decode_bundle([*frames, *frames], max_bytes=size))
+    (item, _), = decode_bundle(frames, max_bytes=size - 1)
+    assert isinstance(item, DecodeError) and item.reason == "oversized"
 
 
 @FUZZ
@@ -600,7 +608,7 @@ def test_mutated_bundles_raise_only_decode_error(data):
         elif op == "dup_frame":
             frames.insert(i, bytearray(frames[i]))
     try:
-        for msg, own in decode_bundle([bytes(f) for f in frames]):
-            assert type(msg).TYPE in MESSAGE_TYPES and own
+        for item, own in decode_bundle([bytes(f) for f in frames]):
+            assert own and (type(item).TYPE in MESSAGE_TYPES if not isinstance(item, DecodeError) else item.reason)
     except DecodeError as exc:
         assert isinstance(exc.reason, str) and exc.reason
