@@ -266,8 +266,7 @@ class BufferServer:
         grants = dict(self.store.grant_credits())
         for identity in set(grants) | set(heartbeats):
             grant = CreditGrant(credits=grants.get(identity, 0), learner_version=self.store.learner_version,
-                                server_id=self.server_id, unsigned_tokens=True,
-                                message_bundles=True)
+                                server_id=self.server_id, unsigned_tokens=True, message_bundles=True)
             self.ingest_io.send_now([identity, *encode(grant)])
         self._update_clocks()
 
