@@ -294,7 +294,7 @@ def main(argv: list[str]) -> int:
                     "ours_cold": lambda: bench_ours(count, obs, arrays, wal=False, window=window,
                                                     workdir=Path(tmp), reserve=False),
                     "ours_wal": lambda: bench_ours(count, obs, arrays, wal=True, window=window, workdir=Path(tmp))}
-            if label == "large":  # sent alone, as the link sends a large chunk (it packs small ones)
+            if label == "large":  # the link packs small chunks, which this loop does not
                 rows["sync_sender"] = lambda: bench_ack_only(count, obs, arrays, window, ack_delay_ms, sync=True)
             runs: list[dict] = []
             for repeat in range(args.repeats):  # every row once per repeat, so each ratio compares neighbours

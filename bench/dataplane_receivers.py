@@ -63,7 +63,7 @@ import asyncio, sys, zmq
 import numpy as np
 from buffer.acks import AckGroup
 from buffer.warm_heap import reserve_warm_heap
-from protocol.codec import encode, parse_header
+from protocol.codec import encode, split_bundle
 from protocol.loop_socket import LoopSocket
 from protocol.messages import CreditGrant
 port, ctl, reserve, ack_delay_s = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
@@ -80,18 +80,16 @@ async def serve():  # as the buffer's ingest loop, minus its work: the same sock
         if await io.readable(acks.wait_s()):
             while (msg := io.recv_now()) is not None:
                 kept.append(msg)
-                start = 1
-                while start < len(msg):  # each message of a bundle (protocol.codec.decode_bundle)
-                    header = parse_header(msg[start].buffer)
+                buffers = [frame.buffer for frame in msg[1:]]
+                for header, start, _ in split_bundle(buffers):  # headers only: no decode
                     if header.get("t") == "turn_chunk":
                         acks.add(msg[0].bytes, [(header["f"]["seq"], "ok", "")])
                     elif header.get("t") == "turn_chunks":  # packed small chunks: their seqs are an array frame
-                        seqs = np.frombuffer(msg[start + 1 + list(header["a"]).index("seq")].buffer, np.int64)
+                        seqs = np.frombuffer(buffers[start + 1 + list(header["a"]).index("seq")], np.int64)
                         acks.add(msg[0].bytes, [(seq, "ok", "") for seq in seqs.tolist()])
                     elif header.get("t") == "credit_request":  # the buffer's capabilities, no credits
                         io.send_now([msg[0], *encode(CreditGrant(0, server_id="acker", unsigned_tokens=True,
                                                                  message_bundles=True))])
-                    start += 1 + len(header["a"])
         if acks.due():
             for reply in acks.take_replies():
                 io.send_now(reply)

@@ -124,9 +124,7 @@ def parse_header(buf) -> dict:
 
 def decode(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
     """Decode a multipart message; raise DecodeError (never anything else) on bad input."""
-    if not frames:
-        raise DecodeError("empty")
-    buffers = _within_limit([memoryview(f) for f in frames], max_bytes)
+    buffers = _within_limit(_buffers(frames), max_bytes)
     return _decode_parsed(parse_header(buffers[0]), buffers)
 
 
@@ -135,10 +133,20 @@ def decode_bundle(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     """The messages of a bundle (several messages' frames back to back in one multipart message, SCHEMA.md),
     in order, each with its own frames; a single message is a bundle of one. A message that does not decode
     comes as its DecodeError, and the next ones still come: its header said where it ends. Raises DecodeError
-    where that cannot be known (a header that does not parse, more arrays declared than frames are left)."""
-    if not frames:
-        raise DecodeError("empty")
-    buffers = [memoryview(f) for f in frames]  # zmq.Frame, bytes and memoryview all export a buffer
+    where that cannot be known (see split_bundle)."""
+    buffers = _buffers(frames)
+    for header, start, end in split_bundle(buffers):
+        try:  # the size limit is each message's, as if it had come alone
+            item: Message | DecodeError = _decode_parsed(header, _within_limit(buffers[start:end], max_bytes))
+        except DecodeError as exc:
+            item = exc
+        yield item, frames[start:end]
+
+
+def split_bundle(buffers: list) -> Iterator[tuple[dict, int, int]]:
+    """(parsed frame 0, first frame, end) of each message of a bundle: a message's frame 0 declares how many
+    array frames follow it. Raises DecodeError where the next message cannot be delimited: a frame 0 that
+    does not parse, or more arrays declared than frames are left."""
     start = 0
     while start < len(buffers):
         header = parse_header(buffers[start])
@@ -146,12 +154,14 @@ def decode_bundle(frames: list, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
         end = start + 1 + (len(arrays) if isinstance(arrays, dict) else 0)
         if end > len(buffers):
             raise DecodeError("frame_count", f"{end - start - 1} arrays declared, {len(buffers) - start - 1} frames")
-        try:  # the size limit is each message's, as if it had come alone
-            item: Message | DecodeError = _decode_parsed(header, _within_limit(buffers[start:end], max_bytes))
-        except DecodeError as exc:
-            item = exc
-        yield item, frames[start:end]
+        yield header, start, end
         start = end
+
+
+def _buffers(frames: list) -> list[memoryview]:
+    if not frames:
+        raise DecodeError("empty")
+    return [memoryview(f) for f in frames]  # zmq.Frame, bytes and memoryview all export a buffer
 
 
 def _within_limit(buffers: list[memoryview], max_bytes: int) -> list[memoryview]:
