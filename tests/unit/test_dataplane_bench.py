@@ -1,5 +1,6 @@
-"""bench/dataplane.py runs end to end on tiny counts (real buffer processes, real sockets) and prints one JSON
-line last with the ratios, the absolute figures and the CPU each side spent per chunk."""
+"""bench/dataplane.py and bench/dataplane_ab.py run end to end on tiny counts (real buffer processes, real
+sockets) and print one JSON line last with the ratios, the absolute figures and the CPU each side spent per
+chunk."""
 from __future__ import annotations
 
 import json
@@ -28,3 +29,16 @@ def test_bench_dataplane_smoke(capsys):
             # CPU time comes from /proc in clock ticks (10 ms), too coarse at these counts to compare figures
             for side in ("sender", "receiver", "receiver_main"):
                 assert out[size][f"{row}_{side}_cpu_us_per_chunk"] >= 0, (size, row, side)
+
+
+def test_bench_dataplane_ab_compares_variants_round_by_round(capsys):
+    from bench.dataplane_ab import main
+
+    assert main(["--rounds", "2", "--chunks", "50", "--bundle-chunks", "1", "8"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert [line.split(":")[0] for line in lines[:-1]] == ["round 1", "round 2"]
+    variants = json.loads(lines[-1])["variants"]
+    assert len(variants) == 2 and all(name.endswith((":1", ":8")) for name in variants)
+    first, second = variants.values()
+    assert first["pairwise_vs_first"] == 1.0 and second["pairwise_vs_first"] > 0
+    assert all(v["chunks_per_s"] > 0 and v["ours_per_raw"] > 0 for v in variants.values())
