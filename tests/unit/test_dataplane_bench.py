@@ -23,6 +23,7 @@ def test_bench_dataplane_smoke(capsys):
         assert out[size]["ours_chunks_per_s"] == (runs[0]["ours_chunks_per_s"] + runs[1]["ours_chunks_per_s"]) / 2
     ratios = [r["ours_chunks_per_s"] / r["raw_chunks_per_s"] for r in out["large"]["runs"]]
     assert out["ratio_large"] == round(sum(ratios) / 2, 3)
+    assert out["ratio_large_range"] == [round(min(ratios), 3), round(max(ratios), 3)]
     for size in ("small", "large"):
         for row in ("raw", "raw_keep", "raw_warm", "ack_only", "ours", "ours_ack0", "ours_cold", "ours_wal"):
             assert out[size][f"{row}_chunks_per_s"] > 0, (size, row)
