@@ -26,9 +26,10 @@ few cores, where sender and receiver share them, the sum of the two bounds throu
 main thread is the single thread a faster buffer would have to relieve.
 Every row runs --repeats times (5), interleaved (raw, ours, ack_only, ..., ours_wal, then again): on a shared
 machine one measurement can differ from the next by half, so the figures are medians over repeats and each
-ratio is the median of the per-repeat ratios, whose two rows ran seconds apart (raw and ours back to back). Prints a human-readable table, then
-one JSON line last with ratio_small / ratio_large (ours / raw, without the log), every absolute figure and
-every repeat ("runs"). Processes it starts are stopped by PID.
+ratio is the median of the per-repeat ratios, whose two rows ran seconds apart (raw and ours back to back).
+Prints a human-readable table, then one JSON line last with ratio_small / ratio_large (ours / raw, without
+the log) and their range over repeats, every absolute figure and every repeat ("runs"). Processes it starts
+are stopped by PID.
 """
 from __future__ import annotations
 
