@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+# Runs inside each checkout, older ones included, so it uses only what their bench/dataplane.py has too: the
+# row's settings (1 MB, window 32, `bench dataplane`'s defaults) are written out here, not imported.
 MEASURE = r"""
 import json, sys, tempfile
 from pathlib import Path

@@ -80,12 +80,12 @@ async def serve():  # as the buffer's ingest loop, minus its work: the same sock
         if await io.readable(acks.wait_s()):
             while (msg := io.recv_now()) is not None:
                 kept.append(msg)
-                buffers = [frame.buffer for frame in msg[1:]]
-                for header, start, _ in split_bundle(buffers):  # headers only: no decode
+                frames = msg[1:]
+                for header, start, _ in split_bundle(frames):  # headers only: no decode
                     if header.get("t") == "turn_chunk":
                         acks.add(msg[0].bytes, [(header["f"]["seq"], "ok", "")])
                     elif header.get("t") == "turn_chunks":  # packed small chunks: their seqs are an array frame
-                        seqs = np.frombuffer(buffers[start + 1 + list(header["a"]).index("seq")], np.int64)
+                        seqs = np.frombuffer(frames[start + 1 + list(header["a"]).index("seq")], np.int64)
                         acks.add(msg[0].bytes, [(seq, "ok", "") for seq in seqs.tolist()])
                     elif header.get("t") == "credit_request":  # the buffer's capabilities, no credits
                         io.send_now([msg[0], *encode(CreditGrant(0, server_id="acker", unsigned_tokens=True,
