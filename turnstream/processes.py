@@ -39,18 +39,25 @@ def free_port_block(host: str = "127.0.0.1", count: int = 1, attempts: int = 400
     Ports are drawn below the kernel's ephemeral range: a port chosen here is bound by a role only a few
     seconds later, and in between any outgoing connection or `bind(0)` on the machine (vLLM's start-up
     opens many) could take an ephemeral port. Nothing takes a non-ephemeral port unless it asks for it.
+    For the same reason a port this process handed out before is never drawn again: it is still free when
+    its role has not bound it yet, and two callers (a buffer's ingest port and the learner's publisher,
+    picked one after the other) would then both bind it.
     """
     high = _ephemeral_low()
     low = max(1024, high - 12000)
     rng = random.Random()
     for _ in range(attempts):
         base = rng.randrange(low, high - count)
+        block = range(base, base + count)
+        if not _HANDED_OUT.isdisjoint(block):
+            continue
         socks = []
         try:
-            for port in range(base, base + count):  # hold them all at once, so the block is free together
+            for port in block:  # hold them all at once, so the block is free together
                 s = socket.socket()
                 socks.append(s)
                 s.bind((host, port))
+            _HANDED_OUT.update(block)
             return base
         except OSError:
             continue
@@ -58,6 +65,9 @@ def free_port_block(host: str = "127.0.0.1", count: int = 1, attempts: int = 400
             for s in socks:
                 s.close()
     raise OSError(f"no {count} consecutive free ports on {host} after {attempts} attempts")
+
+
+_HANDED_OUT: set[int] = set()  # ports free_port_block returned in this process
 
 
 def free_port(host: str = "127.0.0.1") -> int:

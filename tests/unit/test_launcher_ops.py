@@ -14,7 +14,7 @@ from turnstream.config import Config
 from turnstream.launcher import resolve, write_scrape_targets
 from turnstream.launcher_metrics import LauncherMetrics, MetricsThread
 from turnstream.metrics_catalogue import lint_exposition
-from turnstream.processes import ProcessGroup, free_port_block
+from turnstream.processes import ProcessGroup, free_port, free_port_block
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -101,6 +101,16 @@ def test_free_port_block_is_consecutive_and_free():
     finally:
         for s in socks:
             s.close()
+
+
+def test_free_ports_are_never_handed_out_twice():
+    """A caller binds its port only later, so a port drawn twice would be bound by two roles: 2000 draws out of
+    about 12000 ports would repeat one about 160 times over if each draw forgot the ones before."""
+    ports = [free_port() for _ in range(2000)]
+    assert len(set(ports)) == len(ports)
+    blocks = [free_port_block("127.0.0.1", 4) for _ in range(50)]
+    taken = [p for base in blocks for p in range(base, base + 4)]
+    assert len(set(taken)) == len(taken) and set(taken).isdisjoint(ports)
 
 
 def test_resolve_picks_metrics_ports_and_keeps_given_ones(tmp_path):
