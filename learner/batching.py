@@ -105,6 +105,15 @@ def logprobs_from_logits(logits: torch.Tensor, tb: TensorBatch,
                                        tb.allowed, tb.act_tokens[select])
 
 
+def max_entropy(tb: TensorBatch, vocab_size: int) -> torch.Tensor:
+    """[N] the largest entropy each action token's sampling distribution can have: log of the number of
+    tokens it chose among (its allowed set, or the whole vocabulary)."""
+    choices = torch.full(tb.mask_id.shape, float(vocab_size))
+    restricted = tb.mask_id >= 0
+    choices[restricted] = tb.allowed.sum(1).float()[tb.mask_id[restricted]]
+    return torch.log(choices.clamp(min=2.0))  # a one-token set has no entropy to keep; avoid dividing by 0
+
+
 def logprobs_from_action_logits(act_logits: torch.Tensor, temperature: torch.Tensor, mask_id: torch.Tensor,
                                 allowed: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of `tokens` and entropy under softmax(logits / T) restricted to the allowed set, in fp32.

@@ -107,6 +107,18 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(-log_ratio) - 1 + log_ratio
 
 
+def step_kl(before: torch.Tensor, after: torch.Tensor) -> float:
+    """KL(pi_before || pi_after) over the batch's action tokens, token-mean (the default loss's measure).
+
+    Schulman's k3 on the sampled tokens: (rho - 1) - log rho, rho = pi_after / pi_before; unbiased where the
+    tokens were sampled from pi_before, and close to it for tokens a few versions old. Never negative.
+    """
+    if before.numel() == 0:
+        return 0.0
+    log_rho = (after - before).double()
+    return float((torch.expm1(log_rho) - log_rho).mean())
+
+
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float,
                weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """0.5 max((V - G)^2, (V_clip - G)^2), V_clip = V_old + clip(V - V_old, -c, c); c = 0: plain MSE/2."""

@@ -24,11 +24,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from learner import estimators
 from learner import forward
-from learner.batching import TensorBatch, logprobs_from_action_logits, to_tensors
+from learner.batching import TensorBatch, logprobs_from_action_logits, max_entropy, to_tensors
 from learner.checkpoint import rng_state, set_rng_state
 from learner.critic import PolicyAndValue
 from learner.device import Placement, enable_checkpointing, keep_checkpointing_active, placement
-from learner.loss import aggregation_weights, decoupled_ppo_loss, explained_variance, kl_k3, value_loss
+from learner.loss import aggregation_weights, decoupled_ppo_loss, explained_variance, kl_k3, step_kl, value_loss
 from learner.packing import NothingToTrain, drop_out_of_vocabulary, drop_over_budget, microbatches, shard
 from learner.spo import SpoConfig, SpoTracker
 from protocol.messages import Batch
@@ -89,6 +89,7 @@ class Trainer:
         self._collected: torch.Tensor | None = None
         self._fill = None  # critic.whiten = "microbatch": fills a micro-batch's advantages from its forward
         self._allowed: torch.Tensor | None = None  # the batch's allowed-token sets, on the device
+        self._max_entropy: torch.Tensor | None = None  # [N] log of each action token's choice count (CPU)
 
     # ---- helpers ------------------------------------------------------------------------------------
 
@@ -155,6 +156,7 @@ class Trainer:
             raise NothingToTrain(too_long, bad_tokens)
         tb = to_tensors(batch, self.vocab_size, self.pad_id)
         self._allowed = tb.allowed.to(self.device)
+        self._max_entropy = max_entropy(tb, self.vocab_size)
         self._set_eval()
         value_based = cfg.estimator in estimators.VALUE_BASED
         # critic.whiten resolved to micro-batches (only with one optimizer step per batch): the critic's values
@@ -181,10 +183,8 @@ class Trainer:
                                      old_values=old_values, agent_ids=agent_ids)
         ratio_group = estimators.turn_groups(tb) if value_based and cfg.critic.turn_ratio else None
 
-        # SPO's drift D can be read at pi_prox (free: the training forward's log-probs) instead of re-reading
-        # the updated policy (one more forward pass); see SpoSection.drift.
-        drift_at_prox = cfg.estimator == "spo" and cfg.spo.drift == "proximal"
-        self._collected = torch.zeros(tb.act_tokens.numel()) if drift_at_prox and prox_logp is None else None
+        # pi_prox's log-probs of every action token: from the training forward itself when the step is fused
+        self._collected = torch.zeros(tb.act_tokens.numel()) if prox_logp is None else None
         sums: dict[str, float] = {}
         maxes: dict[str, float] = {}
         for _ in range(cfg.epochs):
@@ -199,13 +199,19 @@ class Trainer:
         out = {k: v / updates for k, v in sums.items()}
         out.update(maxes)
         self.version += 1
-        drift_logp = None
-        if drift_at_prox:
-            drift_logp = prox_logp
-            if drift_logp is None:
-                self._sum_over_ranks(self._collected)
-                drift_logp = self._collected
-        rho_mean = self._update_tracker(batch, tb, drift_logp) if cfg.estimator == "spo" else 1.0
+        if prox_logp is None:
+            self._sum_over_ranks(self._collected)
+            prox_logp = self._collected
+        # How far this step moved the policy on the batch's action tokens: one forward at the new weights.
+        # With one update per batch the ratio inside the loss is 1 by construction, so only this shows a step
+        # that was too large (e.g. a collapse onto one action).
+        self._set_eval()
+        new_logp, _, _ = self._evaluate(tb, False, False)
+        out["step_kl"] = step_kl(prox_logp, new_logp)
+        if cfg.estimator == "spo":  # SpoSection.drift: measured against pi_prox or the updated policy
+            rho_mean = self._update_tracker(batch, tb, prox_logp if cfg.spo.drift == "proximal" else new_logp)
+        else:
+            rho_mean = 1.0
         returns = np.asarray(batch.returns, np.float64)
         staleness = (batch.learner_version - tb.act_versions).numpy()
         step_s = time.monotonic() - started
@@ -305,7 +311,9 @@ class Trainer:
             ratio_group=None if ratio_group is None else ratio_group[sel].to(dev), token_weights=w)
         s["entropy"] = float((w * entropy.detach()).sum() / w.sum().clamp(min=1e-12))
         if cfg.entropy_coef:
-            loss = loss - cfg.entropy_coef * (w * entropy).sum()
+            # in units of the largest entropy the token could have (log of its allowed set's size, or of the
+            # vocabulary), so one coefficient means the same for two actions as for a free-text vocabulary
+            loss = loss - cfg.entropy_coef * (w * entropy / self._max_entropy[sel].to(dev)).sum()
         if ref_logp is not None:
             kl = kl_k3(logp, ref_logp[sel].to(dev))
             s["ref_kl"] = float((w * kl.detach()).sum() / w.sum().clamp(min=1e-12))
@@ -317,16 +325,12 @@ class Trainer:
             loss = loss + cfg.critic.value_coef * vl
         return loss, s
 
-    def _update_tracker(self, batch: Batch, tb: TensorBatch, logp: torch.Tensor | None = None) -> float:
+    def _update_tracker(self, batch: Batch, tb: TensorBatch, logp: torch.Tensor) -> float:
         """SPO++: evidence is folded in the order of the policy version that produced it, not arrival.
 
-        D = mean |log mu - log pi| over the episode's action tokens, pi the updated policy (default) or `logp`.
+        D = mean |log mu - log pi| over the episode's action tokens, with pi's log-probs `logp`.
         """
-        if logp is None:
-            self._set_eval()
-            logp, _, _ = self._evaluate(tb, False, False)
-        new_logp = logp
-        drift = (new_logp - tb.behav_logp).abs()
+        drift = (logp - tb.behav_logp).abs()
         n = tb.num_episodes
         divergence = torch.zeros(n).index_add_(0, tb.act_episode, drift) / torch.from_numpy(
             np.maximum(tb.tokens_per_episode, 1)).float()

