@@ -7,7 +7,10 @@ from turnstream.build_info import register_build_info
 
 
 class LearnerMetrics:
-    GAUGES = ("policy_loss", "approx_kl", "clip_fraction", "entropy", "is_weight_mean", "is_weight_max",
+    # step_kl: how far the last step moved the policy (KL before -> after on its batch's action tokens);
+    # approx_kl and clip_fraction compare pi_theta with pi_prox inside the loss and stay 0 with one update per
+    # batch (epochs = minibatches = 1), where the ratio is 1 by construction
+    GAUGES = ("policy_loss", "step_kl", "approx_kl", "clip_fraction", "entropy", "is_weight_mean", "is_weight_max",
               "is_weight_truncated_fraction", "is_weight_masked_fraction", "return_mean", "grad_norm",
               "value_loss", "value_clip_fraction", "explained_variance", "ref_kl", "tokens_per_s")
 

@@ -247,9 +247,9 @@ class SpoSection:
     normalize: Literal["token", "sequence"] = "token"  # SPO++ action-token measure, or SPO's per-episode
     sampling_epsilon: float = 0.05  # floor of the uncertainty weight sqrt(v(1-v)) + eps for prompt sampling
     # policy the drift D = mean|log mu - log pi| is measured against. proximal: the policy being trained when
-    # the evidence is folded in, as an asynchronous learner should (mu sampled it, possibly versions ago); free
-    # with one optimizer step per batch (the training forward's log-probs). updated: after this step's update,
-    # the synchronous SPO code's order, at one extra forward pass per step (BENCHMARKS.md, learner throughput)
+    # the evidence is folded in, as an asynchronous learner should (mu sampled it, possibly versions ago).
+    # updated: after this step's update, the synchronous SPO code's order. Both are read from passes every step
+    # makes anyway (the training forward, and the one after the update that measures step_kl)
     drift: Literal["proximal", "updated"] = "proximal"
 
     def validate(self, path: str) -> None:

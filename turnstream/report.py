@@ -1,7 +1,7 @@
 """Plots of a run directory's learner.jsonl: `turnstream report RUN_DIR` and the demo's learning curve.
 
 One learner.jsonl line per optimizer step (learner/main.py): return_mean, episodes, tokens, version,
-policy_loss, approx_kl, entropy, clip_fraction, grad_norm, staleness_hist/_mean/_max, step_s, wait_s, push_s
+policy_loss, step_kl, approx_kl, entropy, clip_fraction, grad_norm, staleness_hist/_mean/_max, step_s, wait_s, push_s
 (NaN when the push failed), wall_s and time. Plots skip keys a log does not have, so older runs and other
 estimators still get every plot their log supports.
 """
@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 REPORT_FILES = ("success.png", "staleness.png", "throughput.png", "losses.png", "weight_sync.png")
-LOSS_KEYS = ("policy_loss", "value_loss", "approx_kl", "entropy", "clip_fraction", "grad_norm",
+LOSS_KEYS = ("policy_loss", "value_loss", "step_kl", "approx_kl", "entropy", "clip_fraction", "grad_norm",
              "is_weight_mean", "is_weight_truncated_fraction")
 
 

@@ -1,9 +1,12 @@
-"""bench/learner.py and bench/estimators.py run end to end on tiny settings and print one JSON line last."""
+"""bench/learner.py runs end to end on tiny settings and prints one JSON line last; bench/learning.py's summaries."""
 from __future__ import annotations
 
 import json
 
-from bench import estimators, learner
+import pytest
+
+from bench import learner, learning
+from tests.learner_rollouts import TorchSampler
 
 
 def last_json(capsys) -> dict:
@@ -20,13 +23,19 @@ def test_bench_learner_smoke(capsys):
     assert out["turn_gae_microbatch_ratio"] > 0
 
 
-def test_bench_estimators_smoke(capsys):
-    args = ["--envs", "goal_walk_cued", "--estimators", "rloo,turn_gae", "--max-steps", "2", "--batch", "16",
-            "--group", "4", "--window", "16"]
-    assert estimators.main(args) == 0
-    out = last_json(capsys)
-    assert set(out["results"]) == {"goal_walk_cued/rloo", "goal_walk_cued/turn_gae"}
-    assert out["sampler"] == "in-process torch"
+def test_bench_learning_summaries():
+    """Episodes and seconds are those of the first step whose rolling success reached the target."""
+    steps = [{"episodes": 100, "return_mean": r, "time": 1000.0 + 10 * i, "entropy": 0.7 - 0.1 * i, "step_kl": 0.01}
+             for i, r in enumerate([0.1, 0.5, 0.95, 0.95, 1.0])]
+    run = learning.summarize_run("goal_walk", "spo", 0, steps, window=200, target=0.9, first_time=995.0)
+    assert (run["episodes_to_target"], run["wall_s_to_target"]) == (400, 35.0)  # (0.95 + 0.95) / 2 at step 4
+    assert run["success_start"] == 0.1 and run["success_end"] == pytest.approx(0.975)
+    missed = learning.summarize_run("goal_walk", "spo", 1, steps[:2], window=200, target=0.9, first_time=995.0)
+    assert missed["episodes_to_target"] is None and missed["wall_s_to_target"] is None
+    summary = learning.aggregate([run, missed])
+    assert summary == {"goal_walk/spo": {"reached": 1, "seeds": 2, "episodes_median": 400, "wall_s_median": 35.0,
+                                         "success_end_mean": round((0.975 + 0.3) / 2, 3)}}
+    assert "goal_walk/spo" in learning.format_table(summary)
 
 
 def test_sampler_respects_the_allowed_tokens_and_reports_their_logprobs():
@@ -36,7 +45,7 @@ def test_sampler_respects_the_allowed_tokens_and_reports_their_logprobs():
 
     from tests.learner_batches import tiny_causal_lm
 
-    sampler = estimators.TorchSampler(tiny_causal_lm(), 0.7, torch.Generator().manual_seed(0))
+    sampler = TorchSampler(tiny_causal_lm(), 0.7, torch.Generator().manual_seed(0))
     tokens, logps = sampler.sample([[1, 2, 3], [4, 5]], allowed=[7, 9])
     assert set(tokens) <= {7, 9}
     assert all(lp <= 0 and math.isfinite(lp) for lp in logps)
