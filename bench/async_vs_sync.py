@@ -141,21 +141,17 @@ def run_one(env: str, eta: int, seed: int, url: str, args) -> RunRecord:
     reset_server(url, args.model, Path(args.out) / "reset-weights")
     progress = Progress(args.window, label=f"{env} eta={eta} seed={seed}")
     t0, started = time.time(), time.monotonic()
-    reached_s = first = last = None
+    first = last = None
     with LocalStack(cfg) as stack:
         ports = [stack.cfg.actor.metrics_port, stack.cfg.learner.metrics_port]
+
+        def scrape_first() -> None:
+            nonlocal first
+            if first is None:
+                first = scrape(ports)
+
         try:
-            while time.monotonic() - started < args.cap:
-                stack.check_alive()
-                if first is None:
-                    first = scrape(ports)
-                steps = read_steps(stack.run_dir)
-                progress.update(steps, time.monotonic() - started)
-                if sum(s["episodes"] for s in steps) >= args.window \
-                        and rolling_success(steps, args.window) >= args.target:
-                    reached_s = time.monotonic() - started
-                    break
-                time.sleep(0.5)
+            reached_s = train_until(stack, started, args.cap, args.window, args.target, progress, scrape_first)
             last = scrape(ports)
         finally:
             progress.close()
@@ -163,6 +159,23 @@ def run_one(env: str, eta: int, seed: int, url: str, args) -> RunRecord:
     steps = read_steps(cfg.run.run_dir)
     return record(env, eta, seed, args, steps, reached_s, wall, first, last, t0,
                   rolling=lambda upto: rolling_success(upto, args.window))
+
+
+def train_until(stack, started: float, cap: float, window: int, target: float, progress,
+                on_poll=lambda: None) -> float | None:
+    """Poll a running stack until the rolling success over `window` trained episodes reaches `target`, or `cap`
+    seconds after `started` (time.monotonic()); the seconds to the target, or None."""
+    from turnstream.report import read_steps, rolling_success
+
+    while time.monotonic() - started < cap:
+        stack.check_alive()
+        on_poll()
+        steps = read_steps(stack.run_dir)
+        progress.update(steps, time.monotonic() - started)
+        if sum(s["episodes"] for s in steps) >= window and rolling_success(steps, window) >= target:
+            return time.monotonic() - started
+        time.sleep(0.5)
+    return None
 
 
 def record(env, eta, seed, args, steps, reached_s, wall, first: Snapshot | None, last: Snapshot | None, t0,

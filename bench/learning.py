@@ -7,12 +7,13 @@ the built-in defaults; only the task, the estimator and the seed change. One vLL
 each run), so its start-up is paid once and not timed. A run stops when the rolling success over the last
 `--window` trained episodes reaches `--target` or after `--cap` seconds.
 
-Per run (runs/<out>/records.jsonl): episodes and seconds (from the run's start) to the target, or null;
-success of the first batch and at the end; the trained tokens' entropy at the first and last step; the
-largest per-step KL. Per task and estimator: seeds that reached the target, median episodes and seconds of
-those that did, mean final success. Prints a table, then one JSON line:
+Per run (<out>/records.jsonl): episodes and seconds (from the run's start) to the target, or null; success
+of the first batch and at the end; the trained tokens' entropy at the first and last step; the largest
+per-step KL; the success curve. Per task and estimator: seeds that reached the target, median episodes and
+seconds of those that did, mean final success. Prints a table, then one JSON line:
 {"results": {"<task>/<estimator>": {"reached": k, "seeds": n, "episodes_median": e, "wall_s_median": w,
-"success_end_mean": s}}, ...}. `turnstream report <out>/runs/<run>` plots any single run.
+"success_end_mean": s}}, ...}. <out>/learning.png plots every run's curve; `turnstream report <out>/runs/<run>`
+plots one run's losses, entropy, step KL and staleness.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.async_vs_sync import MAX_MODEL_LEN, reset_server
+from bench.async_vs_sync import MAX_MODEL_LEN, reset_server, train_until
 
 log = logging.getLogger("turnstream.bench.learning")
 
@@ -73,44 +74,32 @@ def run_config(task: str, estimator: str, seed: int, url: str, args):
 def run_one(task: str, estimator: str, seed: int, url: str, args) -> dict:
     from turnstream.launcher import LocalStack
     from turnstream.progress import Progress
-    from turnstream.report import read_steps, rolling_success
+    from turnstream.report import read_steps
 
     cfg = run_config(task, estimator, seed, url, args)
     shutil.rmtree(cfg.run.run_dir, ignore_errors=True)  # the learner appends to learner.jsonl and resumes
     reset_server(url, args.model, Path(args.out) / "reset-weights")
     progress = Progress(args.window, label=f"{task} {estimator} seed={seed}")
-    started = time.monotonic()
+    t0, started = time.time(), time.monotonic()
     with LocalStack(cfg) as stack:
         try:
-            while time.monotonic() - started < args.cap:
-                stack.check_alive()
-                steps = read_steps(stack.run_dir)
-                progress.update(steps, time.monotonic() - started)
-                if sum(s["episodes"] for s in steps) >= args.window \
-                        and rolling_success(steps, args.window) >= args.target:
-                    break
-                time.sleep(0.5)
+            train_until(stack, started, args.cap, args.window, args.target, progress)
         finally:
             progress.close()
-    return summarize_run(task, estimator, seed, read_steps(cfg.run.run_dir), args.window, args.target,
-                         first_time=started_wall(started))
-
-
-def started_wall(started_monotonic: float) -> float:
-    """The wall-clock time of a monotonic instant (learner.jsonl stamps steps with time.time())."""
-    return time.time() - (time.monotonic() - started_monotonic)
+    return summarize_run(task, estimator, seed, read_steps(cfg.run.run_dir), args.window, args.target, t0)
 
 
 def summarize_run(task: str, estimator: str, seed: int, steps: list[dict], window: int, target: float,
-                  first_time: float) -> dict:
-    """Episodes and seconds to the first step whose rolling success reached the target (None if none did)."""
+                  t0: float) -> dict:
+    """Episodes and seconds (since t0, wall clock: learner.jsonl stamps steps with time.time()) to the first step
+    whose rolling success reached the target (None if none did)."""
     from turnstream.report import rolling_success
 
     episodes, reached = 0, None
     for i, s in enumerate(steps):
         episodes += s["episodes"]
         if episodes >= window and rolling_success(steps[: i + 1], window) >= target:
-            reached = (episodes, round(s["time"] - first_time, 1))
+            reached = (episodes, round(s["time"] - t0, 1))
             break
     return {"task": task, "estimator": estimator, "seed": seed,
             "episodes_to_target": reached[0] if reached else None, "wall_s_to_target": reached[1] if reached else None,
@@ -119,7 +108,45 @@ def summarize_run(task: str, estimator: str, seed: int, steps: list[dict], windo
             "success_end": round(rolling_success(steps, window), 3) if steps else 0.0,
             "entropy_start": round(steps[0]["entropy"], 3) if steps else None,
             "entropy_end": round(steps[-1]["entropy"], 3) if steps else None,
-            "step_kl_max": round(max((s.get("step_kl", 0.0) for s in steps), default=0.0), 4)}
+            "step_kl_max": round(max((s.get("step_kl", 0.0) for s in steps), default=0.0), 4),
+            "curve": curve(steps, window)}
+
+
+def curve(steps: list[dict], window: int) -> list[list[float]]:
+    """[episodes trained, rolling success] after every step."""
+    from turnstream.report import rolling_success
+
+    episodes, out = 0, []
+    for i, s in enumerate(steps):
+        episodes += s["episodes"]
+        out.append([episodes, round(rolling_success(steps[: i + 1], window), 4)])
+    return out
+
+
+def plot(records: list[dict], target: float, path: Path) -> Path:
+    """One panel per task: every run's rolling success against episodes trained, one colour per estimator."""
+    from turnstream.report import _pyplot
+
+    plt = _pyplot()
+    tasks = list(dict.fromkeys(r["task"] for r in records))
+    fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(6.5 * max(1, len(tasks)), 4.5), squeeze=False)
+    colours = dict(zip(ESTIMATORS, plt.get_cmap("tab10").colors))
+    for ax, task in zip(axes[0], tasks):
+        labelled = set()
+        for r in (r for r in records if r["task"] == task):
+            xs, ys = zip(*r["curve"]) if r["curve"] else ((), ())
+            label = None if r["estimator"] in labelled else r["estimator"]
+            labelled.add(r["estimator"])
+            ax.plot(xs, ys, color=colours[r["estimator"]], label=label, drawstyle="steps-post")
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1)
+        ax.set(title=task, xlabel="episodes trained", ylabel="rolling success", ylim=(0, 1.02))
+        ax.legend(loc="lower right", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle("turnstream bench learning: every seed, through the real pipeline", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def aggregate(records: list[dict]) -> dict:
@@ -180,6 +207,7 @@ def main(argv: list[str]) -> int:
     finally:
         procs.stop_all()
     summary = aggregate(records)
+    print(f"curves: {plot(records, args.target, out / 'learning.png')}", flush=True)
     print(format_table(summary), flush=True)
     print(json.dumps({"target": args.target, "window": args.window, "cap_s": args.cap, "seeds": args.seeds,
                       "overrides": args.overrides, "results": summary}), flush=True)

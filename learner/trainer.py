@@ -38,6 +38,8 @@ __all__ = ["NothingToTrain", "Trainer"]  # NothingToTrain: raised by step(), cau
 
 log = logging.getLogger("turnstream.learner")
 
+STEP_KL_EPISODES = 32  # episodes step_kl is measured on (all of a smaller batch)
+
 
 class Trainer:
     def __init__(self, model, cfg: LearnerSection, seed: int = 0, *, critic_path: str = "", ref_model=None,
@@ -118,11 +120,12 @@ class Trainer:
                 t.copy_(on_device.cpu())
 
     @torch.no_grad()
-    def _evaluate(self, tb: TensorBatch, want_values: bool, want_ref: bool):
-        """Log-probs (and values, reference log-probs) of every action token; each rank fills its share."""
+    def _evaluate(self, tb: TensorBatch, want_values: bool, want_ref: bool, rows: torch.Tensor | None = None):
+        """Log-probs (and values, reference log-probs) of the action tokens of `rows` (default: every episode);
+        each rank fills its share, other tokens stay 0."""
         n = tb.act_tokens.numel()
         logp, values, ref = torch.zeros(n), torch.zeros(n), torch.zeros(n)
-        for mb in self._my_microbatches(tb, torch.arange(tb.num_episodes)):
+        for mb in self._my_microbatches(tb, torch.arange(tb.num_episodes) if rows is None else rows):
             with self.where.autocast():
                 logits, v = self.net(mb)
                 ref_logits = forward.action_logits(self.ref_model, mb).logits if want_ref else None
@@ -202,14 +205,18 @@ class Trainer:
         if prox_logp is None:
             self._sum_over_ranks(self._collected)
             prox_logp = self._collected
-        # How far this step moved the policy on the batch's action tokens: one forward at the new weights.
+        # How far this step moved the policy on the batch's action tokens, from a forward at the new weights.
         # With one update per batch the ratio inside the loss is 1 by construction, so only this shows a step
-        # that was too large (e.g. a collapse onto one action).
+        # that was too large (e.g. a collapse onto one action). A random subset of episodes estimates it: a
+        # forward over the whole batch cost about a third of the default step (bench learner).
         self._set_eval()
-        new_logp, _, _ = self._evaluate(tb, False, False)
-        out["step_kl"] = step_kl(prox_logp, new_logp)
+        drift_updated = cfg.estimator == "spo" and cfg.spo.drift == "updated"  # needs every token's new log-prob
+        rows = None if drift_updated else torch.randperm(tb.num_episodes, generator=self.generator)[:STEP_KL_EPISODES]
+        new_logp, _, _ = self._evaluate(tb, False, False, rows)
+        measured = slice(None) if rows is None else torch.isin(tb.act_episode, rows)
+        out["step_kl"] = step_kl(prox_logp[measured], new_logp[measured])
         if cfg.estimator == "spo":  # SpoSection.drift: measured against pi_prox or the updated policy
-            rho_mean = self._update_tracker(batch, tb, prox_logp if cfg.spo.drift == "proximal" else new_logp)
+            rho_mean = self._update_tracker(batch, tb, new_logp if drift_updated else prox_logp)
         else:
             rho_mean = 1.0
         returns = np.asarray(batch.returns, np.float64)

@@ -23,19 +23,21 @@ def test_bench_learner_smoke(capsys):
     assert out["turn_gae_microbatch_ratio"] > 0
 
 
-def test_bench_learning_summaries():
+def test_bench_learning_summaries(tmp_path):
     """Episodes and seconds are those of the first step whose rolling success reached the target."""
     steps = [{"episodes": 100, "return_mean": r, "time": 1000.0 + 10 * i, "entropy": 0.7 - 0.1 * i, "step_kl": 0.01}
              for i, r in enumerate([0.1, 0.5, 0.95, 0.95, 1.0])]
-    run = learning.summarize_run("goal_walk", "spo", 0, steps, window=200, target=0.9, first_time=995.0)
+    run = learning.summarize_run("goal_walk", "spo", 0, steps, window=200, target=0.9, t0=995.0)
     assert (run["episodes_to_target"], run["wall_s_to_target"]) == (400, 35.0)  # (0.95 + 0.95) / 2 at step 4
     assert run["success_start"] == 0.1 and run["success_end"] == pytest.approx(0.975)
-    missed = learning.summarize_run("goal_walk", "spo", 1, steps[:2], window=200, target=0.9, first_time=995.0)
+    missed = learning.summarize_run("goal_walk", "spo", 1, steps[:2], window=200, target=0.9, t0=995.0)
     assert missed["episodes_to_target"] is None and missed["wall_s_to_target"] is None
     summary = learning.aggregate([run, missed])
     assert summary == {"goal_walk/spo": {"reached": 1, "seeds": 2, "episodes_median": 400, "wall_s_median": 35.0,
                                          "success_end_mean": round((0.975 + 0.3) / 2, 3)}}
     assert "goal_walk/spo" in learning.format_table(summary)
+    assert run["curve"][-1] == [500, pytest.approx(0.975)]
+    assert learning.plot([run, missed], 0.9, tmp_path / "learning.png").stat().st_size > 0
 
 
 def test_sampler_respects_the_allowed_tokens_and_reports_their_logprobs():
