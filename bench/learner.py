@@ -4,9 +4,10 @@ Both sides get the same model (the tiny Qwen2 of the demo unless --model), the s
 same micro-batches (learner/packing.py) and one AdamW step per batch. The bare loop is the floor of what
 any learner must do: one forward, a log-softmax at the action positions, one backward, one optimizer
 step. The learner additionally applies temperature and allowed-token masks, computes advantages and the
-decoupled PPO loss; `spo_updated` (learner.spo.drift = "updated") re-reads the updated policy's log-probs
-for the tracker's drift D, and the value-based estimators read the critic's values before the update:
-each one more no-grad forward pass. `turn_gae_microbatch` (learner.critic.whiten = "microbatch") takes
+decoupled PPO loss, and measures step_kl with a no-grad forward over 32 episodes at the new weights;
+`spo_updated` (learner.spo.drift = "updated") makes that forward over every episode (the tracker's drift D
+needs them all), and the value-based estimators read the critic's values before the update: one more
+no-grad forward pass. `turn_gae_microbatch` (learner.critic.whiten = "microbatch") takes
 the values from the training forward instead, whitening each micro-batch's advantages on its own.
 Prints a table, then one JSON line.
 
