@@ -40,11 +40,11 @@ def _parse(argv):
     p = argparse.ArgumentParser(prog="turnstream bench learning", description=__doc__.splitlines()[0])
     p.add_argument("--tasks", default=",".join(TASKS))
     p.add_argument("--estimators", default=",".join(ESTIMATORS))
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seeds", default="0,1,2", help="run seeds (as bench async)")
     p.add_argument("--target", type=float, default=0.9, help="rolling success to reach")
     p.add_argument("--window", type=int, default=256, help="episodes in the rolling success (the demo's)")
     p.add_argument("--cap", type=float, default=420.0, help="seconds per run")
-    p.add_argument("--quick", action="store_true", help="one seed, 100 s per run (10 runs in under 20 minutes)")
+    p.add_argument("--quick", action="store_true", help="one seed, 90 s per run (10 runs in under 20 minutes)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="config override for every run, e.g. learner.entropy_coef=0 (an A/B against the defaults)")
     p.add_argument("--out", default="runs/bench-learning")
@@ -52,7 +52,7 @@ def _parse(argv):
     p.add_argument("--url", default="", help="a running vLLM server (started with --max-model-len >= 1024)")
     args = p.parse_args(argv)
     if args.quick:
-        args.seeds, args.cap = 1, 100.0
+        args.seeds, args.cap = "0", 90.0
     return args
 
 
@@ -198,7 +198,7 @@ def main(argv: list[str]) -> int:
                                             VllmSection(max_model_len=MAX_MODEL_LEN), name="vllm-bench")
         for task in args.tasks.split(","):
             for estimator in args.estimators.split(","):
-                for seed in range(args.seeds):
+                for seed in (int(x) for x in args.seeds.split(",")):
                     r = run_one(task, estimator, seed, url, args)
                     records.append(r)
                     with records_path.open("a") as f:
