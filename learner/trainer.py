@@ -159,7 +159,7 @@ class Trainer:
             raise NothingToTrain(too_long, bad_tokens)
         tb = to_tensors(batch, self.vocab_size, self.pad_id)
         self._allowed = tb.allowed.to(self.device)
-        self._max_entropy = max_entropy(tb, self.vocab_size)
+        self._max_entropy = max_entropy(tb, self.vocab_size) if cfg.entropy_coef else None
         self._set_eval()
         value_based = cfg.estimator in estimators.VALUE_BASED
         # critic.whiten resolved to micro-batches (only with one optimizer step per batch): the critic's values
@@ -209,7 +209,6 @@ class Trainer:
         # With one update per batch the ratio inside the loss is 1 by construction, so only this shows a step
         # that was too large (e.g. a collapse onto one action). A random subset of episodes estimates it: a
         # forward over the whole batch cost about a third of the default step (bench learner).
-        self._set_eval()
         drift_updated = cfg.estimator == "spo" and cfg.spo.drift == "updated"  # needs every token's new log-prob
         rows = None if drift_updated else torch.randperm(tb.num_episodes, generator=self.generator)[:STEP_KL_EPISODES]
         new_logp, _, _ = self._evaluate(tb, False, False, rows)
