@@ -87,7 +87,7 @@ def _entry_points() -> dict[str, object]:
 
 def resolve(name: str) -> Callable[..., Environment]:
     """The factory for `name`: built-ins first (a plugin cannot shadow a shipped environment)."""
-    import actors.envs  # noqa: F401  (registers the shipped environments)
+    import turnstream.actors.envs  # noqa: F401  (registers the shipped environments)
 
     if name in _REGISTRY:
         return _REGISTRY[name]
@@ -107,7 +107,7 @@ def make_env(name: str, /, **kwargs) -> Environment:
 
 
 def known_envs() -> list[str]:
-    import actors.envs  # noqa: F401
+    import turnstream.actors.envs  # noqa: F401
 
     return sorted(set(_REGISTRY) | set(_entry_points()))
 

@@ -27,9 +27,9 @@ from typing import Callable
 
 import aiohttp
 
-from actors.inference import (Generation, InferenceError, ServerFailure, StaleConnection, parse_version,
+from turnstream.actors.inference import (Generation, InferenceError, ServerFailure, StaleConnection, parse_version,
                               post_generate)
-from actors.metrics import ActorMetrics
+from turnstream.actors.metrics import ActorMetrics
 
 log = logging.getLogger("turnstream.actor")
 

@@ -90,7 +90,7 @@ async def post_generate(session: aiohttp.ClientSession, url: str, token_ids: lis
 def __getattr__(name: str):
     # `VllmClient` was the round-robin client; the fleet replaces it with the same constructor and generate().
     if name == "VllmClient":
-        from actors.fleet import InferenceFleet
+        from turnstream.actors.fleet import InferenceFleet
 
         return InferenceFleet
     raise AttributeError(name)

@@ -24,13 +24,13 @@ from collections import Counter, deque
 import zmq
 import zmq.asyncio
 
-from actors.metrics import ActorMetrics
-from protocol.auth import CurveKeys, make_client
-from protocol.codec import DecodeError, decode, encode
-from protocol.chunk_batch import chunk_nbytes, pack
-from protocol.loop_socket import LoopSocket
-from protocol.messages import Ack, AckBatch, CreditGrant, CreditRequest, TurnChunk
-from protocol.sockets import configure
+from turnstream.actors.metrics import ActorMetrics
+from turnstream.protocol.auth import CurveKeys, make_client
+from turnstream.protocol.codec import DecodeError, decode, encode
+from turnstream.protocol.chunk_batch import chunk_nbytes, pack
+from turnstream.protocol.loop_socket import LoopSocket
+from turnstream.protocol.messages import Ack, AckBatch, CreditGrant, CreditRequest, TurnChunk
+from turnstream.protocol.sockets import configure
 
 log = logging.getLogger("turnstream.actor")
 

@@ -8,8 +8,8 @@ import signal
 import time
 from pathlib import Path
 
-from turnstream.config import Config
-from turnstream.urls_file import read_urls_file, watch_urls_file
+from turnstream.core.config import Config
+from turnstream.core.urls_file import read_urls_file, watch_urls_file
 
 log = logging.getLogger("turnstream.actor")
 
@@ -17,16 +17,16 @@ log = logging.getLogger("turnstream.actor")
 async def serve(cfg: Config, actor_index: int) -> None:
     import zmq.asyncio
 
-    from actors.chat import ChatTokens
-    from actors.env import make_env
-    from actors.envs.http_env import close_sessions
-    from actors.fleet import InferenceFleet
-    from actors.link import BufferLink
-    from actors.metrics import ActorMetrics
-    from actors.runner import EpisodeRunner, Sampling
-    from protocol.auth import keys_for
-    from protocol.http_metrics import start_metrics_server
-    from protocol.sockets import bind_address
+    from turnstream.actors.chat import ChatTokens
+    from turnstream.actors.env import make_env
+    from turnstream.actors.envs.http_env import close_sessions
+    from turnstream.actors.fleet import InferenceFleet
+    from turnstream.actors.link import BufferLink
+    from turnstream.actors.metrics import ActorMetrics
+    from turnstream.actors.runner import EpisodeRunner, Sampling
+    from turnstream.protocol.auth import keys_for
+    from turnstream.protocol.http_metrics import start_metrics_server
+    from turnstream.protocol.sockets import bind_address
 
     a, net = cfg.actor, cfg.network
     actor_id = f"actor-{actor_index}"
@@ -79,14 +79,14 @@ async def serve(cfg: Config, actor_index: int) -> None:
 
 def main(cfg: Config, actor_index: int) -> None:
     if not cfg.vllm.urls:
-        from turnstream.configtools import ConfigError
+        from turnstream.core.configtools import ConfigError
 
         urls = read_urls_file(Path(cfg.vllm.urls_file)) if cfg.vllm.urls_file else None
         if not urls:
             raise ConfigError("vllm.urls: an actor needs at least one vLLM server URL (or a vllm.urls_file naming one)")
         cfg.vllm.urls = urls
     if cfg.actor.frozen_agents and not cfg.vllm.frozen_urls:
-        from turnstream.configtools import ConfigError
+        from turnstream.core.configtools import ConfigError
 
         raise ConfigError("vllm.frozen_urls: actor.frozen_agents needs the servers of the fixed policy they play")
     asyncio.run(serve(cfg, actor_index))

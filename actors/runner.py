@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from actors.chat import ChatTokens
-from actors.env import EnvError, Environment, Step
-from actors.inference import Generation, InferenceError
-from actors.metrics import ActorMetrics
-from protocol.messages import TurnChunk
+from turnstream.actors.chat import ChatTokens
+from turnstream.actors.env import EnvError, Environment, Step
+from turnstream.actors.inference import Generation, InferenceError
+from turnstream.actors.metrics import ActorMetrics
+from turnstream.protocol.messages import TurnChunk
 
 log = logging.getLogger("turnstream.actor")
 

@@ -86,8 +86,8 @@ def _measure_actor(metrics_url: str, window: float) -> tuple[float, float]:
 
 def main(argv: list[str]) -> int:
     args = _parse(argv)
-    from actors.chat import ChatTokens
-    from turnstream.config import Config, VllmSection
+    from turnstream.actors.chat import ChatTokens
+    from turnstream.core.config import Config, VllmSection
     from turnstream.processes import ProcessGroup, free_port, tail
     from turnstream.vllm_server import start_vllm_server
 

@@ -32,7 +32,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.async_grid import RunRecord, format_table, headline, settings
+from turnstream.bench.async_grid import RunRecord, format_table, headline, settings
 
 log = logging.getLogger("turnstream.bench.async")
 
@@ -109,7 +109,7 @@ def scrape(ports: list[int]) -> Snapshot | None:
 # ---- one run -------------------------------------------------------------------------------------------
 
 def run_config(env: str, eta: int, seed: int, url: str, args):
-    from turnstream.config import Config
+    from turnstream.core.config import Config
 
     cfg = Config()
     cfg.vllm.urls = [url]
@@ -215,7 +215,7 @@ def reset_server(url: str, model_dir: str, weights_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from learner.weight_sync import DiskWeightSync
+    from turnstream.learner.weight_sync import DiskWeightSync
 
     state = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     sync = DiskWeightSync([url], weights_dir, model_dir)
@@ -237,7 +237,7 @@ def grid(args) -> list[tuple[str, int, int]]:
 
 def main(argv: list[str]) -> int:
     args = _parse(argv)
-    from turnstream.config import Config, VllmSection
+    from turnstream.core.config import Config, VllmSection
     from turnstream.launcher import ensure_model
     from turnstream.processes import ProcessGroup
     from turnstream.vllm_server import start_vllm_server

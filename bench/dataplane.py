@@ -45,14 +45,14 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.dataplane_receivers import ACKER, RECEIVER, CpuClock
-from buffer.warm_heap import MAX_RESERVE_BYTES
+from turnstream.bench.dataplane_receivers import ACKER, RECEIVER, CpuClock
+from turnstream.buffer.warm_heap import MAX_RESERVE_BYTES
 
 
 def make_chunk_arrays(target_bytes: int):
     """obs/gen arrays whose encoded TurnChunk is about target_bytes long (header ~250 B)."""
-    from protocol.codec import encode
-    from protocol.messages import TurnChunk
+    from turnstream.protocol.codec import encode
+    from turnstream.protocol.messages import TurnChunk
 
     n_gen = 32 if target_bytes < 100_000 else 64
     gen = np.arange(n_gen, dtype=np.int32)
@@ -67,7 +67,7 @@ def make_chunk_arrays(target_bytes: int):
 
 
 def chunk_at(i: int, obs, arrays):
-    from protocol.messages import TurnChunk
+    from turnstream.protocol.messages import TurnChunk
 
     return TurnChunk("bench-actor", 1, 0, f"ep{i}", 0, "bench/p", obs, reward=0.0, done=True, **arrays)
 
@@ -83,7 +83,7 @@ def bench_raw(n: int, obs, arrays, mode: str = "drop") -> tuple[float, dict]:
     chunk (CpuClock.stop)."""
     import zmq
 
-    from protocol.codec import encode
+    from turnstream.protocol.codec import encode
     from turnstream.processes import free_port
 
     port, ctl = free_port(), free_port()
@@ -153,7 +153,7 @@ def _ready_child(ctx, ctl: int, what: str):
 def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path, reserve: bool = True,
                ack_delay_ms: float | None = None) -> tuple[float, dict]:
     """Seconds from the first BufferLink.send to the last ack from a real buffer process, and CPU per chunk."""
-    from turnstream.config import Config
+    from turnstream.core.config import Config
     from turnstream.processes import ProcessGroup, free_port
 
     cfg = Config()
@@ -185,9 +185,9 @@ async def _send_all(port: int, n: int, obs, arrays, window: int, cpu: CpuClock) 
     """Send n chunks through a BufferLink to the receiver on `port`; seconds until the last ack, and CPU."""
     import zmq.asyncio
 
-    from actors.link import BufferLink
-    from actors.metrics import ActorMetrics
-    from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES
+    from turnstream.actors.link import BufferLink
+    from turnstream.actors.metrics import ActorMetrics
+    from turnstream.protocol.codec import DEFAULT_MAX_MESSAGE_BYTES
 
     ctx = zmq.asyncio.Context()
     link = BufferLink(ctx, f"tcp://127.0.0.1:{port}", actor_id="bench-actor", epoch=1, slots=0,
@@ -218,9 +218,9 @@ def _sync_send_all(ctx, port: int, n: int, obs, arrays, window: int, cpu: CpuClo
     design costs (the ack_only row)."""
     import zmq
 
-    from actors.link import bundle
-    from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES, decode, encode
-    from protocol.messages import AckBatch
+    from turnstream.actors.link import bundle
+    from turnstream.protocol.codec import DEFAULT_MAX_MESSAGE_BYTES, decode, encode
+    from turnstream.protocol.messages import AckBatch
 
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -275,8 +275,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeats", type=int, default=5,
                    help="measure every row this many times, interleaved; figures are medians")
     args = p.parse_args(argv)
-    from protocol.codec import encode
-    from turnstream.config import Config
+    from turnstream.protocol.codec import encode
+    from turnstream.core.config import Config
 
     ack_delay_ms = Config().buffer.ack_delay_ms  # the ack-only receiver delays its acks as the buffer does
     result: dict = {}

@@ -24,12 +24,12 @@ MEASURE = r"""
 import json, sys, tempfile
 from pathlib import Path
 sys.path.insert(0, ".")
-from bench.dataplane import bench_ours, bench_raw, make_chunk_arrays
+from turnstream.bench.dataplane import bench_ours, bench_raw, make_chunk_arrays
 what, n, bundle_chunks = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 obs, arrays = make_chunk_arrays(1 << 20)
 if bundle_chunks != "-":
-    import actors.link
-    actors.link.MAX_BUNDLE_CHUNKS = int(bundle_chunks)
+    from turnstream.actors import link
+    link.MAX_BUNDLE_CHUNKS = int(bundle_chunks)
 if what == "raw":
     seconds, cpu = bench_raw(n, obs, arrays)
 else:

@@ -41,7 +41,7 @@ RECEIVER = r"""
 import sys, zmq
 port, n, mode, reserve = int(sys.argv[1]), int(sys.argv[2]), sys.argv[4], int(sys.argv[5])
 if mode == "warm":  # as the buffer starts: before the first socket starts libzmq's I/O thread
-    from buffer.warm_heap import reserve_warm_heap
+    from turnstream.buffer.warm_heap import reserve_warm_heap
     assert reserve_warm_heap(reserve), "not glibc"
 ctx = zmq.Context()
 pull = ctx.socket(zmq.PULL); pull.setsockopt(zmq.RCVHWM, 10000); pull.bind(f"tcp://127.0.0.1:{port}")
@@ -61,11 +61,11 @@ rep.recv()  # stay alive until the parent has read this process's CPU time
 ACKER = r"""
 import asyncio, sys, zmq
 import numpy as np
-from buffer.acks import AckGroup
-from buffer.warm_heap import reserve_warm_heap
-from protocol.codec import encode, split_bundle
-from protocol.loop_socket import LoopSocket
-from protocol.messages import CreditGrant
+from turnstream.buffer.acks import AckGroup
+from turnstream.buffer.warm_heap import reserve_warm_heap
+from turnstream.protocol.codec import encode, split_bundle
+from turnstream.protocol.loop_socket import LoopSocket
+from turnstream.protocol.messages import CreditGrant
 port, ctl, reserve, ack_delay_s = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 assert reserve_warm_heap(reserve), "not glibc"  # as the buffer starts
 ctx = zmq.Context()

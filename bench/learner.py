@@ -26,8 +26,8 @@ import time
 def _batch(tokenizer_vocab: int, episodes: int, seed: int):
     import numpy as np
 
-    from buffer.episodes import Episode, flatten
-    from protocol.messages import TurnChunk
+    from turnstream.buffer.episodes import Episode, flatten
+    from turnstream.protocol.messages import TurnChunk
 
     rng = np.random.default_rng(seed)
     allowed = np.array([5, 6], np.int32)
@@ -55,9 +55,9 @@ class BareLoop:
     def __init__(self, model, batch, budget: int, lr: float, where, packed: bool):
         import torch
 
-        from learner import forward
-        from learner.batching import to_tensors
-        from learner.packing import microbatches
+        from turnstream.learner import forward
+        from turnstream.learner.batching import to_tensors
+        from turnstream.learner.packing import microbatches
 
         self.where, self.model = where, model.to(where.device)
         self.tb = to_tensors(batch, model.config.vocab_size)
@@ -69,7 +69,7 @@ class BareLoop:
     def step(self) -> float:
         import torch
 
-        from learner.forward import action_logits
+        from turnstream.learner.forward import action_logits
 
         tb = self.tb
         started = time.perf_counter()
@@ -99,7 +99,7 @@ def main(argv: list[str]) -> int:
                    help="learner.pack_sequences for both sides (auto: packed rows only with flash/flex attention)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    from bench import learner_mfu
+    from turnstream.bench import learner_mfu
 
     learner_mfu.add_arguments(p)
     args = p.parse_args(argv)
@@ -109,9 +109,9 @@ def main(argv: list[str]) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from learner.device import placement
-    from learner.trainer import Trainer
-    from turnstream.config import LearnerSection
+    from turnstream.learner.device import placement
+    from turnstream.learner.trainer import Trainer
+    from turnstream.core.config import LearnerSection
     from turnstream.tiny_model import make_tiny_model
 
     torch.set_num_threads(args.threads)

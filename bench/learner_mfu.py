@@ -33,7 +33,7 @@ def model_config(name: str):
 
     path = Path(name) if name.endswith(".json") else CONFIG_DIR / f"{name}.json"
     if not path.is_file():
-        from turnstream.configtools import ConfigError
+        from turnstream.core.configtools import ConfigError
 
         known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))
         raise ConfigError(f"--model-config: no model config {name!r} (known: {known})")
@@ -71,8 +71,8 @@ def synthetic_batch(vocab: int, seq_len: int, microbatches: int, group: int, see
     seq_len/8 .. seq_len/2 tokens, about `microbatches` x seq_len tokens in all; prompts repeat `group` times."""
     import numpy as np
 
-    from buffer.episodes import Episode, flatten
-    from protocol.messages import TurnChunk
+    from turnstream.buffer.episodes import Episode, flatten
+    from turnstream.protocol.messages import TurnChunk
 
     rng = np.random.default_rng(seed)
     eps, total = [], 0
@@ -107,10 +107,10 @@ def run(args) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from learner.device import attn_implementation, placement
-    from learner.packing import microbatches
-    from learner.trainer import Trainer
-    from turnstream.config import LearnerSection
+    from turnstream.learner.device import attn_implementation, placement
+    from turnstream.learner.packing import microbatches
+    from turnstream.learner.trainer import Trainer
+    from turnstream.core.config import LearnerSection
 
     torch.set_num_threads(args.threads)
     where = placement(args.device, args.precision)

@@ -25,7 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.async_vs_sync import MAX_MODEL_LEN, reset_server, train_until
+from turnstream.bench.async_vs_sync import MAX_MODEL_LEN, reset_server, train_until
 
 log = logging.getLogger("turnstream.bench.learning")
 
@@ -57,7 +57,7 @@ def _parse(argv):
 
 
 def run_config(task: str, estimator: str, seed: int, url: str, args):
-    from turnstream.config import load_config
+    from turnstream.core.config import load_config
 
     cfg = load_config(None, args.overrides)
     cfg.vllm.urls = [url]
@@ -175,7 +175,7 @@ def format_table(summary: dict) -> str:
 
 def main(argv: list[str]) -> int:
     args = _parse(argv)
-    from turnstream.config import Config, VllmSection
+    from turnstream.core.config import Config, VllmSection
     from turnstream.launcher import ensure_model
     from turnstream.processes import ProcessGroup
     from turnstream.vllm_server import start_vllm_server

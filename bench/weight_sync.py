@@ -83,8 +83,8 @@ async def _bench_size(url: str, model_dir: Path, out: Path, rounds: int, load_n:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from actors.chat import ChatTokens
-    from learner.weight_sync import DiskWeightSync
+    from turnstream.actors.chat import ChatTokens
+    from turnstream.learner.weight_sync import DiskWeightSync
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     params = sum(p.numel() for p in model.parameters())
@@ -121,7 +121,7 @@ async def _bench_size(url: str, model_dir: Path, out: Path, rounds: int, load_n:
 
 def main(argv: list[str]) -> int:
     args = _parse(argv)
-    from turnstream.config import VllmSection
+    from turnstream.core.config import VllmSection
     from turnstream.processes import ProcessGroup
     from turnstream.tiny_model import make_tiny_model
     from turnstream.vllm_server import start_vllm_server

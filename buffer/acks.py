@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
-from protocol.codec import encode
-from protocol.messages import Ack, AckBatch
+from turnstream.protocol.codec import encode
+from turnstream.protocol.messages import Ack, AckBatch
 
 log = logging.getLogger("turnstream.buffer")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from turnstream.audit import AuditLog, open_audit
+from turnstream.core.audit import AuditLog, open_audit
 
 
 class AckNotes:

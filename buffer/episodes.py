@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from protocol.messages import Batch, TurnChunk
+from turnstream.protocol.messages import Batch, TurnChunk
 
 
 @dataclass

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import msgpack
 
-from buffer.dedup import SeqDeduper
-from buffer.metrics import BufferMetrics
-from buffer.store import ReplayStore
-from buffer.wal import WalFile, WalWriter
-from protocol.codec import DecodeError, decode, encode
-from protocol.chunk_batch import unpack
-from protocol.messages import TurnChunk, TurnChunkBatch
+from turnstream.buffer.dedup import SeqDeduper
+from turnstream.buffer.metrics import BufferMetrics
+from turnstream.buffer.store import ReplayStore
+from turnstream.buffer.wal import WalFile, WalWriter
+from turnstream.protocol.codec import DecodeError, decode, encode
+from turnstream.protocol.chunk_batch import unpack
+from turnstream.protocol.messages import TurnChunk, TurnChunkBatch
 
 CHUNK, LIVE, EVENT, SNAPSHOT = 1, 2, 3, 4
 

@@ -6,21 +6,21 @@ import gc
 import logging
 import signal
 
-from turnstream.config import Config
+from turnstream.core.config import Config
 
 log = logging.getLogger("turnstream.buffer")
 
 
 async def serve(cfg: Config) -> None:
-    from buffer.audit import attach_audit
-    from buffer.metrics import BufferMetrics
-    from buffer.ratelimit import RateLimiter
-    from buffer.server import BufferServer
-    from buffer.store import ReplayStore
-    from buffer.warm_heap import reserve_warm_heap
-    from protocol.http_metrics import start_metrics_server
-    from protocol.auth import keys_for
-    from protocol.sockets import bind_address
+    from turnstream.buffer.audit import attach_audit
+    from turnstream.buffer.metrics import BufferMetrics
+    from turnstream.buffer.ratelimit import RateLimiter
+    from turnstream.buffer.server import BufferServer
+    from turnstream.buffer.store import ReplayStore
+    from turnstream.buffer.warm_heap import reserve_warm_heap
+    from turnstream.protocol.http_metrics import start_metrics_server
+    from turnstream.protocol.auth import keys_for
+    from turnstream.protocol.sockets import bind_address
 
     b, net = cfg.buffer, cfg.network
     # before any socket: libzmq's I/O thread must find the allocator set (buffer/warm_heap.py)
@@ -63,8 +63,8 @@ def open_journal(cfg: Config, store, metrics):
     """Open the write-ahead log, rebuild the store from it, and compact away what was consumed."""
     from pathlib import Path
 
-    from buffer.journal import WalJournal
-    from buffer.wal import WalFile
+    from turnstream.buffer.journal import WalJournal
+    from turnstream.buffer.wal import WalFile
 
     b = cfg.buffer
     wal_dir = Path(b.wal_dir) if b.wal_dir else Path(cfg.run.run_dir) / "buffer-wal"

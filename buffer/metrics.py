@@ -6,7 +6,7 @@ import resource
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 
-from turnstream.build_info import register_build_info
+from turnstream.core.build_info import register_build_info
 
 
 class BufferMetrics:

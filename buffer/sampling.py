@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Iterable, Iterator
 
-from buffer.episodes import Episode
+from turnstream.buffer.episodes import Episode
 
 POLICIES = ("fifo", "freshest", "group")
 

@@ -17,19 +17,19 @@ import uuid
 import zmq
 import zmq.asyncio
 
-from buffer.acks import AckGroup
-from buffer.episodes import flatten
-from buffer.metrics import BufferMetrics
-from buffer.ratelimit import BlockedClock, Cancelled, Gate
-from buffer.store import ReplayStore
-from buffer.validate import batch_is_clean
-from protocol import auth
-from protocol.codec import DecodeError, decode, decode_bundle, encode
-from protocol.chunk_batch import BatchError, readable_seqs, unpack
-from protocol.loop_socket import LoopSocket
-from protocol.messages import (BatchRequest, CreditGrant, CreditRequest, Message, TurnChunk, TurnChunkBatch,
+from turnstream.buffer.acks import AckGroup
+from turnstream.buffer.episodes import flatten
+from turnstream.buffer.metrics import BufferMetrics
+from turnstream.buffer.ratelimit import BlockedClock, Cancelled, Gate
+from turnstream.buffer.store import ReplayStore
+from turnstream.buffer.validate import batch_is_clean
+from turnstream.protocol import auth
+from turnstream.protocol.codec import DecodeError, decode, decode_bundle, encode
+from turnstream.protocol.chunk_batch import BatchError, readable_seqs, unpack
+from turnstream.protocol.loop_socket import LoopSocket
+from turnstream.protocol.messages import (BatchRequest, CreditGrant, CreditRequest, Message, TurnChunk, TurnChunkBatch,
                                VersionAnnouncement)
-from protocol.sockets import configure
+from turnstream.protocol.sockets import configure
 
 log = logging.getLogger("turnstream.buffer")
 

@@ -18,14 +18,14 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from buffer.dedup import SeqDeduper
-from buffer.episodes import Episode
-from buffer.metrics import BufferMetrics
-from buffer.ratelimit import RateLimiter
-from buffer.sampling import select
-from buffer.validate import beyond_final_turn, validate_chunk
-from protocol.codec import encode
-from protocol.messages import TurnChunk
+from turnstream.buffer.dedup import SeqDeduper
+from turnstream.buffer.episodes import Episode
+from turnstream.buffer.metrics import BufferMetrics
+from turnstream.buffer.ratelimit import RateLimiter
+from turnstream.buffer.sampling import select
+from turnstream.buffer.validate import beyond_final_turn, validate_chunk
+from turnstream.protocol.codec import encode
+from turnstream.protocol.messages import TurnChunk
 
 MAX_CLOSED_IDS = 200_000
 

@@ -5,8 +5,8 @@ import math
 
 import numpy as np
 
-from buffer.episodes import Episode
-from protocol.messages import TurnChunk, TurnChunkBatch
+from turnstream.buffer.episodes import Episode
+from turnstream.protocol.messages import TurnChunk, TurnChunkBatch
 
 
 def validate_chunk(c: TurnChunk) -> str:

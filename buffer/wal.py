@@ -18,7 +18,7 @@ import zlib
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from turnstream.fsutil import fsync_dir
+from turnstream.core.fsutil import fsync_dir
 
 _HEAD = struct.Struct("<II")
 MAX_RECORD_BYTES = 1 << 31

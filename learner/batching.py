@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from protocol.messages import Batch
+from turnstream.protocol.messages import Batch
 
 
 @dataclass

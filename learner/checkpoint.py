@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from turnstream.fsutil import fsync_dir
+from turnstream.core.fsutil import fsync_dir
 
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from learner.forward import MicroBatch, action_logits
+from turnstream.learner.forward import MicroBatch, action_logits
 
 
 class ValueHead(nn.Module):

@@ -45,7 +45,7 @@ def resolve_device(name: str = "auto") -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            from turnstream.configtools import ConfigError
+            from turnstream.core.configtools import ConfigError
 
             raise ConfigError(f"learner.device: {name} asked for but torch {torch.__version__} sees no CUDA "
                               "device; use auto or cpu")
@@ -120,7 +120,7 @@ def served_dtype(vllm_dtype: str, model_dir: str | Path) -> torch.dtype:
     if vllm_dtype in ("", "auto"):
         return model_dtype(model_dir)
     if vllm_dtype not in _DTYPES:
-        from turnstream.configtools import ConfigError
+        from turnstream.core.configtools import ConfigError
 
         raise ConfigError(f"vllm.dtype: unknown dtype {vllm_dtype!r} (float32, bfloat16, float16 or auto)")
     return _DTYPES[vllm_dtype]

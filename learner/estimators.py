@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from learner.advantages import agentwise_normalize, gae, grpo_advantages, rloo_advantages, whiten
-from learner.batching import TensorBatch
-from learner.spo import SpoTracker, normalize_advantages
-from protocol.messages import Batch
+from turnstream.learner.advantages import agentwise_normalize, gae, grpo_advantages, rloo_advantages, whiten
+from turnstream.learner.batching import TensorBatch
+from turnstream.learner.spo import SpoTracker, normalize_advantages
+from turnstream.protocol.messages import Batch
 
 ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo")
 VALUE_BASED = ("turn_gae", "token_gae")

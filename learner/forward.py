@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from learner.batching import TensorBatch
+from turnstream.learner.batching import TensorBatch
 
 
 @dataclass
@@ -71,7 +71,7 @@ def check_packing_support(model) -> None:
     except ImportError:
         supported = False
     if not supported:
-        from turnstream.configtools import ConfigError
+        from turnstream.core.configtools import ConfigError
 
         raise ConfigError(f"learner.pack_sequences: transformers {transformers.__version__} with {impl} attention "
                           "does not separate packed episodes; set it to false or upgrade transformers")

@@ -9,8 +9,8 @@ import signal
 import time
 from pathlib import Path
 
-from turnstream.config import Config
-from turnstream.urls_file import watch_urls_file
+from turnstream.core.config import Config
+from turnstream.core.urls_file import watch_urls_file
 
 log = logging.getLogger("turnstream.learner")
 
@@ -28,8 +28,8 @@ class BatchClient:
 
         import zmq
 
-        from protocol.auth import make_client
-        from protocol.sockets import configure
+        from turnstream.protocol.auth import make_client
+        from turnstream.protocol.sockets import configure
 
         self.sock = configure(ctx.socket(zmq.DEALER), max_bytes=max_message_bytes)
         self.sock.setsockopt(zmq.ROUTING_ID, b"learner-" + uuid.uuid4().hex.encode())
@@ -42,8 +42,8 @@ class BatchClient:
     async def get(self, version: int, episodes: int, max_tokens: int = 0, retry_s: float = 5.0):
         import zmq
 
-        from protocol.codec import DecodeError, decode, encode
-        from protocol.messages import Batch, BatchRequest
+        from turnstream.protocol.codec import DecodeError, decode, encode
+        from turnstream.protocol.messages import Batch, BatchRequest
 
         request_id = next(self.ids)
         while True:
@@ -66,9 +66,9 @@ def build_trainer(cfg: Config):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from learner import checkpoint
-    from learner.device import attn_implementation, placement
-    from learner.trainer import Trainer
+    from turnstream.learner import checkpoint
+    from turnstream.learner.device import attn_implementation, placement
+    from turnstream.learner.trainer import Trainer
 
     lc = cfg.learner
     where = placement(lc.device, lc.precision)
@@ -96,7 +96,7 @@ def build_trainer(cfg: Config):
 async def train(cfg: Config) -> None:
     import torch
 
-    from learner.distributed import broadcast, init_from_env, shutdown
+    from turnstream.learner.distributed import broadcast, init_from_env, shutdown
 
     lc = cfg.learner
     torch.set_num_threads(lc.torch_threads)
@@ -120,19 +120,19 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
     import zmq
     import zmq.asyncio
 
-    from learner import checkpoint
-    from learner.device import served_dtype, serving_state_dict
-    from learner.distributed import broadcast
-    from learner.metrics import LearnerMetrics
-    from learner.trainer import NothingToTrain
-    from learner.weight_sync import WeightSyncError, make_weight_sync
-    from protocol.auth import (count_refusals, keys_for, make_server, refusal_counter, refusal_monitor,
+    from turnstream.learner import checkpoint
+    from turnstream.learner.device import served_dtype, serving_state_dict
+    from turnstream.learner.distributed import broadcast
+    from turnstream.learner.metrics import LearnerMetrics
+    from turnstream.learner.trainer import NothingToTrain
+    from turnstream.learner.weight_sync import WeightSyncError, make_weight_sync
+    from turnstream.protocol.auth import (count_refusals, keys_for, make_server, refusal_counter, refusal_monitor,
                                start_authenticator)
-    from protocol.codec import encode
-    from protocol.http_metrics import start_metrics_server
-    from protocol.messages import VersionAnnouncement
-    from protocol.sockets import bind_address, configure
-    from turnstream.audit import open_audit
+    from turnstream.protocol.codec import encode
+    from turnstream.protocol.http_metrics import start_metrics_server
+    from turnstream.protocol.messages import VersionAnnouncement
+    from turnstream.protocol.sockets import bind_address, configure
+    from turnstream.core.audit import open_audit
 
     lc, net = cfg.learner, cfg.network
     metrics = LearnerMetrics()
@@ -258,9 +258,9 @@ def push_overlaps_training(cfg: Config) -> bool:
 
 async def _publish(sync, pub, path, version: int, stats: dict, metrics, log_file, started: float) -> None:
     """Push `version` into the servers, then announce it, then record the step's line."""
-    from learner.weight_sync import WeightSyncError
-    from protocol.codec import encode
-    from protocol.messages import VersionAnnouncement
+    from turnstream.learner.weight_sync import WeightSyncError
+    from turnstream.protocol.codec import encode
+    from turnstream.protocol.messages import VersionAnnouncement
 
     push_started = time.time()
     try:
@@ -288,7 +288,7 @@ async def _publish(sync, pub, path, version: int, stats: dict, metrics, log_file
 
 def main(cfg: Config) -> None:
     if not cfg.vllm.urls:
-        from turnstream.configtools import ConfigError
+        from turnstream.core.configtools import ConfigError
 
         raise ConfigError("vllm.urls: the learner needs at least one vLLM server URL to push weights to")
     asyncio.run(train(cfg))

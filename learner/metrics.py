@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from turnstream.build_info import register_build_info
+from turnstream.core.build_info import register_build_info
 
 
 class LearnerMetrics:

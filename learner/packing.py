@@ -18,8 +18,8 @@ import dataclasses
 import numpy as np
 import torch
 
-from learner.batching import outside_vocabulary
-from protocol.messages import Batch
+from turnstream.learner.batching import outside_vocabulary
+from turnstream.protocol.messages import Batch
 
 
 class SequenceTooLong(ValueError):

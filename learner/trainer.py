@@ -22,17 +22,17 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from learner import estimators
-from learner import forward
-from learner.batching import TensorBatch, logprobs_from_action_logits, max_entropy, to_tensors
-from learner.checkpoint import rng_state, set_rng_state
-from learner.critic import PolicyAndValue
-from learner.device import Placement, enable_checkpointing, keep_checkpointing_active, placement
-from learner.loss import aggregation_weights, decoupled_ppo_loss, explained_variance, kl_k3, step_kl, value_loss
-from learner.packing import NothingToTrain, drop_out_of_vocabulary, drop_over_budget, microbatches, shard
-from learner.spo import SpoConfig, SpoTracker
-from protocol.messages import Batch
-from turnstream.config import LearnerSection
+from turnstream.learner import estimators
+from turnstream.learner import forward
+from turnstream.learner.batching import TensorBatch, logprobs_from_action_logits, max_entropy, to_tensors
+from turnstream.learner.checkpoint import rng_state, set_rng_state
+from turnstream.learner.critic import PolicyAndValue
+from turnstream.learner.device import Placement, enable_checkpointing, keep_checkpointing_active, placement
+from turnstream.learner.loss import aggregation_weights, decoupled_ppo_loss, explained_variance, kl_k3, step_kl, value_loss
+from turnstream.learner.packing import NothingToTrain, drop_out_of_vocabulary, drop_over_budget, microbatches, shard
+from turnstream.learner.spo import SpoConfig, SpoTracker
+from turnstream.protocol.messages import Batch
+from turnstream.core.config import LearnerSection
 
 __all__ = ["NothingToTrain", "Trainer"]  # NothingToTrain: raised by step(), caught by learner/main.py
 

@@ -198,7 +198,7 @@ def make_weight_sync(backend: str, urls: list[str], *, weights_dir: str | Path =
     if backend == "disk":
         return DiskWeightSync(urls, weights_dir, model_dir, keep=keep)
     if backend == "nccl":
-        from learner.weight_sync_nccl import NcclWeightSync
+        from turnstream.learner.weight_sync_nccl import NcclWeightSync
 
         return NcclWeightSync(urls, master_address=master_address, master_port=master_port, transport=transport)
     raise ValueError(f"vllm.weight_sync: unknown backend {backend!r} (disk or nccl)")
@@ -212,7 +212,7 @@ def weight_sync_from_config(cfg, default_weights_dir: str | Path) -> WeightSync:
                             master_port=cfg.vllm.nccl_master_port)
 
 
-from learner.weight_sync_disk import MODEL_SIDE_FILES, DiskWeightSync  # noqa: E402  (the default backend)
+from turnstream.learner.weight_sync_disk import MODEL_SIDE_FILES, DiskWeightSync  # noqa: E402  (the default backend)
 
 __all__ = ["DiskWeightSync", "MODEL_SIDE_FILES", "WeightSync", "WeightSyncError", "make_weight_sync",
            "weight_sync_from_config"]

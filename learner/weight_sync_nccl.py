@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from learner.weight_sync import WeightSync, WeightSyncError, _healthy, get, post
+from turnstream.learner.weight_sync import WeightSync, WeightSyncError, _healthy, get, post
 
 log = logging.getLogger("turnstream.learner")
 

@@ -22,7 +22,7 @@ import zmq
 import zmq.auth
 from zmq.auth.asyncio import AsyncioAuthenticator
 
-from turnstream.configtools import ConfigError
+from turnstream.core.configtools import ConfigError
 
 SERVER_PUBLIC = "server.key"
 SERVER_SECRET = "server.key_secret"

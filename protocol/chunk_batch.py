@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from protocol.messages import TurnChunk, TurnChunkBatch
+from turnstream.protocol.messages import TurnChunk, TurnChunkBatch
 
 # per-chunk scalar columns and the dtypes they travel in
 COLUMNS = {name: TurnChunkBatch.ARRAYS[name] for name in (

@@ -13,8 +13,8 @@ import msgpack
 import numpy as np
 import zmq
 
-from protocol import PROTOCOL_VERSION
-from protocol.messages import MESSAGE_TYPES, Message
+from turnstream.protocol import PROTOCOL_VERSION
+from turnstream.protocol.messages import MESSAGE_TYPES, Message
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_ARRAY_DIMS = 4

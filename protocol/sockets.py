@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import zmq
 
-from protocol.codec import DEFAULT_MAX_MESSAGE_BYTES
+from turnstream.protocol.codec import DEFAULT_MAX_MESSAGE_BYTES
 
 
 def configure(sock: zmq.Socket, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, hwm: int = 10_000) -> zmq.Socket:

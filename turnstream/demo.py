@@ -5,7 +5,7 @@ import json
 import shutil
 import time
 
-from turnstream.config import Config
+from turnstream.core.config import Config
 from turnstream.launcher import LocalStack
 from turnstream.progress import Progress
 from turnstream.report import plot_learning_curve, read_steps, rolling_success, write_report

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import zmq.auth
 
-from protocol.auth import ALLOWED_DIR, CLIENT_SECRET, SERVER_SECRET
+from turnstream.protocol.auth import ALLOWED_DIR, CLIENT_SECRET, SERVER_SECRET
 
 
 def main(directory: str | Path) -> int:

@@ -9,10 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from turnstream.config import Config
+from turnstream.core.config import Config
 from turnstream.launcher_metrics import LauncherMetrics, MetricsThread
 from turnstream.processes import ProcessGroup, free_port, free_port_block, tail
-from turnstream.urls_file import write_urls_file
+from turnstream.core.urls_file import write_urls_file
 from turnstream.vllm_server import vllm_command, wait_healthy
 
 log = logging.getLogger("turnstream.launcher")

@@ -14,7 +14,7 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from turnstream.build_info import register_build_info
+from turnstream.core.build_info import register_build_info
 from turnstream.processes import ProcessGroup
 
 # Process names are "<role>" or "<role>-<index>"; the role is the bounded label, the index is not exported
@@ -76,7 +76,7 @@ class MetricsThread:
         return self.port
 
     def _run(self, bound: Future) -> None:
-        from protocol.http_metrics import start_metrics_server
+        from turnstream.protocol.http_metrics import start_metrics_server
 
         loop = self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)

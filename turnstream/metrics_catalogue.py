@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry
 
-from turnstream import build_info
+from turnstream.core import build_info
 
 ROLES = ("launcher", "buffer", "learner", "actor")
 DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
@@ -78,9 +78,9 @@ def unit_of(name: str) -> str:
 
 def role_registries() -> dict[str, CollectorRegistry]:
     """Each role's metrics on a registry of its own, exactly as the role creates them."""
-    from actors.metrics import ActorMetrics
-    from buffer.metrics import BufferMetrics
-    from learner.metrics import LearnerMetrics
+    from turnstream.actors.metrics import ActorMetrics
+    from turnstream.buffer.metrics import BufferMetrics
+    from turnstream.learner.metrics import LearnerMetrics
     from turnstream.launcher_metrics import LauncherMetrics
 
     return {

@@ -6,7 +6,7 @@ import time
 import urllib.error
 import urllib.request
 
-from turnstream.config import VllmSection
+from turnstream.core.config import VllmSection
 
 
 def vllm_command(model_path: str, host: str, port: int, cfg: VllmSection) -> tuple[list[str], dict]:

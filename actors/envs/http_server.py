@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 from aiohttp import web
 
-from actors.env import Environment, make_env
+from turnstream.actors.env import Environment, make_env
 
 
 def make_app(*, delay_s: float = 0.0, fail_every: int = 0, max_envs: int = 4096) -> web.Application:

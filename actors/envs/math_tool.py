@@ -12,8 +12,8 @@ from __future__ import annotations
 import random
 import re
 
-from actors.env import Environment, Reset, Step, register
-from actors.envs.sandbox import evaluate
+from turnstream.actors.env import Environment, Reset, Step, register
+from turnstream.actors.envs.sandbox import evaluate
 
 _ANSWER = re.compile(r"answer\s*:?\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 _CALL = re.compile(r"^\s*(?:calc|python|tool)\s*:?\s*(.+)$", re.IGNORECASE | re.DOTALL)

@@ -55,7 +55,7 @@ def _stop_holding_open_episodes(run_dir, child, actor_id: str) -> set[str]:
 
 
 def test_actors_join_and_leave_a_running_buffer_and_learner(vllm_url, tiny_model, tmp_path):
-    from turnstream.config import Config
+    from turnstream.core.config import Config
     from turnstream.processes import ProcessGroup, free_port
 
     cfg = Config()
@@ -133,7 +133,7 @@ def _restore(url, tiny_model, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from learner.weight_sync import DiskWeightSync
+    from turnstream.learner.weight_sync import DiskWeightSync
 
     sync = DiskWeightSync([url], tmp_path / "restore", tiny_model)
     state = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from actors.chat import ChatTokens
-from actors.env import Environment, Reset, Step, make_env
-from actors.fleet import InferenceFleet
-from actors.metrics import ActorMetrics
-from actors.runner import EpisodeRunner, Sampling
-from buffer.episodes import Episode, flatten
-from learner.batching import action_logprobs, to_tensors
+from turnstream.actors.chat import ChatTokens
+from turnstream.actors.env import Environment, Reset, Step, make_env
+from turnstream.actors.fleet import InferenceFleet
+from turnstream.actors.metrics import ActorMetrics
+from turnstream.actors.runner import EpisodeRunner, Sampling
+from turnstream.buffer.episodes import Episode, flatten
+from turnstream.learner.batching import action_logprobs, to_tensors
 
 from tests.helpers import CollectingLink
 
@@ -154,7 +154,7 @@ def _chunk_is_sound(c, vocab: int) -> bool:
 
 def test_fleet_survives_one_of_two_servers_killed_mid_run(vllm_url, tiny_model, tmp_path):
     """A second real server joins the session's; it is SIGKILLed (by PID) while episodes run."""
-    from turnstream.config import VllmSection
+    from turnstream.core.config import VllmSection
     from turnstream.processes import ProcessGroup, free_port, tail
     from turnstream.vllm_server import vllm_command, wait_healthy
 

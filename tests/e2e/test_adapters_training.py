@@ -38,7 +38,7 @@ def _restore(url, tiny_model, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from learner.weight_sync import DiskWeightSync
+    from turnstream.learner.weight_sync import DiskWeightSync
 
     sync = DiskWeightSync([url], tmp_path / "restore", tiny_model)
     state = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()
@@ -47,7 +47,7 @@ def _restore(url, tiny_model, tmp_path):
 
 
 def test_every_adapter_feeds_the_buffer_and_the_learner(vllm_url, tiny_model, tmp_path):
-    from turnstream.config import Config
+    from turnstream.core.config import Config
     from turnstream.processes import ProcessGroup, free_port, tail
 
     cfg = Config()

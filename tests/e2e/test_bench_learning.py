@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench import learning
+from turnstream.bench import learning
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 

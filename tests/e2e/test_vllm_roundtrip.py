@@ -7,14 +7,14 @@ import json
 import pytest
 import torch
 
-from actors.chat import ChatTokens
-from actors.env import make_env
-from actors.inference import VllmClient
-from actors.metrics import ActorMetrics
-from actors.runner import EpisodeRunner, Sampling
-from buffer.episodes import Episode, flatten
-from learner.batching import action_logprobs, to_tensors
-from learner.weight_sync import DiskWeightSync
+from turnstream.actors.chat import ChatTokens
+from turnstream.actors.env import make_env
+from turnstream.actors.inference import VllmClient
+from turnstream.actors.metrics import ActorMetrics
+from turnstream.actors.runner import EpisodeRunner, Sampling
+from turnstream.buffer.episodes import Episode, flatten
+from turnstream.learner.batching import action_logprobs, to_tensors
+from turnstream.learner.weight_sync import DiskWeightSync
 from tests.helpers import CollectingLink, http_json
 
 pytestmark = pytest.mark.vllm
@@ -73,7 +73,7 @@ def test_exactness_with_allowed_token_mask(vllm_url, tiny_model):
 
 
 def test_exactness_full_vocabulary_multi_token(vllm_url, tiny_model):
-    from actors.env import Environment, Reset, Step
+    from turnstream.actors.env import Environment, Reset, Step
 
     class FreeText(Environment):
         max_action_tokens = 8
@@ -140,7 +140,7 @@ def test_push_while_generating_keeps_requests_alive(vllm_url, tiny_model, tmp_pa
     its tokens are split between the old and the new version, in that order."""
     import aiohttp
 
-    from learner.weight_sync import post
+    from turnstream.learner.weight_sync import post
 
     model = _load_model(tiny_model)
     prompt = ChatTokens(tiny_model).first_turn("junction 1 sign R")

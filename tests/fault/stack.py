@@ -17,7 +17,7 @@ from pathlib import Path
 from tests.fault.ledger import Ledger
 from tests.fault.probes import rss_bytes
 from tests.helpers import poll_until, scrape
-from turnstream.config import Config
+from turnstream.core.config import Config
 from turnstream.processes import Child, tail
 
 PROXY = Path(__file__).with_name("tcp_proxy.py")
@@ -168,7 +168,7 @@ def restore_vllm(url: str, model: Path, scratch: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from learner.weight_sync import DiskWeightSync
+    from turnstream.learner.weight_sync import DiskWeightSync
 
     sync = DiskWeightSync([url], scratch / "restore", model)
     state = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).state_dict()

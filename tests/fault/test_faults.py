@@ -279,10 +279,10 @@ def test_every_acked_chunk_is_trained_held_or_dropped_for_a_reason(stack: FaultS
 
 def _held_in_log(stack: FaultStack, scratch) -> dict[str, set[int]]:
     """Replay a copy of the stopped buffer's write-ahead log: episode -> turns it still holds."""
-    from buffer.journal import WalJournal
-    from buffer.metrics import BufferMetrics
-    from buffer.store import ReplayStore
-    from buffer.wal import WalFile
+    from turnstream.buffer.journal import WalJournal
+    from turnstream.buffer.metrics import BufferMetrics
+    from turnstream.buffer.store import ReplayStore
+    from turnstream.buffer.wal import WalFile
 
     b = stack.cfg.buffer
     copy = scratch / "wal.log"

@@ -13,9 +13,9 @@ import pytest
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from protocol import auth
+from turnstream.protocol import auth
 from tests.helpers import scrape, wait_for_child
-from turnstream.config import Config
+from turnstream.core.config import Config
 from turnstream.keygen import main as keygen
 from turnstream.processes import ProcessGroup, free_port
 

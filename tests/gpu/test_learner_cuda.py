@@ -19,14 +19,14 @@ pytestmark = [pytest.mark.gpu,
 def _tiny_lm(attn: str = "sdpa"):
     from transformers import AutoModelForCausalLM
 
-    from bench.learner_mfu import model_config
+    from turnstream.bench.learner_mfu import model_config
 
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(model_config("tiny"), attn_implementation=attn, dtype=torch.float32)
 
 
 def _batch(seed: int = 0, seq_len: int = 512, microbatches: int = 4):
-    from bench.learner_mfu import model_config, synthetic_batch
+    from turnstream.bench.learner_mfu import model_config, synthetic_batch
 
     return synthetic_batch(model_config("tiny").vocab_size, seq_len, microbatches, 4, seed)
 
@@ -42,9 +42,9 @@ def _grads(trainer, batch) -> torch.Tensor:
 
 
 def test_auto_picks_cuda_and_bf16_with_fp32_master_weights_and_fused_adamw():
-    from learner.device import placement
-    from learner.trainer import Trainer
-    from turnstream.config import LearnerSection
+    from turnstream.learner.device import placement
+    from turnstream.learner.trainer import Trainer
+    from turnstream.core.config import LearnerSection
 
     where = placement("auto", "auto")
     assert where.device.type == "cuda" and where.compute_dtype is torch.bfloat16
@@ -57,9 +57,9 @@ def test_auto_picks_cuda_and_bf16_with_fp32_master_weights_and_fused_adamw():
 
 
 def test_cuda_bf16_gradient_matches_the_cpu_fp32_gradient():
-    from learner.device import Placement
-    from learner.trainer import Trainer
-    from turnstream.config import LearnerSection
+    from turnstream.learner.device import Placement
+    from turnstream.learner.trainer import Trainer
+    from turnstream.core.config import LearnerSection
 
     grads = []
     for where in (Placement(torch.device("cpu"), None), Placement(torch.device("cuda"), torch.bfloat16)):
@@ -72,8 +72,8 @@ def test_cuda_bf16_gradient_matches_the_cpu_fp32_gradient():
 def test_packed_rows_equal_padded_rows_on_the_gpu_kernels(attn):
     from transformers.utils import is_flash_attn_2_available
 
-    from learner import forward
-    from learner.batching import logprobs_from_action_logits, to_tensors
+    from turnstream.learner import forward
+    from turnstream.learner.batching import logprobs_from_action_logits, to_tensors
 
     if attn == "flash_attention_2" and not is_flash_attn_2_available():
         pytest.skip("flash-attn is not installed")
@@ -93,9 +93,9 @@ def test_packed_rows_equal_padded_rows_on_the_gpu_kernels(attn):
 
 
 def test_activation_checkpointing_lowers_peak_memory_with_the_same_gradient():
-    from learner.device import placement
-    from learner.trainer import Trainer
-    from turnstream.config import LearnerSection
+    from turnstream.learner.device import placement
+    from turnstream.learner.trainer import Trainer
+    from turnstream.core.config import LearnerSection
 
     peaks, grads = {}, {}
     for ckpt in (False, True):
@@ -117,8 +117,8 @@ def test_activation_checkpointing_lowers_peak_memory_with_the_same_gradient():
 def test_pushed_weights_are_cast_to_the_served_dtype(tmp_path):
     from safetensors import safe_open
 
-    from learner.device import serving_state_dict
-    from learner.weight_sync import DiskWeightSync
+    from turnstream.learner.device import serving_state_dict
+    from turnstream.learner.weight_sync import DiskWeightSync
 
     model = _tiny_lm().cuda()
     state = serving_state_dict(model, torch.bfloat16)
@@ -130,7 +130,7 @@ def test_pushed_weights_are_cast_to_the_served_dtype(tmp_path):
 
 
 def test_bench_reports_mfu_on_the_gpu(capsys):
-    from bench import learner
+    from turnstream.bench import learner
 
     assert learner.main(["--model-config", "tiny", "--device", "cuda", "--seq-len", "1024", "--microbatches", "2",
                          "--steps", "2"]) == 0

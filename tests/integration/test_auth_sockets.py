@@ -13,14 +13,14 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from actors.link import BufferLink
-from actors.metrics import ActorMetrics
-from learner.main import BatchClient
-from protocol import auth
-from protocol.codec import decode, encode
-from protocol.messages import CreditGrant, CreditRequest, VersionAnnouncement
+from turnstream.actors.link import BufferLink
+from turnstream.actors.metrics import ActorMetrics
+from turnstream.learner.main import BatchClient
+from turnstream.protocol import auth
+from turnstream.protocol.codec import decode, encode
+from turnstream.protocol.messages import CreditGrant, CreditRequest, VersionAnnouncement
 from tests.helpers import chunk, in_process_buffer, scrape, stop_in_process_buffer, until
-from turnstream.config import Config
+from turnstream.core.config import Config
 from turnstream.keygen import main as keygen
 from turnstream.processes import ProcessGroup, free_port
 

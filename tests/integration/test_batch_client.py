@@ -6,10 +6,10 @@ import asyncio
 import zmq
 import zmq.asyncio
 
-from buffer.episodes import flatten
-from learner.main import BatchClient
-from protocol.codec import decode, encode
-from protocol.messages import BatchRequest
+from turnstream.buffer.episodes import flatten
+from turnstream.learner.main import BatchClient
+from turnstream.protocol.codec import decode, encode
+from turnstream.protocol.messages import BatchRequest
 
 
 async def test_an_answer_sent_twice_is_skipped_without_re_asking():

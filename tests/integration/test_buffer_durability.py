@@ -10,10 +10,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from actors.link import BufferLink
-from actors.metrics import ActorMetrics
-from protocol.codec import decode, encode
-from protocol.messages import Ack, Batch, BatchRequest, CreditGrant, CreditRequest
+from turnstream.actors.link import BufferLink
+from turnstream.actors.metrics import ActorMetrics
+from turnstream.protocol.codec import decode, encode
+from turnstream.protocol.messages import Ack, Batch, BatchRequest, CreditGrant, CreditRequest
 from tests.helpers import BufferProcess, chunk, scrape, until
 
 

@@ -7,12 +7,12 @@ import time
 import pytest
 import zmq
 
-from protocol.chunk_batch import pack
-from protocol.codec import decode, encode
-from protocol.messages import (Ack, AckBatch, Batch, BatchRequest, CreditGrant, CreditRequest,
+from turnstream.protocol.chunk_batch import pack
+from turnstream.protocol.codec import decode, encode
+from turnstream.protocol.messages import (Ack, AckBatch, Batch, BatchRequest, CreditGrant, CreditRequest,
                                VersionAnnouncement)
 from tests.helpers import chunk, scrape, wait_for_child
-from turnstream.config import Config
+from turnstream.core.config import Config
 from turnstream.processes import ProcessGroup, free_port
 
 

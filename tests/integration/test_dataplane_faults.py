@@ -13,8 +13,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from actors.link import BufferLink
-from actors.metrics import ActorMetrics
+from turnstream.actors.link import BufferLink
+from turnstream.actors.metrics import ActorMetrics
 from tests.helpers import chunk, in_process_buffer, stop_in_process_buffer, until
 
 

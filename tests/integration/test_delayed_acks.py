@@ -10,9 +10,9 @@ import asyncio
 import zmq
 import zmq.asyncio
 
-from buffer.acks import ACK_AFTER_CHUNKS
-from protocol.codec import decode, encode
-from protocol.messages import CreditGrant, CreditRequest
+from turnstream.buffer.acks import ACK_AFTER_CHUNKS
+from turnstream.protocol.codec import decode, encode
+from turnstream.protocol.messages import CreditGrant, CreditRequest
 from tests.helpers import acks_in, chunk, in_process_buffer, stop_in_process_buffer
 
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import zmq
 
-from protocol.codec import decode, encode
-from protocol.messages import Batch, BatchRequest
+from turnstream.protocol.codec import decode, encode
+from turnstream.protocol.messages import Batch, BatchRequest
 from tests.helpers import BufferProcess, acks_in, chunk
 
 N_OBS = 250_000  # a 1 MB observation frame per chunk

@@ -6,7 +6,7 @@ import asyncio
 
 import zmq.asyncio
 
-from learner.main import BatchClient
+from turnstream.learner.main import BatchClient
 from tests.helpers import chunk, in_process_buffer
 
 

@@ -13,10 +13,10 @@ import time
 import pytest
 import zmq
 
-from protocol.codec import decode, encode
-from protocol.messages import CreditRequest
+from turnstream.protocol.codec import decode, encode
+from turnstream.protocol.messages import CreditRequest
 from tests.helpers import acks_in, chunk, http_json, wait_for_child
-from turnstream.config import Config
+from turnstream.core.config import Config
 from turnstream.processes import ProcessGroup, free_port
 
 pytestmark = pytest.mark.vllm

@@ -11,10 +11,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from actors.link import MAX_BUNDLE_CHUNKS, PACK_BELOW_BYTES, BufferLink
-from actors.metrics import ActorMetrics
-from protocol.codec import decode, decode_bundle, encode
-from protocol.messages import Batch, BatchRequest, CreditGrant, TurnChunk
+from turnstream.actors.link import MAX_BUNDLE_CHUNKS, PACK_BELOW_BYTES, BufferLink
+from turnstream.actors.metrics import ActorMetrics
+from turnstream.protocol.codec import decode, decode_bundle, encode
+from turnstream.protocol.messages import Batch, BatchRequest, CreditGrant, TurnChunk
 from tests.helpers import BufferProcess, acks_in, chunk, link_to_router, until
 
 LARGE = PACK_BELOW_BYTES // 4 + 100  # token ids in a chunk sent as a message of its own, not packed

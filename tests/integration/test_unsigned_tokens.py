@@ -9,10 +9,10 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from actors.link import PACK_BELOW_BYTES, BufferLink
-from actors.metrics import ActorMetrics
-from protocol.codec import encode
-from protocol.messages import UNSIGNED_TOKENS, CreditGrant
+from turnstream.actors.link import PACK_BELOW_BYTES, BufferLink
+from turnstream.actors.metrics import ActorMetrics
+from turnstream.protocol.codec import encode
+from turnstream.protocol.messages import UNSIGNED_TOKENS, CreditGrant
 from tests.helpers import chunk, in_process_buffer, link_to_router, stop_in_process_buffer
 
 LARGE_OBS = np.arange(PACK_BELOW_BYTES // 4 + 100, dtype=np.int32) % 1000  # sent alone, not packed

@@ -1,9 +1,9 @@
 """AckGroup: delayed acks grouped per actor (buffer/acks.py)."""
 from __future__ import annotations
 
-from buffer.acks import ACK_AFTER_CHUNKS, AckGroup
-from protocol.codec import decode
-from protocol.messages import Ack, AckBatch
+from turnstream.buffer.acks import ACK_AFTER_CHUNKS, AckGroup
+from turnstream.protocol.codec import decode
+from turnstream.protocol.messages import Ack, AckBatch
 
 
 def test_an_empty_group_has_nothing_to_wait_for_and_nothing_due():

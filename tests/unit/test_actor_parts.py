@@ -5,9 +5,9 @@ import asyncio
 
 import pytest
 
-from actors.chat import ChatTokens
-from actors.env import known_envs, make_env
-from actors.inference import InferenceError, parse_generation, parse_version
+from turnstream.actors.chat import ChatTokens
+from turnstream.actors.env import known_envs, make_env
+from turnstream.actors.inference import InferenceError, parse_generation, parse_version
 
 
 def _play(env, policy, seed):

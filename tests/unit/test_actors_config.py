@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from actors.fleet import InferenceFleet
-from turnstream.urls_file import read_urls_file, watch_urls_file
-from turnstream.config import ConfigError, load_config
+from turnstream.actors.fleet import InferenceFleet
+from turnstream.core.urls_file import read_urls_file, watch_urls_file
+from turnstream.core.config import ConfigError, load_config
 from tests.unit.fake_vllm import FakeVllm
 
 REPO = Path(__file__).resolve().parents[2]

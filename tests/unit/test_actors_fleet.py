@@ -5,9 +5,9 @@ import asyncio
 
 import pytest
 
-from actors.fleet import InferenceFleet
-from actors.inference import InferenceError
-from actors.metrics import ActorMetrics
+from turnstream.actors.fleet import InferenceFleet
+from turnstream.actors.inference import InferenceError
+from turnstream.actors.metrics import ActorMetrics
 from tests.helpers import until
 from tests.unit.fake_vllm import FakeVllm
 

@@ -5,10 +5,10 @@ import asyncio
 
 import numpy as np
 
-from actors.chat import ChatTokens
-from actors.env import EnvError, Environment, Reset, Step, make_env
-from actors.metrics import ActorMetrics
-from actors.runner import EpisodeRunner, Sampling
+from turnstream.actors.chat import ChatTokens
+from turnstream.actors.env import EnvError, Environment, Reset, Step, make_env
+from turnstream.actors.metrics import ActorMetrics
+from turnstream.actors.runner import EpisodeRunner, Sampling
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 
 

@@ -7,10 +7,10 @@ import gymnasium
 import pytest
 from gymnasium import spaces
 
-from actors.chat import ChatTokens
-from actors.env import EnvError, make_env
-from actors.metrics import ActorMetrics
-from actors.runner import EpisodeRunner, Sampling
+from turnstream.actors.chat import ChatTokens
+from turnstream.actors.env import EnvError, make_env
+from turnstream.actors.metrics import ActorMetrics
+from turnstream.actors.runner import EpisodeRunner, Sampling
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 
 LOWERCASE = "abcdefghijklmnopqrstuvwxyz"

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import pytest
 
 import reasoning_gym
-from actors.chat import ChatTokens
-from actors.env import EnvError, make_env
-from actors.metrics import ActorMetrics
-from actors.runner import EpisodeRunner, Sampling
+from turnstream.actors.chat import ChatTokens
+from turnstream.actors.env import EnvError, make_env
+from turnstream.actors.metrics import ActorMetrics
+from turnstream.actors.runner import EpisodeRunner, Sampling
 from reasoning_gym.dataset import ProceduralDataset
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 
@@ -52,7 +52,7 @@ async def test_single_turn_answer_scored_by_the_dataset():
 
 async def test_the_same_question_under_the_same_key_in_every_process():
     """Without a seed reasoning-gym would draw one at random per dataset (per actor process)."""
-    from actors.envs.adapters import reasoning_gym_env
+    from turnstream.actors.envs.adapters import reasoning_gym_env
 
     first = await make_env("reasoning_gym", dataset="basic_arithmetic").reset(3)
     reasoning_gym_env._DATASETS.clear()  # as a fresh actor process would

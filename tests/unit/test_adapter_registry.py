@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from actors.env import describe, known_envs, make_env
-from actors.envs.adapters.common import LibraryNotInstalled
+from turnstream.actors.env import describe, known_envs, make_env
+from turnstream.actors.envs.adapters.common import LibraryNotInstalled
 from turnstream.cli import main as cli_main
-from turnstream.config import load_config
-from turnstream.configtools import ConfigError
+from turnstream.core.config import load_config
+from turnstream.core.configtools import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 ADAPTERS = {"textarena": ("textarena", "textarena"), "textworld": ("textworld", "textworld"),
@@ -48,11 +48,11 @@ def test_a_missing_library_is_listed_and_fails_clearly(name, monkeypatch, capsys
 def test_a_plugin_that_fails_to_load_does_not_break_the_listing(monkeypatch, capsys):
     from importlib.metadata import EntryPoint
 
-    import actors.env
+    from turnstream.actors import env as actor_env
 
-    real = actors.env._entry_points()
-    broken = EntryPoint("broken_plugin", "no_such_module_anywhere:Env", actors.env.ENTRY_POINT_GROUP)
-    monkeypatch.setattr(actors.env, "_entry_points", lambda: {**real, "broken_plugin": broken})
+    real = actor_env._entry_points()
+    broken = EntryPoint("broken_plugin", "no_such_module_anywhere:Env", actor_env.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(actor_env, "_entry_points", lambda: {**real, "broken_plugin": broken})
     assert cli_main(["envs"]) == 0
     out = capsys.readouterr().out
     assert "failed to load" in next(line for line in out.splitlines() if line.startswith("broken_plugin"))

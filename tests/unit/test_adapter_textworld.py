@@ -7,10 +7,10 @@ import shutil
 
 import pytest
 
-from actors.chat import ChatTokens
-from actors.env import EnvError, make_env
-from actors.metrics import ActorMetrics
-from actors.runner import EpisodeRunner, Sampling
+from turnstream.actors.chat import ChatTokens
+from turnstream.actors.env import EnvError, make_env
+from turnstream.actors.metrics import ActorMetrics
+from turnstream.actors.runner import EpisodeRunner, Sampling
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 
 RECIPE = {"challenge": "tw-coin_collector", "settings": {"level": 1}, "seeds": [0]}

@@ -6,10 +6,10 @@ import stat
 import pytest
 import zmq.auth
 
-from protocol import auth
+from turnstream.protocol import auth
 from turnstream.cli import main as cli_main
-from turnstream.config import load_config
-from turnstream.configtools import ConfigError
+from turnstream.core.config import load_config
+from turnstream.core.configtools import ConfigError
 from turnstream.keygen import main as keygen
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from buffer.metrics import BufferMetrics
+from turnstream.buffer.metrics import BufferMetrics
 from tests.unit.test_store import ID, chunk, make_store, metric
 
 BOUNDED_LABELS = {"outcome", "reason", "event", "state"}

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from buffer.ratelimit import BlockedClock, Cancelled, Gate, RateLimiter, limiter_problem
-from turnstream.config import ConfigError, load_config
+from turnstream.buffer.ratelimit import BlockedClock, Cancelled, Gate, RateLimiter, limiter_problem
+from turnstream.core.config import ConfigError, load_config
 from tests.unit.test_store import ID, chunk, make_store, metric
 
 

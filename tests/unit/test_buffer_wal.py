@@ -6,10 +6,10 @@ import os
 import numpy as np
 import pytest
 
-from buffer.journal import CHUNK, WalJournal
-from buffer.wal import WalFile
-from protocol.codec import decode, encode
-from protocol.messages import UNSIGNED_TOKENS
+from turnstream.buffer.journal import CHUNK, WalJournal
+from turnstream.buffer.wal import WalFile
+from turnstream.protocol.codec import decode, encode
+from turnstream.protocol.messages import UNSIGNED_TOKENS
 from tests.unit.test_store import ID, chunk, make_store
 
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from buffer.validate import batch_is_clean, validate_chunk
-from protocol.chunk_batch import BatchError, pack, unpack
-from protocol.codec import decode, encode
+from turnstream.buffer.validate import batch_is_clean, validate_chunk
+from turnstream.protocol.chunk_batch import BatchError, pack, unpack
+from turnstream.protocol.codec import decode, encode
 from tests.unit.test_codec import assert_same_message, sample_turn_chunk
 
 

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import PROTOCOL_VERSION
-from protocol.codec import DecodeError, decode, decode_bundle, encode
-from protocol.chunk_batch import pack
-from protocol.messages import (MESSAGE_TYPES, UNSIGNED_TOKENS, Ack, AckBatch, Batch, BatchRequest, CreditGrant,
+from turnstream.protocol import PROTOCOL_VERSION
+from turnstream.protocol.codec import DecodeError, decode, decode_bundle, encode
+from turnstream.protocol.chunk_batch import pack
+from turnstream.protocol.messages import (MESSAGE_TYPES, UNSIGNED_TOKENS, Ack, AckBatch, Batch, BatchRequest, CreditGrant,
                                CreditRequest, TurnChunk, TurnChunkBatch, VersionAnnouncement)
 
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,

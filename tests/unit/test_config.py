@@ -1,4 +1,4 @@
-"""turnstream.config / configtools / cli: strict loading, one-line errors naming the field, light CLI imports."""
+"""turnstream.core.config / configtools / cli: strict loading, one-line errors naming the field, light CLI imports."""
 from __future__ import annotations
 
 import subprocess
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from actors.env import Environment, register
+from turnstream.actors.env import Environment, register
 
-from turnstream.config import (BufferSection, Config, ConfigError, LearnerSection, SpoSection, load_config)
-from turnstream.configtools import dump_toml, from_dict, to_dict
+from turnstream.core.config import (BufferSection, Config, ConfigError, LearnerSection, SpoSection, load_config)
+from turnstream.core.configtools import dump_toml, from_dict, to_dict
 
 REPO = Path(__file__).resolve().parents[2]
 

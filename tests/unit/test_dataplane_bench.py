@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from bench import dataplane
+from turnstream.bench import dataplane
 
 
 def test_bench_dataplane_smoke(capsys):
@@ -33,7 +33,7 @@ def test_bench_dataplane_smoke(capsys):
 
 
 def test_bench_dataplane_ab_compares_variants_round_by_round(capsys):
-    from bench.dataplane_ab import main
+    from turnstream.bench.dataplane_ab import main
 
     assert main(["--rounds", "2", "--chunks", "50", "--bundle-chunks", "1", "8"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from turnstream.cli import build_parser
-from turnstream.config import Config, VllmSection
-from turnstream.configtools import from_dict
+from turnstream.core.config import Config, VllmSection
+from turnstream.core.configtools import from_dict
 from turnstream.keygen import main as keygen_main
 from turnstream.vllm_server import vllm_command
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from turnstream.config import Config
+from turnstream.core.config import Config
 from turnstream.launcher import resolve, write_scrape_targets
 from turnstream.metrics_catalogue import all_series_names
 

@@ -9,12 +9,12 @@ import urllib.request
 import pytest
 from aiohttp import web
 
-from actors.chat import ChatTokens
-from actors.env import EnvError, make_env
-from actors.envs.http_env import close_sessions
-from actors.envs.http_server import make_app
-from actors.metrics import ActorMetrics
-from actors.runner import EpisodeRunner, Sampling
+from turnstream.actors.chat import ChatTokens
+from turnstream.actors.env import EnvError, make_env
+from turnstream.actors.envs.http_env import close_sessions
+from turnstream.actors.envs.http_server import make_app
+from turnstream.actors.metrics import ActorMetrics
+from turnstream.actors.runner import EpisodeRunner, Sampling
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 from turnstream.processes import ProcessGroup, free_port
 

@@ -6,8 +6,8 @@ import statistics
 
 import pytest
 
-from actors.env import known_envs, make_env
-from actors.envs.follow_signs_longtail import corridor_length
+from turnstream.actors.env import known_envs, make_env
+from turnstream.actors.envs.follow_signs_longtail import corridor_length
 
 
 async def _layout(env, seed: int) -> tuple[str, list]:

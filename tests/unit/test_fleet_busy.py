@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.fleet import InferenceFleet, Server
-from actors.metrics import ActorMetrics
+from turnstream.actors.fleet import InferenceFleet, Server
+from turnstream.actors.metrics import ActorMetrics
 from tests.helpers import until
 from tests.unit.fake_vllm import FakeVllm
 

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-from turnstream.config import Config
+from turnstream.core.config import Config
 from turnstream.launcher import resolve, write_scrape_targets
 from turnstream.launcher_metrics import LauncherMetrics, MetricsThread
 from turnstream.metrics_catalogue import lint_exposition
@@ -151,7 +151,7 @@ def test_a_role_started_with_cpus_runs_pinned_to_them(procs):
 
 
 def test_cpus_outside_the_machine_are_a_one_line_config_error():
-    from turnstream.config import ConfigError, load_config
+    from turnstream.core.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=r"^learner\.cpus: CPU ids must be in 0\.\.") as err:
         load_config(None, ["learner.cpus=[4096]"])

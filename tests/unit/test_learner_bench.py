@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from bench import learner, learning
+from turnstream.bench import learner, learning
 from tests.learner_rollouts import TorchSampler
 
 
@@ -65,7 +65,7 @@ def test_bench_learner_mfu_mode_at_tiny_size(capsys):
 
 
 def test_mfu_flops_formula():
-    from bench.learner_mfu import model_config, step_flops
+    from turnstream.bench.learner_mfu import model_config, step_flops
 
     cfg = model_config("1.5b")
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size) == (28, 1536, 151936)

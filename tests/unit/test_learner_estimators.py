@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from learner import estimators
-from learner.advantages import (agentwise_normalize, gae, grpo_advantages, rloo_advantages, uncertainty_weights,
+from turnstream.learner import estimators
+from turnstream.learner.advantages import (agentwise_normalize, gae, grpo_advantages, rloo_advantages, uncertainty_weights,
                                 whiten)
-from learner.batching import to_tensors
-from learner.spo import SpoTracker
+from turnstream.learner.batching import to_tensors
+from turnstream.learner.spo import SpoTracker
 from tests.learner_batches import synthetic_batch
 
 # ---- turn-level GAE, section 2.7 ------------------------------------------------------------------
@@ -41,8 +41,8 @@ def test_unfinished_episode_bootstraps_from_the_critic():
 def test_turn_gae_broadcasts_the_turn_advantage_to_its_action_tokens():
     """Three turns with 2, 1 and 3 action tokens; the critic values at the turn boundaries are V27."""
     gen_lens = [2, 1, 3]
-    from buffer.episodes import Episode, flatten
-    from protocol.messages import TurnChunk
+    from turnstream.buffer.episodes import Episode, flatten
+    from turnstream.protocol.messages import TurnChunk
     ep = Episode("e", ("a", 0), "p")
     for t, n in enumerate(gen_lens):
         ep.add(TurnChunk(actor_id="a", epoch=0, seq=t, episode_id="e", turn=t, prompt_key="p",
@@ -63,8 +63,8 @@ def test_turn_gae_broadcasts_the_turn_advantage_to_its_action_tokens():
 
 def test_token_gae_skips_observation_tokens():
     """Token-level GAE runs over action tokens only: the next value is the next *action* token's."""
-    from buffer.episodes import Episode, flatten
-    from protocol.messages import TurnChunk
+    from turnstream.buffer.episodes import Episode, flatten
+    from turnstream.protocol.messages import TurnChunk
     ep = Episode("e", ("a", 0), "p")
     for t in range(2):
         ep.add(TurnChunk(actor_id="a", epoch=0, seq=t, episode_id="e", turn=t, prompt_key="p",
@@ -149,7 +149,7 @@ def test_spo_estimator_reads_the_tracker_before_the_update():
     before = dict(t.state)
     adv = estimators.compute("spo", batch, tb, tracker=t, spo_normalize="sequence", gamma=1, lam=1, old_values=None)
     assert t.state == before
-    from learner.spo import normalize_advantages
+    from turnstream.learner.spo import normalize_advantages
     raw = np.array(batch.returns) - np.array([t.value(k) for k in batch.prompt_keys])
     want = normalize_advantages(raw, tb.tokens_per_episode, "sequence")[tb.act_episode.numpy()]
     np.testing.assert_allclose(adv.token_adv.numpy(), want, atol=1e-6)
@@ -198,8 +198,8 @@ def test_agent_ids_come_from_the_batch():
 
 
 def _three_turns(rewards, *, truncated=False):
-    from buffer.episodes import Episode, flatten
-    from protocol.messages import TurnChunk
+    from turnstream.buffer.episodes import Episode, flatten
+    from turnstream.protocol.messages import TurnChunk
     ep = Episode("e", ("a", 0), "p")
     for t, r in enumerate(rewards):
         ep.add(TurnChunk(actor_id="a", epoch=0, seq=t, episode_id="e", turn=t, prompt_key="p",
@@ -237,9 +237,9 @@ def test_a_truncated_episode_bootstraps_from_the_critic_instead_of_zero():
 
 
 def test_trainer_normalises_per_agent_when_asked():
-    from learner.trainer import Trainer
+    from turnstream.learner.trainer import Trainer
     from tests.learner_batches import tiny_causal_lm
-    from turnstream.config import LearnerSection
+    from turnstream.core.config import LearnerSection
 
     batch = synthetic_batch(8, seed=6, group=2)
     batch.agent_ids = np.array([i % 2 for i in range(8)], np.int32)

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from learner import forward
-from learner.batching import logprobs_from_action_logits, to_tensors
-from learner.device import Placement, placement, resolve_device, served_dtype, serving_state_dict
-from learner.metrics import LearnerMetrics
-from learner.packing import SequenceTooLong, drop_out_of_vocabulary, drop_over_budget, microbatches
-from learner.trainer import NothingToTrain, Trainer
+from turnstream.learner import forward
+from turnstream.learner.batching import logprobs_from_action_logits, to_tensors
+from turnstream.learner.device import Placement, placement, resolve_device, served_dtype, serving_state_dict
+from turnstream.learner.metrics import LearnerMetrics
+from turnstream.learner.packing import SequenceTooLong, drop_out_of_vocabulary, drop_over_budget, microbatches
+from turnstream.learner.trainer import NothingToTrain, Trainer
 from tests.learner_batches import params_after_steps, synthetic_batch, tiny_causal_lm
-from turnstream.config import LearnerSection
-from turnstream.configtools import ConfigError
+from turnstream.core.config import LearnerSection
+from turnstream.core.configtools import ConfigError
 
 CPU_FP32 = Placement(torch.device("cpu"), None)
 CPU_BF16 = Placement(torch.device("cpu"), torch.bfloat16)
@@ -180,7 +180,7 @@ def test_a_batch_without_bad_tokens_is_kept_whole():
 def test_pushed_weights_have_the_served_dtype(tmp_path):
     from safetensors import safe_open
 
-    from learner.weight_sync import DiskWeightSync
+    from turnstream.learner.weight_sync import DiskWeightSync
 
     model = tiny_causal_lm()
     model.save_pretrained(tmp_path / "model")
@@ -204,9 +204,9 @@ def test_dropping_episodes_equals_flattening_only_the_kept_ones():
     """learner.packing.subset keeps every Batch field consistent: per token, per episode and per turn."""
     import dataclasses
 
-    from buffer.episodes import Episode, flatten
-    from learner.packing import subset
-    from protocol.messages import TurnChunk
+    from turnstream.buffer.episodes import Episode, flatten
+    from turnstream.learner.packing import subset
+    from turnstream.protocol.messages import TurnChunk
 
     rng = np.random.default_rng(0)
     episodes = []

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.learner_rollouts import train_in_process
-from turnstream.config import LearnerSection
+from turnstream.core.config import LearnerSection
 
 
 def run(model_dir, steps: int, **learner) -> list[dict]:

@@ -6,7 +6,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.learner_batches import dp_worker, params_after_steps, tiny_causal_lm
-from turnstream.config import LearnerSection
+from turnstream.core.config import LearnerSection
 
 # Measured max |difference| over all parameters after 2 AdamW steps at lr 1e-2: 1.2e-6 (float32 summation
 # order of the gradient all-reduce; Adam's normalisation makes tiny gradient entries move by ~lr regardless

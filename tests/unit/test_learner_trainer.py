@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from learner import checkpoint
-from learner.packing import microbatches, shard
-from learner.trainer import Trainer
+from turnstream.learner import checkpoint
+from turnstream.learner.packing import microbatches, shard
+from turnstream.learner.trainer import Trainer
 from tests.learner_batches import params_after_steps, synthetic_batch, tiny_causal_lm
-from turnstream.config import LearnerSection
+from turnstream.core.config import LearnerSection
 
 
 def cfg_for(estimator="spo", **kw) -> LearnerSection:
@@ -151,9 +151,9 @@ def test_values_from_the_training_forward_give_the_same_update_on_one_microbatch
 def test_microbatch_whitening_standardises_each_microbatch_alone():
     """Under a token budget every micro-batch's advantages have mean 0 and std 1 over its own tokens, and
     are an increasing affine map of the batch-whitened ones (the same GAE, other statistics)."""
-    from learner import estimators
-    from learner.batching import to_tensors
-    from learner.spo import SpoTracker
+    from turnstream.learner import estimators
+    from turnstream.learner.batching import to_tensors
+    from turnstream.learner.spo import SpoTracker
 
     batch = synthetic_batch(12, seed=6)
     tb = to_tensors(batch, 64)
@@ -175,7 +175,7 @@ def test_microbatch_whitening_standardises_each_microbatch_alone():
 def test_spo_drift_is_read_at_the_configured_policy(drift):
     """proximal (default): D is |log mu - log pi_prox|, taken from the training forward; updated: D is read
     from the policy after the step. Either way a separate no-grad pass over that policy reproduces it."""
-    from learner.batching import action_logprobs, to_tensors
+    from turnstream.learner.batching import action_logprobs, to_tensors
 
     cfg = cfg_for("spo")
     cfg.spo.drift = drift
@@ -202,7 +202,7 @@ def test_spo_drift_is_read_at_the_configured_policy(drift):
 def test_step_kl_is_the_kl_between_the_policies_before_and_after_the_step(estimator):
     """step_kl: KL(pi_before || pi_after) on the batch's action tokens (k3 on the sampled tokens, token-mean),
     read from the learner's own passes; a separate computation from copies of the two policies agrees."""
-    from learner.batching import action_logprobs, to_tensors
+    from turnstream.learner.batching import action_logprobs, to_tensors
 
     model = tiny_causal_lm()
     batch = synthetic_batch(8, seed=8)
@@ -220,7 +220,7 @@ def test_step_kl_is_the_kl_between_the_policies_before_and_after_the_step(estima
 
 def test_entropy_bonus_counts_entropy_in_units_of_its_maximum():
     """max_entropy: log of each action token's choice count (allowed set, or the vocabulary)."""
-    from learner.batching import max_entropy, to_tensors
+    from turnstream.learner.batching import max_entropy, to_tensors
 
     batch = synthetic_batch(4, seed=9, allowed=(5, 6, 7))
     tb = to_tensors(batch, 64)

@@ -7,14 +7,14 @@ import asyncio
 import zmq
 import zmq.asyncio
 
-from actors.chat import ChatTokens
-from actors.env import make_env
-from actors.inference import InferenceError
-from actors.link import BufferLink
-from actors.metrics import ActorMetrics
-from actors.runner import EpisodeRunner, Sampling
-from protocol.codec import decode, encode
-from protocol.messages import CreditGrant, CreditRequest
+from turnstream.actors.chat import ChatTokens
+from turnstream.actors.env import make_env
+from turnstream.actors.inference import InferenceError
+from turnstream.actors.link import BufferLink
+from turnstream.actors.metrics import ActorMetrics
+from turnstream.actors.runner import EpisodeRunner, Sampling
+from turnstream.protocol.codec import decode, encode
+from turnstream.protocol.messages import CreditGrant, CreditRequest
 from tests.helpers import link_to_router
 
 

@@ -8,10 +8,10 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from actors.link import PACK_BELOW_BYTES
-from protocol.chunk_batch import unpack
-from protocol.codec import decode, encode
-from protocol.messages import AckBatch, TurnChunk, TurnChunkBatch
+from turnstream.actors.link import PACK_BELOW_BYTES
+from turnstream.protocol.chunk_batch import unpack
+from turnstream.protocol.codec import decode, encode
+from turnstream.protocol.messages import AckBatch, TurnChunk, TurnChunkBatch
 from tests.helpers import chunk, link_to_router
 
 
@@ -56,7 +56,7 @@ async def test_small_chunks_travel_packed_large_ones_alone_and_one_acks_message_
 
 
 def test_bundles_join_single_chunk_messages_in_order_and_leave_packed_ones_alone():
-    from actors.link import MAX_BUNDLE_CHUNKS, bundle
+    from turnstream.actors.link import MAX_BUNDLE_CHUNKS, bundle
 
     def message(tag: bytes, chunks: int, nbytes: int = 10):
         return [tag, b"x" * (nbytes - len(tag))], chunks

@@ -8,7 +8,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from protocol.loop_socket import LoopSocket
+from turnstream.protocol.loop_socket import LoopSocket
 from turnstream.processes import free_port
 
 pytestmark = pytest.mark.asyncio

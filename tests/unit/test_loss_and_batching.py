@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from buffer.episodes import flatten
-from buffer.metrics import BufferMetrics
-from buffer.store import ReplayStore
-from learner.batching import action_logprobs, to_tensors
-from learner.loss import decoupled_ppo_loss
-from protocol.codec import decode, encode
-from protocol.messages import Batch, TurnChunk
+from turnstream.buffer.episodes import flatten
+from turnstream.buffer.metrics import BufferMetrics
+from turnstream.buffer.store import ReplayStore
+from turnstream.learner.batching import action_logprobs, to_tensors
+from turnstream.learner.loss import decoupled_ppo_loss
+from turnstream.protocol.codec import decode, encode
+from turnstream.protocol.messages import Batch, TurnChunk
 
 
 def loss_of(logp, prox, behav, adv, clip_low=0.2, clip_high=0.28, weight_cap=2.0):

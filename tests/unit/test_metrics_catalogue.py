@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from turnstream import build_info
+from turnstream.core import build_info
 from turnstream.metrics_catalogue import (DOC_PATH, KNOWN_DEVIATIONS, ROLES, catalogue, lint_catalogue,
                                           lint_exposition, lint_metric, names_by_role, render_markdown)
 
@@ -72,7 +72,7 @@ def test_lint_exposition_flags_unknown_families_and_unbounded_values():
 
 
 def test_a_role_registry_exposition_lints_clean():
-    from buffer.metrics import BufferMetrics
+    from turnstream.buffer.metrics import BufferMetrics
 
     m = BufferMetrics(CollectorRegistry())
     m.counts.chunks["ok"] += 1

@@ -14,9 +14,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from protocol import PROTOCOL_VERSION
-from protocol.codec import DecodeError, decode, encode
-from protocol.messages import MESSAGE_TYPES, BatchRequest, CreditGrant, TurnChunk
+from turnstream.protocol import PROTOCOL_VERSION
+from turnstream.protocol.codec import DecodeError, decode, encode
+from turnstream.protocol.messages import MESSAGE_TYPES, BatchRequest, CreditGrant, TurnChunk
 from tests.unit.test_codec import SAMPLES, assert_same_message
 
 FIXTURE = Path(__file__).parent / "fixtures" / "protocol_v1_golden.json"

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from learner.spo import SpoConfig, SpoTracker, normalize_advantages
+from turnstream.learner.spo import SpoConfig, SpoTracker, normalize_advantages
 
 PROMPTS = ["p1", "p2", "p3", "p4"]
 COUNTS = {"p1": (2, 8), "p2": (7, 8), "p3": (0, 8), "p4": (0, 0)}

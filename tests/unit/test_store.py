@@ -8,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from buffer.episodes import flatten
-from buffer.metrics import BufferMetrics
-from buffer.store import ReplayStore
-from protocol.codec import decode, encode
-from protocol.messages import TurnChunk
+from turnstream.buffer.episodes import flatten
+from turnstream.buffer.metrics import BufferMetrics
+from turnstream.buffer.store import ReplayStore
+from turnstream.protocol.codec import decode, encode
+from turnstream.protocol.messages import TurnChunk
 
 ID = b"actor-identity"
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from buffer.warm_heap import MAX_RESERVE_BYTES, reserve_warm_heap
+from turnstream.buffer.warm_heap import MAX_RESERVE_BYTES, reserve_warm_heap
 
 
 @pytest.mark.parametrize("nbytes", [0, -1, MAX_RESERVE_BYTES + 1])
@@ -23,7 +23,7 @@ def test_a_reserve_out_of_range_is_refused(nbytes):
 
 MALLINFO_PROBE = r"""
 import ctypes, ctypes.util, json, sys
-from buffer.warm_heap import reserve_warm_heap
+from turnstream.buffer.warm_heap import reserve_warm_heap
 
 class MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2: ten size_t fields
     _fields_ = [(name, ctypes.c_size_t) for name in

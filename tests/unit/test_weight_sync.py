@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
-from learner.weight_sync import DiskWeightSync, WeightSyncError, make_weight_sync
-from learner.weight_sync_nccl import NcclWeightSync
+from turnstream.learner.weight_sync import DiskWeightSync, WeightSyncError, make_weight_sync
+from turnstream.learner.weight_sync_nccl import NcclWeightSync
 from tests.unit.fake_vllm import FakeVllm
-from turnstream.urls_file import watch_urls_file, write_urls_file
+from turnstream.core.urls_file import watch_urls_file, write_urls_file
 
 DISK_SEQUENCE = ["pause?mode=keep&clear_cache=false", "collective_rpc", "update_weight_version", "resume"]
 NCCL_SEQUENCE = ["init_weight_transfer_engine", "pause?mode=keep&clear_cache=false", "start_weight_update",
@@ -241,8 +241,8 @@ async def test_nccl_failure_inside_the_collective_tears_the_group_down_and_resum
 
 
 def test_backend_from_config(tmp_path):
-    from learner.weight_sync import weight_sync_from_config
-    from turnstream.config import load_config
+    from turnstream.learner.weight_sync import weight_sync_from_config
+    from turnstream.core.config import load_config
 
     cfg = load_config(None, ["vllm.urls=['http://127.0.0.1:9']", f"model.path='{tmp_path}'"])
     sync = weight_sync_from_config(cfg, tmp_path / "weights")
@@ -262,8 +262,8 @@ def test_backend_from_config(tmp_path):
     (["learner.overlap_push=false"], False),
 ])
 def test_push_overlaps_training_only_where_it_is_safe(overrides, overlaps):
-    from learner.main import push_overlaps_training
-    from turnstream.config import load_config
+    from turnstream.learner.main import push_overlaps_training
+    from turnstream.core.config import load_config
 
     cfg = load_config(None, ["vllm.urls=['http://127.0.0.1:9']", *overrides])
     assert push_overlaps_training(cfg) is overlaps

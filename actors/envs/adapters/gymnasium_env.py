@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from actors.env import EnvError, Environment, Reset, Step
-from actors.envs.adapters.common import describe, library_errors, require
-from actors.envs.adapters.gymnasium_mappings import default_mapping_name, load_mapping
+from turnstream.actors.env import EnvError, Environment, Reset, Step
+from turnstream.actors.envs.adapters.common import describe, library_errors, require
+from turnstream.actors.envs.adapters.gymnasium_mappings import default_mapping_name, load_mapping
 
 LIBRARY, EXTRA = "gymnasium", "gymnasium"
 _DEFAULT_MAPPING: dict[str, str] = {}  # env id -> the built-in mapping its spaces call for

@@ -18,8 +18,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from actors.env import EnvError, Environment, Reset, Step
-from actors.envs.adapters.common import describe, library_errors, require
+from turnstream.actors.env import EnvError, Environment, Reset, Step
+from turnstream.actors.envs.adapters.common import describe, library_errors, require
 
 LIBRARY, EXTRA = "reasoning_gym", "reasoning-gym"
 TAGGED_INSTRUCTIONS = "Give only the final answer between <answer> and </answer>."

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from actors.env import Environment, Reset, Step
-from actors.envs.adapters.common import describe, library_errors, require
+from turnstream.actors.env import Environment, Reset, Step
+from turnstream.actors.envs.adapters.common import describe, library_errors, require
 
 LIBRARY, EXTRA = "textarena", "textarena"
 

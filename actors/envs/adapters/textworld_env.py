@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.env import EnvError, Environment, Reset, Step
-from actors.envs.adapters.common import describe, library_errors, require
-from actors.envs.adapters.textworld_games import challenge_settings, default_games_dir, game_for
-from actors.envs.adapters.textworld_process import GameProcess
+from turnstream.actors.env import EnvError, Environment, Reset, Step
+from turnstream.actors.envs.adapters.common import describe, library_errors, require
+from turnstream.actors.envs.adapters.textworld_games import challenge_settings, default_games_dir, game_for
+from turnstream.actors.envs.adapters.textworld_process import GameProcess
 
 LIBRARY, EXTRA = "textworld", "textworld"
 

@@ -19,8 +19,8 @@ import shutil
 import tempfile
 from multiprocessing.connection import Connection
 
-from actors.env import EnvError
-from actors.envs.adapters.common import LIBRARY_ERROR
+from turnstream.actors.env import EnvError
+from turnstream.actors.envs.adapters.common import LIBRARY_ERROR
 
 STATE_FIELDS = ("feedback", "admissible_commands", "objective", "description", "score", "max_score", "won", "lost")
 _CONTEXT = None

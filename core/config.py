@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from turnstream.configtools import ConfigError, check, dump_toml, from_dict, load_toml, to_dict
+from turnstream.core.configtools import ConfigError, check, dump_toml, from_dict, load_toml, to_dict
 
 
 def check_cpus(cpus: list[int], path: str) -> None:
@@ -94,7 +94,7 @@ class EnvSection:
     args: dict = field(default_factory=dict)  # passed to the environment's constructor
 
     def validate(self, path: str) -> None:
-        from actors.env import known_envs, make_env
+        from turnstream.actors.env import known_envs, make_env
 
         check(self.name in known_envs(), f"{path}.name",
               f"unknown environment {self.name!r}; known: {', '.join(known_envs())}")
@@ -139,14 +139,14 @@ class NetworkSection:
             check(0 <= port < 65536, f"{path}.{name}", f"must be a TCP port in 0..65535, got {port}")
         check(self.curve in ("off", "on", "auto"), f"{path}.curve", "must be off, on or auto")
         if self.curve_enabled:
-            from protocol.auth import keys_problem
+            from turnstream.protocol.auth import keys_problem
 
             problem = keys_problem(self.keys_dir)
             check(not problem, f"{path}.keys_dir", problem)
 
     @property
     def curve_enabled(self) -> bool:
-        from protocol.auth import curve_enabled
+        from turnstream.protocol.auth import curve_enabled
 
         # "auto" encrypts when any address a socket binds or connects to can leave the machine
         return any(curve_enabled(self.curve, h) for h in (self.listen_host, self.buffer_address, self.learner_address))
@@ -213,8 +213,8 @@ class BufferSection:
     cpus: list[int] = field(default_factory=list)  # CPU ids this role is pinned to (os affinity); empty: any
 
     def validate(self, path: str) -> None:
-        from buffer.ratelimit import limiter_problem
-        from buffer.warm_heap import MAX_RESERVE_BYTES
+        from turnstream.buffer.ratelimit import limiter_problem
+        from turnstream.buffer.warm_heap import MAX_RESERVE_BYTES
 
         check(self.batch_episodes >= 1, f"{path}.batch_episodes", "must be >= 1")
         check(self.eta >= 0, f"{path}.eta", "must be >= 0")
