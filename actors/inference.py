@@ -86,11 +86,3 @@ async def post_generate(session: aiohttp.ClientSession, url: str, token_ids: lis
     except InferenceError as exc:
         raise ServerFailure(str(exc)) from None  # a server answering garbage is treated as failing
 
-
-def __getattr__(name: str):
-    # `VllmClient` was the round-robin client; the fleet replaces it with the same constructor and generate().
-    if name == "VllmClient":
-        from turnstream.actors.fleet import InferenceFleet
-
-        return InferenceFleet
-    raise AttributeError(name)

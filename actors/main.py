@@ -18,7 +18,7 @@ async def serve(cfg: Config, actor_index: int) -> None:
     import zmq.asyncio
 
     from turnstream.actors.chat import ChatTokens
-    from turnstream.actors.env import make_env
+    from turnstream.actors.registry import make_env
     from turnstream.actors.envs.http_env import close_sessions
     from turnstream.actors.fleet import InferenceFleet
     from turnstream.actors.link import BufferLink

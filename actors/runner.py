@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from turnstream.actors.chat import ChatTokens
-from turnstream.actors.env import EnvError, Environment, Step
+from turnstream.actors.environment import EnvError, Environment, Step
 from turnstream.actors.inference import Generation, InferenceError
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.protocol.messages import TurnChunk

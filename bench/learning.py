@@ -25,6 +25,8 @@ import statistics
 import time
 from pathlib import Path
 
+from turnstream.plotting import pyplot
+
 from turnstream.bench.async_vs_sync import MAX_MODEL_LEN, reset_server, train_until
 
 log = logging.getLogger("turnstream.bench.learning")
@@ -125,9 +127,7 @@ def curve(steps: list[dict], window: int) -> list[list[float]]:
 
 def plot(records: list[dict], target: float, path: Path) -> Path:
     """One panel per task: every run's rolling success against episodes trained, one colour per estimator."""
-    from turnstream.report import _pyplot
-
-    plt = _pyplot()
+    plt = pyplot()
     tasks = list(dict.fromkeys(r["task"] for r in records))
     fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(6.5 * max(1, len(tasks)), 4.5), squeeze=False)
     colours = dict(zip(ESTIMATORS, plt.get_cmap("tab10").colors))

@@ -11,6 +11,8 @@ import json
 import statistics
 from pathlib import Path
 
+from turnstream.plotting import pyplot
+
 RECORDS = "records.jsonl"
 PLOT = "async_vs_sync.png"
 
@@ -53,9 +55,7 @@ def median_curve(curves: list[list[list[float]]], points: int = 200) -> tuple[li
 
 
 def plot(out_dir: str | Path) -> Path:
-    from turnstream.report import _pyplot
-
-    plt = _pyplot()
+    plt = pyplot()
     records = read_records(out_dir)
     envs = list(dict.fromkeys(r["env"] for r in records)) or ["(no records)"]
     fig, axes = plt.subplots(1, len(envs), figsize=(max(8.0, 6.5 * len(envs)), 4.8), squeeze=False, sharey=True)

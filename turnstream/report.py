@@ -11,6 +11,9 @@ import json
 import math
 from pathlib import Path
 
+from turnstream import bench_report
+from turnstream.plotting import pyplot
+
 REPORT_FILES = ("success.png", "staleness.png", "throughput.png", "losses.png", "weight_sync.png")
 LOSS_KEYS = ("policy_loss", "value_loss", "step_kl", "approx_kl", "entropy", "clip_fraction", "grad_norm",
              "is_weight_mean", "is_weight_truncated_fraction")
@@ -40,21 +43,12 @@ def rolling_success(steps: list[dict], window_episodes: int) -> float:
     return weighted / total if total else 0.0
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: the report runs on headless machines
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _start(steps: list[dict], t0: float | None) -> float:
     return t0 if t0 is not None else steps[0]["time"] - steps[0]["wall_s"]
 
 
 def plot_learning_curve(run_dir: str | Path, out: str | Path | None = None, t0: float | None = None) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     steps = read_steps(run_dir)
     out = Path(out or Path(run_dir) / "learning_curve.png")
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -116,7 +110,7 @@ def throughput(steps: list[dict], t0: float | None = None) -> list[tuple[float, 
 
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None, t0: float | None = None) -> list[Path]:
     """One PNG per topic in <run_dir>/report (or out_dir); returns their paths in REPORT_FILES order."""
-    plt = _pyplot()
+    plt = pyplot()
     steps = read_steps(run_dir)
     out_dir = Path(out_dir or Path(run_dir) / "report")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -202,8 +196,6 @@ def main(run_dir: str | Path) -> int:
 
     On the output directory of `turnstream bench async` (it holds records.jsonl): the success against
     wall-clock plot, one curve per eta, written next to the records."""
-    from turnstream import bench_report
-
     if (Path(run_dir) / bench_report.RECORDS).exists():
         print(bench_report.plot(run_dir))
         return 0

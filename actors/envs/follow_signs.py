@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 
-from turnstream.actors.env import Environment, Reset, Step, register
+from turnstream.actors.environment import Environment, Reset, Step, register
 
 
 @register("follow_signs")

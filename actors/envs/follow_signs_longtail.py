@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import random
 
-from turnstream.actors.env import Environment, Reset, Step, register
+from turnstream.actors.environment import Environment, Reset, Step, register
 
 
 def corridor_length(rng: random.Random, scale: float, alpha: float, cap: int) -> int:

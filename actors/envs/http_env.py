@@ -10,7 +10,7 @@ import weakref
 
 import aiohttp
 
-from turnstream.actors.env import EnvError, Environment, Reset, Step, register
+from turnstream.actors.environment import EnvError, Environment, Reset, Step, register
 
 # One connection pool per event loop, shared by every episode of the actor.
 _SESSIONS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]" = \

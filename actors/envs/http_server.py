@@ -12,7 +12,9 @@ from dataclasses import asdict
 
 from aiohttp import web
 
-from turnstream.actors.env import Environment, make_env
+from turnstream.actors.environment import Environment
+
+from turnstream.actors.registry import make_env
 
 
 def make_app(*, delay_s: float = 0.0, fail_every: int = 0, max_envs: int = 4096) -> web.Application:

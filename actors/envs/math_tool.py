@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import re
 
-from turnstream.actors.env import Environment, Reset, Step, register
+from turnstream.actors.environment import Environment, Reset, Step, register
 from turnstream.actors.envs.sandbox import evaluate
 
 _ANSWER = re.compile(r"answer\s*:?\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)

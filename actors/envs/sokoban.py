@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from collections import deque
 
-from turnstream.actors.env import Environment, Reset, Step, register
+from turnstream.actors.environment import Environment, Reset, Step, register
 
 MOVES = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
 Pos = tuple[int, int]

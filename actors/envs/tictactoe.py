@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from turnstream.actors.env import Environment, Reset, Step, register
+from turnstream.actors.environment import Environment, Reset, Step, register
 
 LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
 MARKS = "XO"

@@ -1,7 +1,7 @@
 """A trivial environment for throughput benchmarks: a fixed prompt, `turns` free-text turns, reward 0."""
 from __future__ import annotations
 
-from turnstream.actors.env import Environment, Reset, Step, register
+from turnstream.actors.environment import Environment, Reset, Step, register
 
 
 @register("trivial")

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from turnstream.actors.chat import ChatTokens
-from turnstream.actors.env import make_env
-from turnstream.actors.inference import VllmClient
+from turnstream.actors.registry import make_env
+from turnstream.actors.fleet import InferenceFleet
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.runner import EpisodeRunner, Sampling
 from turnstream.buffer.episodes import Episode, flatten
@@ -40,7 +40,7 @@ def _perturbed_state(model, seed: int) -> dict:
 
 async def _play(url, model_dir, env_name, n, temperature, max_new_tokens=16, env_args=None):
     link = CollectingLink()
-    async with VllmClient([url]) as client:
+    async with InferenceFleet([url]) as client:
         runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=lambda: make_env(env_name, **(env_args or {})),
                                chat=ChatTokens(model_dir), client=client, link=link,
                                sampling=Sampling(temperature, max_new_tokens, 512), metrics=ActorMetrics(), seed=3)
@@ -73,7 +73,7 @@ def test_exactness_with_allowed_token_mask(vllm_url, tiny_model):
 
 
 def test_exactness_full_vocabulary_multi_token(vllm_url, tiny_model):
-    from turnstream.actors.env import Environment, Reset, Step
+    from turnstream.actors.environment import Environment, Reset, Step
 
     class FreeText(Environment):
         max_action_tokens = 8
@@ -86,7 +86,7 @@ def test_exactness_full_vocabulary_multi_token(vllm_url, tiny_model):
 
     async def play():
         link = CollectingLink()
-        async with VllmClient([vllm_url]) as client:
+        async with InferenceFleet([vllm_url]) as client:
             runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=FreeText, chat=ChatTokens(tiny_model),
                                    client=client, link=link, sampling=Sampling(0.8, 8, 512),
                                    metrics=ActorMetrics(), seed=0)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from turnstream.actors.env import describe, known_envs, make_env
+from turnstream.actors.registry import describe, known_envs, make_env
 from turnstream.actors.envs.adapters.common import LibraryNotInstalled
 from turnstream.cli import main as cli_main
 from turnstream.core.config import load_config
@@ -48,11 +48,11 @@ def test_a_missing_library_is_listed_and_fails_clearly(name, monkeypatch, capsys
 def test_a_plugin_that_fails_to_load_does_not_break_the_listing(monkeypatch, capsys):
     from importlib.metadata import EntryPoint
 
-    from turnstream.actors import env as actor_env
+    from turnstream.actors import registry
 
-    real = actor_env._entry_points()
-    broken = EntryPoint("broken_plugin", "no_such_module_anywhere:Env", actor_env.ENTRY_POINT_GROUP)
-    monkeypatch.setattr(actor_env, "_entry_points", lambda: {**real, "broken_plugin": broken})
+    real = registry._entry_points()
+    broken = EntryPoint("broken_plugin", "no_such_module_anywhere:Env", registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "_entry_points", lambda: {**real, "broken_plugin": broken})
     assert cli_main(["envs"]) == 0
     out = capsys.readouterr().out
     assert "failed to load" in next(line for line in out.splitlines() if line.startswith("broken_plugin"))

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import Iterator
 
-from turnstream.actors.env import EnvError
+from turnstream.actors.environment import EnvError
 
 # `turnstream_actor_env_errors_total{kind}` label for an exception raised inside library code
 LIBRARY_ERROR = "library"

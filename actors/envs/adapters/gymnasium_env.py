@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from turnstream.actors.env import EnvError, Environment, Reset, Step
+from turnstream.actors.environment import EnvError, Environment, Reset, Step
 from turnstream.actors.envs.adapters.common import describe, library_errors, require
 from turnstream.actors.envs.adapters.gymnasium_mappings import default_mapping_name, load_mapping
 

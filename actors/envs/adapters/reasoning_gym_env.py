@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from turnstream.actors.env import EnvError, Environment, Reset, Step
+from turnstream.actors.environment import EnvError, Environment, Reset, Step
 from turnstream.actors.envs.adapters.common import describe, library_errors, require
 
 LIBRARY, EXTRA = "reasoning_gym", "reasoning-gym"

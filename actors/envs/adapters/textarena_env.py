@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from turnstream.actors.env import Environment, Reset, Step
+from turnstream.actors.environment import Environment, Reset, Step
 from turnstream.actors.envs.adapters.common import describe, library_errors, require
 
 LIBRARY, EXTRA = "textarena", "textarena"

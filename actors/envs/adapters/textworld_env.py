@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from turnstream.actors.env import EnvError, Environment, Reset, Step
+from turnstream.actors.environment import EnvError, Environment, Reset, Step
 from turnstream.actors.envs.adapters.common import describe, library_errors, require
 from turnstream.actors.envs.adapters.textworld_games import challenge_settings, default_games_dir, game_for
 from turnstream.actors.envs.adapters.textworld_process import GameProcess

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from multiprocessing.connection import Connection
 
-from turnstream.actors.env import EnvError
+from turnstream.actors.environment import EnvError
 from turnstream.actors.envs.adapters.common import LIBRARY_ERROR
 
 STATE_FIELDS = ("feedback", "admissible_commands", "objective", "description", "score", "max_score", "won", "lost")

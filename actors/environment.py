@@ -1,0 +1,71 @@
+"""The environment interface, and `@register` for the environments shipped in actors/envs/.
+
+An environment speaks text; the actor owns tokenisation so that the conversation's token ids are
+built incrementally and never re-tokenised. `action_tokens`, when set, restricts sampling to those
+tokens (vLLM `allowed_token_ids`); the learner applies the same mask.
+
+Several agents: an environment with `num_agents > 1` says in every `Reset`/`Step` which agent acts next
+(`agent`) and may hand rewards to any agent (`rewards`). Each agent keeps its own conversation, so the
+runner streams one token stream per agent (agent id on every chunk); all agents sample from the same
+policy server fleet (a shared policy).
+
+Names are looked up in actors/registry.py (these built-ins, then the entry points of other packages).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass
+class Reset:
+    observation: str
+    prompt_key: str  # identifies the task instance for per-prompt baselines (SPO) and grouping
+    agent: int = 0  # who acts first
+
+
+@dataclass
+class Step:
+    observation: str  # what the next acting agent (`agent`) sees
+    reward: float  # reward for the agent that just acted
+    done: bool
+    truncated: bool = False  # ended by a limit, not by the task (a time limit, a turn budget)
+    info: dict | None = None
+    agent: int | None = None  # who acts next; None: the same agent again
+    rewards: dict[int, float] | None = None  # rewards for other agents too (e.g. the loser of a game)
+
+
+class Environment:
+    """One episode at a time; create one instance per concurrent episode."""
+
+    action_tokens: list[str] | None = None  # restrict sampling to these single-token strings
+    max_action_tokens: int = 16
+    num_agents: int = 1
+
+    async def reset(self, seed: int) -> Reset:
+        raise NotImplementedError
+
+    async def step(self, action: str) -> Step:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        return None
+
+
+class EnvError(RuntimeError):
+    """An environment failed in a way that abandons the episode but not the actor (e.g. its server died)."""
+
+    def __init__(self, message: str, kind: str = "error"):
+        super().__init__(message)
+        self.kind = kind  # metric label: timeout, http_status, malformed, connection, ...
+
+
+REGISTERED: dict[str, Callable[..., Environment]] = {}
+
+
+def register(name: str):
+    def deco(factory):
+        REGISTERED[name] = factory
+        return factory
+
+    return deco
