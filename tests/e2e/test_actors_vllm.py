@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from turnstream.actors.chat import ChatTokens
-from turnstream.actors.env import Environment, Reset, Step, make_env
+from turnstream.actors.environment import Environment, Reset, Step
+from turnstream.actors.registry import make_env
 from turnstream.actors.fleet import InferenceFleet
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.runner import EpisodeRunner, Sampling

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from turnstream.actors.chat import ChatTokens
-from turnstream.actors.env import known_envs, make_env
+from turnstream.actors.registry import known_envs, make_env
 from turnstream.actors.inference import InferenceError, parse_generation, parse_version
 
 

@@ -6,7 +6,8 @@ import asyncio
 import numpy as np
 
 from turnstream.actors.chat import ChatTokens
-from turnstream.actors.env import EnvError, Environment, Reset, Step, make_env
+from turnstream.actors.environment import EnvError, Environment, Reset, Step
+from turnstream.actors.registry import make_env
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.runner import EpisodeRunner, Sampling
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams

@@ -8,7 +8,8 @@ import pytest
 from gymnasium import spaces
 
 from turnstream.actors.chat import ChatTokens
-from turnstream.actors.env import EnvError, make_env
+from turnstream.actors.environment import EnvError
+from turnstream.actors.registry import make_env
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.runner import EpisodeRunner, Sampling
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams

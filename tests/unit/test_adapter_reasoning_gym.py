@@ -8,7 +8,8 @@ import pytest
 
 import reasoning_gym
 from turnstream.actors.chat import ChatTokens
-from turnstream.actors.env import EnvError, make_env
+from turnstream.actors.environment import EnvError
+from turnstream.actors.registry import make_env
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.runner import EpisodeRunner, Sampling
 from reasoning_gym.dataset import ProceduralDataset

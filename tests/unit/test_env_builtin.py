@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from turnstream.actors.env import known_envs, make_env
+from turnstream.actors.registry import known_envs, make_env
 from turnstream.actors.envs import sokoban
 from turnstream.actors.envs.math_tool import parse_action
 from turnstream.actors.envs.sandbox import evaluate
@@ -178,7 +178,7 @@ def test_builtin_envs_registered():
 def test_entry_point_environment_from_a_user_package(tmp_path, monkeypatch):
     """A package installed with an entry point in group turnstream.environments is found by name."""
     (tmp_path / "my_user_envs.py").write_text(textwrap.dedent('''
-        from turnstream.actors.env import Environment, Reset, Step
+        from turnstream.actors.environment import Environment, Reset, Step
 
         class Echo(Environment):
             def __init__(self, word="hi"):

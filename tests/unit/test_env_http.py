@@ -10,7 +10,8 @@ import pytest
 from aiohttp import web
 
 from turnstream.actors.chat import ChatTokens
-from turnstream.actors.env import EnvError, make_env
+from turnstream.actors.environment import EnvError
+from turnstream.actors.registry import make_env
 from turnstream.actors.envs.http_env import close_sessions
 from turnstream.actors.envs.http_server import make_app
 from turnstream.actors.metrics import ActorMetrics

@@ -8,7 +8,7 @@ import zmq
 import zmq.asyncio
 
 from turnstream.actors.chat import ChatTokens
-from turnstream.actors.env import make_env
+from turnstream.actors.registry import make_env
 from turnstream.actors.inference import InferenceError
 from turnstream.actors.link import BufferLink
 from turnstream.actors.metrics import ActorMetrics
