@@ -94,7 +94,7 @@ class EnvSection:
     args: dict = field(default_factory=dict)  # passed to the environment's constructor
 
     def validate(self, path: str) -> None:
-        from turnstream.actors.env import known_envs, make_env
+        from turnstream.actors.registry import known_envs, make_env
 
         check(self.name in known_envs(), f"{path}.name",
               f"unknown environment {self.name!r}; known: {', '.join(known_envs())}")

@@ -79,7 +79,7 @@ def _dispatch(args) -> int:
 
         return keygen_main(args.dir)
     if args.command == "envs":
-        from turnstream.actors.env import describe, known_envs
+        from turnstream.actors.registry import describe, known_envs
 
         names = known_envs()
         width = max(map(len, names), default=0)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from turnstream.actors.env import Environment, register
+from turnstream.actors.environment import Environment, register
 
 from turnstream.core.config import (BufferSection, Config, ConfigError, LearnerSection, SpoSection, load_config)
 from turnstream.core.configtools import dump_toml, from_dict, to_dict
