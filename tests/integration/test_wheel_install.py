@@ -1,0 +1,81 @@
+"""The project as users install it: a wheel in a fresh virtual environment, used from outside the checkout.
+
+The fresh environment borrows only the dependencies (torch, vllm, pyzmq, ...) from the test environment's
+site-packages through a path file; a plain path entry does not run that directory's own path files, so the
+checkout's editable install is invisible there and every `turnstream` import comes from the wheel.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLES = ("actors", "buffer", "learner", "protocol", "core", "bench")
+
+IMPORT_EVERYTHING = r"""
+import importlib, json, pkgutil, sys
+import turnstream
+names = [m.name for m in pkgutil.walk_packages(turnstream.__path__, "turnstream.")]
+for name in names:
+    importlib.import_module(name)
+shadowed = []
+for bare in sys.argv[1].split(","):
+    try:
+        importlib.import_module(bare)
+        shadowed.append(bare)
+    except ImportError:
+        pass
+from turnstream.bench.learner_mfu import CONFIG_DIR
+print(json.dumps({"file": turnstream.__file__, "modules": names, "shadowed": shadowed,
+                  "model_configs": sorted(p.name for p in CONFIG_DIR.glob("*.json"))}))
+"""
+
+
+def run(argv: list, cwd: Path) -> str:
+    done = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{argv[:4]} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> tuple[Path, Path]:
+    """(the fresh environment's python, a working directory outside the checkout)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp / "dist",
+         ROOT], cwd=tmp)
+    (wheel,) = (tmp / "dist").glob("turnstream-*.whl")
+    env_dir = tmp / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    site = Path(run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp).strip())
+    (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "-q", wheel], cwd=tmp)
+    work = tmp / "elsewhere"
+    work.mkdir()
+    return python, work
+
+
+def test_every_module_imports_from_the_wheel_under_one_name(installed):
+    python, work = installed
+    report = json.loads(run([python, "-c", IMPORT_EVERYTHING, ",".join(ROLES)], cwd=work).splitlines()[-1])
+    assert not Path(report["file"]).is_relative_to(ROOT), "turnstream was imported from the checkout"
+    for role in ROLES:
+        assert f"turnstream.{role}" in report["modules"]
+    assert {"turnstream.learner.trainer", "turnstream.buffer.store", "turnstream.actors.registry",
+            "turnstream.actors.envs.adapters.textarena_env", "turnstream.core.config"} <= set(report["modules"])
+    assert report["shadowed"] == [], "bare top-level packages must not be installed"
+    assert "tiny.json" in report["model_configs"]  # package data travels with the wheel
+
+
+def test_the_installed_cli_lists_shipped_and_plugin_environments(installed):
+    python, work = installed
+    out = run([python.parent / "turnstream", "envs"], cwd=work)
+    names = {line.split()[0] for line in out.splitlines() if line.strip()}
+    assert {"follow_signs", "goal_walk", "tictactoe"} <= names  # shipped
+    assert {"textarena", "textworld", "reasoning_gym", "gymnasium"} <= names  # entry points of the wheel
