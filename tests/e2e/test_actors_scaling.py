@@ -2,7 +2,7 @@
 stopped actor's unfinished episodes expire in the buffer (counted as abandoned).
 
 Which episodes the buffer holds open for an actor is read from the buffer's audit trail
-(turnstream/audit.py): an actor waiting for credit may hold none, and killing it then would test nothing."""
+(core/audit.py): an actor waiting for credit may hold none, and killing it then would test nothing."""
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,4 @@
-"""Joins the buffer's and the learner's audit lines (turnstream/audit.py) into the fault suite's checks.
+"""Joins the buffer's and the learner's audit lines (core/audit.py) into the fault suite's checks.
 
 buffer.jsonl: {"start"} per buffer process, {"ack": ok|duplicate, "key": [actor, epoch, seq], "ep", "turn",
 "done", "tokens"} per acked chunk, {"served": [ids]} per batch, {"dropped": [ids], "reason"}.

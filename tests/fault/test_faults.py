@@ -38,7 +38,7 @@ def stack(tmp_path_factory, tiny_model, vllm_url):
     cfg = fault_config(tmp / "run", tiny_model, vllm_url, f"http://127.0.0.1:{proxy_port}")
     try:
         with pytest.MonkeyPatch.context() as env:
-            env.setenv("TURNSTREAM_AUDIT", "1")  # every role writes its audit lines (turnstream/audit.py)
+            env.setenv("TURNSTREAM_AUDIT", "1")  # every role writes its audit lines (core/audit.py)
             local = LocalStack(cfg)
             proxy = start_proxy(local.procs, proxy_port, vllm_url)
             with local:

@@ -7,7 +7,7 @@ from turnstream.buffer.metrics import BufferMetrics
 from tests.unit.test_store import ID, chunk, make_store, metric
 
 BOUNDED_LABELS = {"outcome", "reason", "event", "state"}
-BUILD_INFO = "turnstream_build_info"  # every role's shared gauge (turnstream/build_info.py)
+BUILD_INFO = "turnstream_build_info"  # every role's shared gauge (core/build_info.py)
 
 
 def test_names_units_and_labels_follow_prometheus_conventions():
