@@ -88,9 +88,11 @@ def main(argv: list[str]) -> int:
     args = _parse(argv)
     from turnstream.actors.chat import ChatTokens
     from turnstream.core.config import Config, VllmSection
+    from turnstream.preflight import ensure_model
     from turnstream.processes import ProcessGroup, free_port, tail
     from turnstream.vllm_server import start_vllm_server
 
+    ensure_model(args.model)  # the actor reads its tokenizer even when --url names a running server
     out = Path(args.out)
     shutil.rmtree(out / "buffer-wal", ignore_errors=True)  # a replayed log from an earlier run is not this run
     out.mkdir(parents=True, exist_ok=True)

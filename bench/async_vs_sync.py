@@ -238,7 +238,7 @@ def grid(args) -> list[tuple[str, int, int]]:
 def main(argv: list[str]) -> int:
     args = _parse(argv)
     from turnstream.core.config import Config, VllmSection
-    from turnstream.launcher import ensure_model
+    from turnstream.preflight import ensure_model
     from turnstream.processes import ProcessGroup
     from turnstream.vllm_server import start_vllm_server
 
@@ -247,7 +247,7 @@ def main(argv: list[str]) -> int:
     runs = grid(args)
     cfg = Config()
     cfg.model.path = args.model
-    ensure_model(cfg)
+    ensure_model(cfg.model.path)
     records_path = out / "records.jsonl"
     records_path.write_text("")
     (out / "grid.json").write_text(json.dumps(vars(args), indent=1) + "\n")

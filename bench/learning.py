@@ -176,7 +176,7 @@ def format_table(summary: dict) -> str:
 def main(argv: list[str]) -> int:
     args = _parse(argv)
     from turnstream.core.config import Config, VllmSection
-    from turnstream.launcher import ensure_model
+    from turnstream.preflight import ensure_model
     from turnstream.processes import ProcessGroup
     from turnstream.vllm_server import start_vllm_server
 
@@ -188,7 +188,7 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cfg = Config()
     cfg.model.path = args.model
-    ensure_model(cfg)
+    ensure_model(cfg.model.path)
     records_path = out / "records.jsonl"
     records_path.write_text("")
     procs = ProcessGroup(out)

@@ -1,75 +1,81 @@
-"""Load nested dataclasses from TOML with strict validation and one-line error messages."""
+"""What pydantic does not do for the config: TOML in and out, `--set` overrides, one-line errors.
+
+A rule that spans fields raises `FieldProblem` from a section's model validator (core/config_fields.py),
+so that its message names the field to fix rather than the section.
+"""
 from __future__ import annotations
 
-import dataclasses
 import json
 import tomllib
-import typing
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ValidationError
 
 
 class ConfigError(ValueError):
     """A configuration problem; str() is one line naming the field and what to fix."""
 
 
-def check(cond: bool, path: str, message: str) -> None:
+class FieldProblem(ValueError):
+    """Raised inside a section's validator: `field` of that section is wrong."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def require(cond: bool, field: str, message: str) -> None:
     if not cond:
-        raise ConfigError(f"{path}: {message}")
+        raise FieldProblem(field, message)
 
 
-def from_dict(cls, data: dict, path: str = ""):
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path or 'config'}: expected a table, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in names:
-            raise ConfigError(f"{_join(path, key)}: unknown field (known: {', '.join(sorted(names))})")
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            kwargs[f.name] = _coerce(hints[f.name], data[f.name], _join(path, f.name))
-    obj = cls(**kwargs)
-    validate = getattr(obj, "validate", None)
-    if validate is not None:
-        validate(path)
-    return obj
+def from_dict(cls: type[BaseModel], data: Any, path: str = ""):
+    """`cls` validated from plain data (a TOML table), or a one-line ConfigError under `path`."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc.errors()[0], data, path)) from None
+
+
+# pydantic's wording where it does not say what to write instead
+_MESSAGES = {
+    "model_type": "expected a table",
+    "model_attributes_type": "expected a table",
+    "union_tag_not_found": "needs a {discriminator} key",
+    "missing": "required",
+}
+
+
+def _one_line(error: dict, data: Any, path: str) -> str:
+    where = _dotted(error["loc"], data, path, missing=error["type"] == "missing")
+    cause = error.get("ctx", {}).get("error")
+    if isinstance(cause, FieldProblem):
+        return f"{_join(where, cause.field)}: {cause}"
+    if isinstance(cause, ValueError):
+        return f"{where or 'config'}: {cause}"
+    message = _MESSAGES.get(error["type"], error["msg"]).format(**error.get("ctx", {}))
+    got = "" if error["type"] == "missing" else f" (got {error['input']!r})"
+    return f"{where or 'config'}: {message}{got}"
+
+
+def _dotted(loc: tuple, data: Any, path: str, missing: bool) -> str:
+    """`vllm.urls[0]` for ('vllm', 'urls', 0). A tagged union adds its tag to pydantic's location
+    (('vllm', 'weight_sync', 'nccl', 'master_port')); a tag is no key of the input, so it is skipped. Only a
+    missing field is named that the input lacks."""
+    where = path
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            where += f"[{part}]"
+            data = data[part] if isinstance(data, list) and part < len(data) else None
+        elif not isinstance(data, dict) or part in data or (missing and i == len(loc) - 1):
+            where = _join(where, part)
+            data = data.get(part) if isinstance(data, dict) else None
+    return where
 
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
-
-
-def _coerce(tp, value: Any, path: str):
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, path)
-    if tp is bool:
-        check(isinstance(value, bool), path, f"expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        check(isinstance(value, int) and not isinstance(value, bool), path, f"expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        check(isinstance(value, (int, float)) and not isinstance(value, bool), path,
-              f"expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        check(isinstance(value, str), path, f"expected a string, got {value!r}")
-        return value
-    if origin is list:
-        check(isinstance(value, list), path, f"expected a list, got {value!r}")
-        (item,) = typing.get_args(tp)
-        return [_coerce(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
-    if tp is dict or origin is dict:
-        check(isinstance(value, dict), path, f"expected a table, got {value!r}")
-        return dict(value)
-    if origin is typing.Literal:
-        allowed = typing.get_args(tp)
-        check(value in allowed, path, f"must be one of {', '.join(map(_toml_value, allowed))}, got {value!r}")
-        return value
-    raise ConfigError(f"{path}: unsupported type {tp}")
 
 
 def load_toml(path: str | Path) -> dict:
@@ -82,8 +88,22 @@ def load_toml(path: str | Path) -> dict:
         raise ConfigError(f"{path}: invalid TOML ({exc})") from None
 
 
-def to_dict(obj) -> dict:
-    return dataclasses.asdict(obj)
+def apply_override(data: dict, item: str) -> None:
+    """`section.key=value`, value parsed as TOML (so strings need quotes unless they are bare words)."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item}: expected section.key=value")
+    key, raw = item.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word such as spo or a path
+    parts = key.strip().split(".")
+    node = data
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {item}: {p} is not a table")
+    node[parts[-1]] = value
 
 
 def dump_toml(data: dict) -> str:

@@ -125,7 +125,7 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
     from turnstream.learner.distributed import broadcast
     from turnstream.learner.metrics import LearnerMetrics
     from turnstream.learner.trainer import NothingToTrain
-    from turnstream.learner.weight_sync import WeightSyncError, make_weight_sync
+    from turnstream.learner.weight_sync import WeightSyncError, weight_sync_from_config
     from turnstream.protocol.auth import (count_refusals, keys_for, make_server, refusal_counter, refusal_monitor,
                                start_authenticator)
     from turnstream.protocol.codec import encode
@@ -138,9 +138,7 @@ async def _serve(cfg: Config, model, trainer, world: int) -> None:
     metrics = LearnerMetrics()
     run_dir = Path(cfg.run.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    sync = make_weight_sync(cfg.vllm.weight_sync, cfg.vllm.urls, weights_dir=lc.weights_dir or run_dir / "weights",
-                            model_dir=cfg.model.path, keep=lc.keep_weight_versions,
-                            master_address=cfg.vllm.nccl_master_address, master_port=cfg.vllm.nccl_master_port)
+    sync = weight_sync_from_config(cfg, run_dir / "weights")
     push_dtype = served_dtype(cfg.vllm.dtype, cfg.model.path)  # master weights stay fp32; pushes are cast
     # The servers may hold other weights (a checkpoint we resumed past, an earlier run on a shared server):
     # give them ours before announcing, so version labels always name the weights that sampled.
@@ -252,7 +250,7 @@ def push_overlaps_training(cfg: Config) -> bool:
     parameters, which the next step changes), and only in asynchronous mode: with eta = 0 the synchronous
     baseline is generate, train, push, repeat, and every episode of a batch must come from the newest weights."""
     if cfg.learner.overlap_push == "auto":
-        return cfg.vllm.weight_sync == "disk" and cfg.buffer.eta >= 1
+        return cfg.vllm.weight_sync.backend == "disk" and cfg.buffer.eta >= 1
     return bool(cfg.learner.overlap_push)
 
 

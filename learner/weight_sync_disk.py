@@ -10,7 +10,7 @@ from pathlib import Path
 
 import aiohttp
 
-from turnstream.learner.weight_sync import WeightSync, post
+from turnstream.learner.weight_sync_base import WeightSync, post
 
 MODEL_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                     "chat_template.jinja", "special_tokens_map.json")

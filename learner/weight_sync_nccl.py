@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from turnstream.learner.weight_sync import WeightSync, WeightSyncError, _healthy, get, post
+from turnstream.learner.weight_sync_base import WeightSync, WeightSyncError, get, healthy, post
 
 log = logging.getLogger("turnstream.learner")
 
@@ -124,7 +124,7 @@ class NcclWeightSync(WeightSync):
 
     async def _push_all(self, session, urls: list[str], payload: NcclPayload, version: int) -> dict[str, str]:
         # A collective: every server that answers takes part, whatever subset the caller asked for.
-        alive_flags = await asyncio.gather(*(_healthy(session, u) for u in self.urls))
+        alive_flags = await asyncio.gather(*(healthy(session, u) for u in self.urls))
         alive = [u for u, ok in zip(self.urls, alive_flags) if ok]
         failed = {u: "not answering /health" for u, ok in zip(self.urls, alive_flags) if not ok}
         if not alive:

@@ -13,7 +13,6 @@ Key directory layout (`turnstream keygen DIR` writes it):
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,20 +27,6 @@ SERVER_PUBLIC = "server.key"
 SERVER_SECRET = "server.key_secret"
 CLIENT_SECRET = "client.key_secret"
 ALLOWED_DIR = "allowed_clients"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name or a wildcard such as 0.0.0.0 / *: traffic may leave the machine
-
-
-def curve_enabled(mode: str, host: str) -> bool:
-    """"auto" encrypts exactly when traffic can leave the machine."""
-    return mode == "on" or (mode == "auto" and not is_loopback(host))
 
 
 def keys_problem(keys_dir: str) -> str:

@@ -19,6 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p, required=False)
     p = sub.add_parser("up", help="start vLLM, buffer, learner and actors locally")
     _config_args(p)
+    p = sub.add_parser("check", help="validate a config (and its pre-flight checks) without starting anything; "
+                       "prints the resolved config")
+    _config_args(p)
     for role in ("buffer", "learner"):
         _config_args(sub.add_parser(role, help=f"run the {role} process"))
     p = sub.add_parser("actor", help="run one actor process")
@@ -87,14 +90,20 @@ def _dispatch(args) -> int:
         return 0
 
     from turnstream.core.config import load_config
+    from turnstream.preflight import check_models, preflight
 
+    overrides = args.set
+    if args.command == "demo" and not args.config:  # the built-in defaults, named as a demo run
+        overrides = ["run.name=demo", "run.run_dir=runs/demo", *overrides]
+    cfg = preflight(load_config(args.config, overrides))
+    if args.command == "check":
+        check_models(cfg)
+        print(cfg.dumps(), end="")
+        return 0
     if args.command == "demo":
-        cfg = load_config(args.config, ["run.name=demo", "run.run_dir=runs/demo", *args.set]
-                          if not args.config else args.set)
         from turnstream.demo import main as demo_main
 
         return demo_main(cfg)
-    cfg = load_config(args.config, args.set)
     if args.command == "up":
         from turnstream.launcher import up
 

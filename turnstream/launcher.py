@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 
 from turnstream.core.config import Config
-from turnstream.launcher_metrics import LauncherMetrics, MetricsThread
-from turnstream.processes import ProcessGroup, free_port, free_port_block, tail
 from turnstream.core.urls_file import write_urls_file
+from turnstream.launcher_metrics import LauncherMetrics, MetricsThread
+from turnstream.preflight import ensure_models, preflight
+from turnstream.processes import ProcessGroup, free_port, free_port_block, tail
 from turnstream.vllm_server import vllm_command, wait_healthy
 
 log = logging.getLogger("turnstream.launcher")
@@ -45,18 +46,6 @@ def resolve(cfg: Config) -> Config:
     cfg.run.run_dir = str(Path(cfg.run.run_dir).resolve())
     cfg.model.path = str(Path(cfg.model.path).resolve())
     return cfg
-
-
-def ensure_model(cfg: Config) -> None:
-    path = Path(cfg.model.path)
-    if (path / "config.json").exists():
-        return
-    if not cfg.model.build_tiny_if_missing:
-        raise FileNotFoundError(f"model.path {path} holds no checkpoint (config.json)")
-    from turnstream.tiny_model import make_tiny_model
-
-    log.info("building the tiny model into %s", path)
-    make_tiny_model(path, seed=cfg.model.tiny_seed)
 
 
 def scrape_host(host: str) -> str:
@@ -97,7 +86,8 @@ class LocalStack:
     """
 
     def __init__(self, cfg: Config, metrics_port: int = 0):
-        self.cfg = resolve(cfg)
+        self.cfg = resolve(preflight(cfg))
+        ensure_models(self.cfg)  # before anything starts: a missing checkpoint is a one-line config error
         self.run_dir = Path(self.cfg.run.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.procs = ProcessGroup(self.run_dir)
@@ -110,7 +100,6 @@ class LocalStack:
         try:
             self.metrics_port = self._http.start()
             log.info("launcher metrics on port %d", self.metrics_port)
-            ensure_model(self.cfg)
             self._start_vllm()
             config_path = self.run_dir / "config.resolved.toml"
             config_path.write_text(self.cfg.dumps())

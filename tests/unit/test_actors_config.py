@@ -9,6 +9,7 @@ import pytest
 from turnstream.actors.fleet import InferenceFleet
 from turnstream.core.urls_file import read_urls_file, watch_urls_file
 from turnstream.core.config import ConfigError, load_config
+from turnstream.preflight import preflight
 from tests.unit.fake_vllm import FakeVllm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,14 +25,14 @@ def test_shipped_configs_load(name):
     ("vllm.retries=-1", "vllm.retries"),
     ("vllm.health_interval_s=0", "vllm.health_interval_s"),
     ("vllm.urls=['localhost:8000']", "vllm.urls"),
-    ("vllm.weight_sync=nccl", "vllm.nccl_master_address"),
+    ("vllm.weight_sync.backend=nccl", "vllm.weight_sync.master_address"),
     ("actor.max_turns=-2", "actor.max_turns"),
     ("env.args={size=2}", "env.args"),
 ])
 def test_bad_values_name_the_field(override, field):
     overrides = [override] + (["env.name=sokoban"] if override.startswith("env.args") else [])
     with pytest.raises(ConfigError) as info:
-        load_config(None, overrides)
+        preflight(load_config(None, overrides))
     msg = str(info.value)
     assert "\n" not in msg and field in msg
 

@@ -1,4 +1,4 @@
-"""CURVE helpers, key generation and the network.curve / network.keys_dir validation (no sockets)."""
+"""CURVE helpers, key generation and the network.curve / network.keys_dir checks (no sockets)."""
 from __future__ import annotations
 
 import stat
@@ -9,8 +9,10 @@ import zmq.auth
 from turnstream.protocol import auth
 from turnstream.cli import main as cli_main
 from turnstream.core.config import load_config
+from turnstream.core.config_network import curve_enabled, is_loopback
 from turnstream.core.configtools import ConfigError
 from turnstream.keygen import main as keygen
+from turnstream.preflight import preflight
 
 
 def test_keygen_writes_both_pairs_and_the_allow_list(tmp_path):
@@ -39,9 +41,9 @@ def test_keygen_subcommand(tmp_path):
                                             ("localhost", True), ("0.0.0.0", False), ("10.0.0.3", False),
                                             ("buffer.svc", False), ("*", False)])
 def test_loopback_detection(host, loopback):
-    assert auth.is_loopback(host) is loopback
-    assert auth.curve_enabled("auto", host) is (not loopback)
-    assert auth.curve_enabled("on", host) and not auth.curve_enabled("off", host)
+    assert is_loopback(host) is loopback
+    assert curve_enabled("auto", host) is (not loopback)
+    assert curve_enabled("on", host) and not curve_enabled("off", host)
 
 
 def test_defaults_keep_loopback_runs_plaintext():
@@ -59,7 +61,7 @@ def test_defaults_keep_loopback_runs_plaintext():
 ])
 def test_curve_without_keys_is_a_one_line_error(overrides):
     with pytest.raises(ConfigError) as err:
-        load_config(None, overrides)
+        preflight(load_config(None, overrides))
     message = str(err.value)
     assert message.startswith("network.keys_dir: ") and "\n" not in message
 
@@ -68,7 +70,7 @@ def test_missing_client_secret_is_named(tmp_path):
     keygen(tmp_path)
     (tmp_path / "client.key_secret").unlink()
     with pytest.raises(ConfigError, match=r"^network\.keys_dir: .*client\.key_secret"):
-        load_config(None, ["network.curve=on", f"network.keys_dir='{tmp_path}'"])
+        preflight(load_config(None, ["network.curve=on", f"network.keys_dir='{tmp_path}'"]))
 
 
 def test_a_client_only_directory_loads_but_cannot_serve(tmp_path):
@@ -79,7 +81,7 @@ def test_a_client_only_directory_loads_but_cannot_serve(tmp_path):
     actor.mkdir()
     for name in ("server.key", "client.key_secret"):
         (actor / name).write_bytes((full / name).read_bytes())
-    cfg = load_config(None, ["network.curve=on", f"network.keys_dir='{actor}'"])
+    cfg = preflight(load_config(None, ["network.curve=on", f"network.keys_dir='{actor}'"]))
     keys = auth.keys_for(cfg.network)
     assert keys is not None
     ctx = zmq.Context()

@@ -8,6 +8,7 @@ import pytest
 
 from turnstream.buffer.ratelimit import BlockedClock, Cancelled, Gate, RateLimiter, limiter_problem
 from turnstream.core.config import ConfigError, load_config
+from turnstream.preflight import preflight
 from tests.unit.test_store import ID, chunk, make_store, metric
 
 
@@ -161,7 +162,7 @@ def test_working_limiter_config_passes():
 ])
 def test_config_load_refuses_bad_buffer_settings_in_one_line(override, field):
     with pytest.raises(ConfigError) as info:
-        load_config(None, [override])
+        preflight(load_config(None, [override]))
     message = str(info.value)
     assert message.startswith(field) and "\n" not in message
 

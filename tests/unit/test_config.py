@@ -1,4 +1,5 @@
-"""turnstream.core.config / configtools / cli: strict loading, one-line errors naming the field, light CLI imports."""
+"""turnstream.core.config / configtools / preflight / cli: strict loading, one-line errors naming the field,
+`turnstream check`, the model.path check, light CLI imports."""
 from __future__ import annotations
 
 import subprocess
@@ -10,8 +11,11 @@ import pytest
 
 from turnstream.actors.environment import Environment, register
 
-from turnstream.core.config import (BufferSection, Config, ConfigError, LearnerSection, SpoSection, load_config)
-from turnstream.core.configtools import dump_toml, from_dict, to_dict
+from turnstream.core.config import (TINY_MODEL_PATH, BufferSection, Config, ConfigError, LearnerSection, SpoSection,
+                                    load_config)
+from turnstream.core.config_fields import Section
+from turnstream.core.configtools import dump_toml, from_dict
+from turnstream.preflight import ensure_model, preflight
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,13 +30,30 @@ def config_error(overrides=None, path=None) -> str:
 
 # ---- loading -----------------------------------------------------------------------------------------
 
-def test_defaults_load_and_validate():
+def test_defaults_load_and_pass_the_preflight():
     cfg = load_config()
     assert cfg == Config()
-    for section in ("run", "vllm", "network", "actor", "buffer", "learner"):
-        getattr(cfg, section).validate(section)  # must not raise
+    assert preflight(cfg) is cfg
     assert cfg.buffer.max_staleness >= cfg.buffer.eta
     assert cfg.learner.spo == SpoSection()
+
+
+def test_spo_defaults_are_pinned():
+    """The live SPO defaults: every spo run learns with them, so changing one must be deliberate."""
+    assert LearnerSection().spo.model_dump() == {
+        "rho_min": 0.875, "rho_max": 0.96, "d_half": 0.06, "normalize": "token", "sampling_epsilon": 0.05,
+        "drift": "proximal"}
+
+
+def test_every_field_has_a_description():
+    def leaves(model, prefix):
+        for name, field in model.model_fields.items():
+            if isinstance(field.annotation, type) and issubclass(field.annotation, Section):
+                yield from leaves(field.annotation, f"{prefix}{name}.")
+            else:
+                yield prefix + name, field
+
+    assert not [name for name, field in leaves(Config, "") if not field.description]
 
 
 def test_empty_file_gives_defaults(tmp_path):
@@ -50,7 +71,7 @@ def test_override_integer():
 def test_overrides_of_every_kind():
     cfg = load_config(None, [
         "learner.lr=1e-4", "learner.max_grad_norm=2", "learner.spo.normalize=sequence", 'run.name="my run"',
-        "vllm.urls=['http://h:1', 'http://h:2']", "model.build_tiny_if_missing=false", "env.args.size=7", "env.name=test_free_args",
+        "vllm.urls=['http://h:1', 'http://h:2']", "learner.resume=false", "env.args.size=7", "env.name=test_free_args",
         "run.run_dir=runs/x",
     ])
     assert cfg.learner.lr == 1e-4
@@ -58,7 +79,7 @@ def test_overrides_of_every_kind():
     assert cfg.learner.spo.normalize == "sequence"  # a bare word is taken as a string
     assert cfg.run.name == "my run"
     assert cfg.vllm.urls == ["http://h:1", "http://h:2"]
-    assert cfg.model.build_tiny_if_missing is False
+    assert cfg.learner.resume is False
     assert cfg.env.args == {"size": 7}
     assert cfg.run.run_dir == "runs/x" and cfg.run_dir == Path("runs/x")
 
@@ -79,8 +100,7 @@ BAD = [
     (["buffer.eta=true"], "buffer.eta"),
     (["buffer.max_items=4"], "buffer.max_items"),
     (["buffer.batch_episodes=0"], "buffer.batch_episodes"),
-    (["buffer.ingest_reserve_bytes=-1"], "buffer.ingest_reserve_bytes"),
-    (["buffer.ingest_reserve_bytes=4294967296"], "buffer.ingest_reserve_bytes"),
+    (["buffer.ingest_reserve_bytes=0"], "buffer.ingest_reserve_bytes"),  # removed with the warm heap
     (["buffer.nope=1"], "buffer.nope"),
     (["buffer=3"], "buffer"),
     (["nope.x=1"], "nope"),
@@ -100,8 +120,21 @@ BAD = [
     (["vllm.urls=[1]"], "vllm.urls[0]"),
     (['vllm.urls="http://h:1"'], "vllm.urls"),
     (["run.target_success=1.5"], "run.target_success"),
-    (["model.build_tiny_if_missing=1"], "model.build_tiny_if_missing"),
+    (["learner.resume=1"], "learner.resume"),
     (["env.args=3"], "env.args"),
+    (["learner.spo.rho_min=0.99"], "learner.spo.rho_min"),  # above rho_max
+    (["learner.device=tpu"], "learner.device"),
+    (["learner.cpus=[-1]"], "learner.cpus"),
+    (["vllm.num_servers=0"], "vllm.num_servers"),
+    (["vllm.dtype=float8"], "vllm.dtype"),
+    (["vllm.weight_sync=\"nccl\""], "vllm.weight_sync"),  # a table now
+    (["vllm.weight_sync.backend=nccl"], "vllm.weight_sync.master_address"),
+    (["vllm.weight_sync.backend=nccl", "vllm.weight_sync.master_address='h'", "vllm.weight_sync.master_port=0"],
+     "vllm.weight_sync.master_port"),
+    (["vllm.weight_sync.backend=disk", "vllm.weight_sync.master_port=29600"], "vllm.weight_sync.master_port"),
+    (["vllm.weight_sync.backend=pigeon"], "vllm.weight_sync"),
+    (["vllm.weight_sync.master_port=29600"], "vllm.weight_sync"),  # no backend
+    (["vllm.nccl_master_port=29600"], "vllm.nccl_master_port"),  # the old flat field
 ]
 
 
@@ -152,12 +185,33 @@ def test_literal_fields():
     assert from_dict(LearnerSection, {"spo": {"normalize": "sequence"}}, "learner").spo.normalize == "sequence"
 
 
+def test_a_section_alone_names_its_fields_under_the_given_path():
+    with pytest.raises(ConfigError, match=r"^learner\.spo\.normalize: "):
+        from_dict(LearnerSection, {"spo": {"normalize": "tokens"}}, "learner")
+
+
+@pytest.mark.parametrize("value", ['"auto"', "true", "false"])
+def test_auto_or_boolean_fields(value):
+    cfg = load_config(None, [f"learner.pack_sequences={value}", f"learner.overlap_push={value}"])
+    assert cfg.learner.pack_sequences == cfg.learner.overlap_push == tomllib.loads(f"v = {value}")["v"]
+
+
+def test_weight_sync_is_a_table_tagged_by_backend():
+    assert load_config().vllm.weight_sync.backend == "disk"
+    cfg = load_config(None, ["vllm.weight_sync.backend=nccl", "vllm.weight_sync.master_address='10.0.0.1'",
+                             "vllm.weight_sync.master_port=29600"])
+    ws = cfg.vllm.weight_sync
+    assert (ws.backend, ws.master_address, ws.master_port) == ("nccl", "10.0.0.1", 29600)
+    assert "[vllm.weight_sync]\nbackend = \"nccl\"" in cfg.dumps()
+    assert from_dict(Config, tomllib.loads(cfg.dumps())) == cfg
+
+
 # ---- dump_toml -------------------------------------------------------------------------------------
 
 def test_default_config_dump_reloads_equal():
     cfg = Config()
     text = cfg.dumps()
-    assert text == dump_toml(to_dict(cfg))
+    assert text == dump_toml(cfg.model_dump())
     assert from_dict(Config, tomllib.loads(text)) == cfg
 
 
@@ -225,6 +279,59 @@ def test_cli_unknown_field_in_file(tmp_path):
     assert len(lines) == 1 and "actor.temprature" in lines[0], proc.stderr
 
 
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    """The CLI's config error: exit status 2, nothing on stdout, one line on stderr (returned)."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("turnstream: config error: "), proc.stderr
+    assert proc.stdout == ""
+    return lines[0]
+
+
+def test_check_prints_the_resolved_config(tmp_path):
+    p = tmp_path / "ok.toml"
+    p.write_text("[buffer]\neta = 1\n")
+    proc = run_cli("check", "--config", str(p), "--set", "learner.lr=1e-4")
+    assert proc.returncode == 0, proc.stderr
+    assert from_dict(Config, tomllib.loads(proc.stdout)) == load_config(p, ["learner.lr=1e-4"])
+
+
+@pytest.mark.parametrize("override, field", [("buffer.eta=1.5", "buffer.eta"),  # loading
+                                             ("env.name=nope", "env.name"),  # pre-flight: needs the registry
+                                             ("buffer.error_buffer=2", "buffer.error_buffer"),  # ... the limiter
+                                             ("network.curve=on", "network.keys_dir")])  # ... the keys
+def test_check_reports_a_bad_config_in_one_line(tmp_path, override, field):
+    p = tmp_path / "c.toml"
+    p.write_text("")
+    assert f"config error: {field}: " in one_line_error(run_cli("check", "--config", str(p), "--set", override))
+
+
+@pytest.mark.parametrize("command", [("check",), ("up",), ("demo",)])
+def test_a_missing_model_is_one_line_saying_what_to_run(tmp_path, command):
+    """A command that would start vLLM on a missing checkpoint fails before starting anything (vLLM would take
+    the path for a Hugging Face hub id and die in a traceback)."""
+    missing, config = tmp_path / "no-model", tmp_path / "c.toml"
+    config.write_text(f'[run]\nrun_dir = "{tmp_path / "run"}"\n\n[model]\npath = "{missing}"\n')
+    proc = run_cli(*command, "--config", str(config))
+    line = one_line_error(proc)
+    assert f"model.path: {missing} holds no checkpoint" in line and f"turnstream make-tiny-model {missing}" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_bench_actors_with_a_missing_model_is_one_line(tmp_path):
+    missing = tmp_path / "no-model"
+    line = one_line_error(run_cli("bench", "actors", "--model", str(missing), "--out", str(tmp_path / "out")))
+    assert f"turnstream make-tiny-model {missing}" in line and not (tmp_path / "out").exists()
+
+
+def test_the_default_model_path_gets_the_tiny_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert ensure_model(TINY_MODEL_PATH) == TINY_MODEL_PATH
+    assert (tmp_path / TINY_MODEL_PATH / "config.json").is_file()
+    with pytest.raises(ConfigError, match=r"^model\.path: elsewhere holds no checkpoint"):
+        ensure_model("elsewhere")
+
+
 def imported_modules(importtime_stderr: str) -> set[str]:
     names = set()
     for line in importtime_stderr.splitlines():
@@ -259,11 +366,12 @@ class _FreeArgs(Environment):
         self.kwargs = kwargs
 
 
-def test_unknown_environment_or_bad_env_args_name_the_field():
+def test_unknown_environment_or_bad_env_args_fail_the_preflight_naming_the_field():
+    cfg = load_config(None, ["env.name=nope"])  # loading alone cannot know the environments (core imports no role)
     with pytest.raises(ConfigError, match=r"^env\.name: unknown environment 'nope'"):
-        load_config(None, ["env.name=nope"])
+        preflight(cfg)
     with pytest.raises(ConfigError, match=r"^env\.args: .*bogus"):
-        load_config(None, ["env.args.bogus=1"])
+        preflight(load_config(None, ["env.args.bogus=1"]))
 
 
 def test_network_bind_and_connect_hosts_fall_back_to_host():

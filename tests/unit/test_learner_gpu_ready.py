@@ -16,7 +16,7 @@ from turnstream.learner.packing import SequenceTooLong, drop_out_of_vocabulary, 
 from turnstream.learner.trainer import NothingToTrain, Trainer
 from tests.learner_batches import params_after_steps, synthetic_batch, tiny_causal_lm
 from turnstream.core.config import LearnerSection
-from turnstream.core.configtools import ConfigError
+from turnstream.core.configtools import ConfigError, from_dict
 
 CPU_FP32 = Placement(torch.device("cpu"), None)
 CPU_BF16 = Placement(torch.device("cpu"), torch.bfloat16)
@@ -38,8 +38,8 @@ def test_device_auto_is_cpu_without_cuda():
 def test_device_and_precision_are_validated():
     for bad, field in ((dict(device="tpu"), "device"), (dict(precision="fp8"), "precision")):
         with pytest.raises(ConfigError, match=f"learner.{field}"):
-            LearnerSection(**bad).validate("learner")
-    LearnerSection(device="cuda:1", precision="bf16").validate("learner")
+            from_dict(LearnerSection, bad, "learner")
+    from_dict(LearnerSection, dict(device="cuda:1", precision="bf16"), "learner")
 
 
 def test_bf16_autocast_on_cpu_keeps_fp32_master_weights():

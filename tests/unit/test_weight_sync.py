@@ -240,6 +240,10 @@ async def test_nccl_failure_inside_the_collective_tears_the_group_down_and_resum
     assert a.version == b.version == "3" and sync.groups_built == 2
 
 
+NCCL = ["vllm.weight_sync.backend=nccl", "vllm.weight_sync.master_address='10.1.2.3'",
+        "vllm.weight_sync.master_port=29600"]
+
+
 def test_backend_from_config(tmp_path):
     from turnstream.learner.weight_sync import weight_sync_from_config
     from turnstream.core.config import load_config
@@ -247,8 +251,7 @@ def test_backend_from_config(tmp_path):
     cfg = load_config(None, ["vllm.urls=['http://127.0.0.1:9']", f"model.path='{tmp_path}'"])
     sync = weight_sync_from_config(cfg, tmp_path / "weights")
     assert isinstance(sync, DiskWeightSync) and sync.dir == (tmp_path / "weights").resolve()
-    cfg = load_config(None, ["vllm.urls=['http://127.0.0.1:9']", "vllm.weight_sync=nccl",
-                             "vllm.nccl_master_address='10.1.2.3'", "vllm.nccl_master_port=29600"])
+    cfg = load_config(None, ["vllm.urls=['http://127.0.0.1:9']", *NCCL])
     sync = weight_sync_from_config(cfg, tmp_path)
     assert isinstance(sync, NcclWeightSync) and (sync.master_address, sync.master_port) == ("10.1.2.3", 29600)
 
@@ -256,8 +259,7 @@ def test_backend_from_config(tmp_path):
 @pytest.mark.parametrize("overrides, overlaps", [
     ([], True),  # eta 2, disk: asynchronous, the push reads its saved snapshot
     (["buffer.eta=0"], False),  # the synchronous baseline: generate, train, push, repeat
-    (["vllm.weight_sync=nccl", "vllm.nccl_master_address='10.1.2.3'", "vllm.nccl_master_port=29600"],
-     False),  # nccl broadcasts the live parameters
+    (NCCL, False),  # nccl broadcasts the live parameters
     (["buffer.eta=0", "learner.overlap_push=true"], True),  # asked for explicitly
     (["learner.overlap_push=false"], False),
 ])

@@ -1,0 +1,58 @@
+"""The [buffer] table: admission, sampling, the rate limiter and the write-ahead log.
+
+The rate limiter's deadlock rule reads buffer/ratelimit.py, so it runs in the pre-flight
+(turnstream/preflight.py), not here.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from turnstream.core.config_fields import CpuIds, Port, Section
+from turnstream.core.configtools import require
+
+
+class BufferSection(Section):
+    batch_episodes: int = Field(128, ge=1, description="B: episodes per learner batch")
+    eta: int = Field(2, ge=0, description="AReaL off-policyness for admission; 0 = synchronous")
+    max_staleness: int = Field(4, ge=0, description="hard bound: tokens older than this many versions never reach "
+                               "the learner; >= eta")
+    max_running: int = Field(512, ge=1, description="episodes in flight across all actors")
+    max_items: int = Field(8192, ge=1, description="episodes held (running + ready); admission stops at this bound; "
+                           ">= batch_episodes")
+    episode_timeout_s: float = Field(60.0, gt=0, description="an episode without a chunk for this long is abandoned")
+    actor_timeout_s: float = Field(15.0, gt=0, description="an actor silent this long loses its unused credits")
+    metrics_port: Port = Field(0, description="/metrics port; 0: the launcher picks one")
+    sampling: Literal["fifo", "freshest", "group"] = Field(
+        "fifo", description="which complete episodes make a batch: fifo (completion order), freshest (newest "
+        "behaviour version first) or group (all group_size episodes of one prompt_key together, for group baselines)")
+    group_size: int = Field(1, ge=1, description="episodes per group (sampling = group); <= batch_episodes")
+    group_timeout_s: float = Field(120.0, gt=0, description="a group still short of group_size this long after a "
+                                   "member completed is dropped")
+    samples_per_insert: float = Field(1.0, gt=0, description="Reverb-style rate limiter: samples per inserted "
+                                      "episode; the slower side waits, nothing is dropped")
+    min_size_to_sample: int = Field(1, ge=1, description="complete episodes held before the first batch is served")
+    error_buffer: float = Field(0.0, ge=0,
+                                description="half-width of the allowed samples-vs-inserts window; 0: no window")
+    wal: bool = Field(True, description="write-ahead log of acked chunks (protocol/SCHEMA.md, \"Durability\")")
+    wal_dir: str = Field("", description="empty: <run_dir>/buffer-wal")
+    wal_fsync: Literal["always", "interval", "never"] = Field(
+        "always", description="when an acked chunk reaches the disk")
+    wal_fsync_interval_s: float = Field(0.05, gt=0, description="for wal_fsync = interval")
+    wal_compact_bytes: int = Field(256 * 1024 * 1024, ge=1024 * 1024,
+                                   description="rewrite the log without consumed data past this size (>= 1 MiB)")
+    ack_delay_ms: float = Field(
+        1.0, ge=0, le=1000, description="an ack (and the log commit before it) waits up to this long for more "
+        "chunks, so that one ack message and one fsync answer several; 16 waiting chunks are acked at once. 0: every "
+        "drained group is acked")
+    cpus: CpuIds = Field(default_factory=list, description="CPU ids this role is pinned to; empty: any")
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> BufferSection:
+        require(self.max_staleness >= self.eta, "max_staleness",
+                f"must be >= eta ({self.eta}), or admitted episodes would be dropped as stale")
+        require(self.max_items >= self.batch_episodes, "max_items", "must be >= batch_episodes")
+        require(self.sampling != "group" or self.group_size <= self.batch_episodes, "group_size",
+                f"must be <= batch_episodes ({self.batch_episodes}), or no group fits in a batch (deadlock)")
+        return self

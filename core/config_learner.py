@@ -1,0 +1,134 @@
+"""The [learner] table and its [learner.spo] and [learner.critic] subtables."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from turnstream.core.config_fields import CpuIds, Port, Section
+from turnstream.core.configtools import require
+
+
+class SpoSection(Section):
+    rho_min: float = Field(0.875, gt=0, le=1, description="lower bound of the evidence decay; <= rho_max")
+    rho_max: float = Field(0.96, gt=0, le=1, description="upper bound of the evidence decay")
+    d_half: float = Field(0.06, gt=0, description="drift at which the decay is halfway between rho_max and rho_min")
+    normalize: Literal["token", "sequence"] = Field(
+        "token", description="SPO++ action-token measure, or SPO's per-episode one")
+    sampling_epsilon: float = Field(
+        0.05, ge=0, description="floor of the uncertainty weight sqrt(v(1-v)) + eps for prompt sampling")
+    drift: Literal["proximal", "updated"] = Field(
+        "proximal", description="policy the drift D = mean|log mu - log pi| is measured against. proximal: the "
+        "policy being trained when the evidence is folded in, as an asynchronous learner should (mu sampled it, "
+        "possibly versions ago). updated: after this step's update, the synchronous SPO code's order. Both are read "
+        "from passes every step makes anyway (the training forward, and the one after the update that measures "
+        "step_kl)")
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> SpoSection:
+        require(self.rho_min <= self.rho_max, "rho_min", "need 0 < rho_min <= rho_max <= 1")
+        return self
+
+
+class CriticSection(Section):
+    """Value function for turn_gae / token_gae (unused by spo, grpo, rloo)."""
+
+    mode: Literal["shared", "separate"] = Field(
+        "shared", description="value head on the policy backbone, or a model of its own")
+    path: str = Field("", description="separate critic's backbone checkpoint; empty: model.path")
+    lr: float = Field(1e-3, gt=0, description="the critic needs a higher learning rate than the actor (Turn-PPO "
+                      "ablations)")
+    value_coef: float = Field(0.5, ge=0, description="weight of the value loss next to the policy loss (shared mode)")
+    value_clip: float = Field(0.2, ge=0, description="c_v of the pessimistic value clip; 0 disables clipping")
+    gamma: float = Field(0.99, ge=0, le=1, description="discount")
+    lam: float = Field(0.9, ge=0, le=1, description="GAE lambda")
+    turn_ratio: bool = Field(False, description="turn-level geometric-mean importance ratio (MPO / ST-PPO style)")
+    whiten: Literal["auto", "batch", "microbatch"] = Field(
+        "auto", description="which tokens advantages are whitened over. batch: the whole batch, which needs every "
+        "value before the first loss, so one more no-grad forward per step. microbatch: each forward/backward "
+        "micro-batch's own tokens (as CleanRL normalises per minibatch); the values then come from the training "
+        "forward, no extra pass (bench learner: 0.92 of a bare loop against 0.70). auto: microbatch where it equals "
+        "batch (the batch is one micro-batch: max_tokens_per_microbatch = 0, one optimizer step per batch), else batch")
+
+
+class LearnerSection(Section):
+    estimator: Literal["spo", "turn_gae", "token_gae", "grpo", "rloo"] = Field("spo", description="advantage estimator")
+    lr: float = Field(3e-4, gt=0, description="learning rate")
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear learning-rate warm-up")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+    clip_low: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip below 1")
+    clip_high: float = Field(0.28, gt=0, description="PPO ratio clip above 1")
+    behaviour_weight_cap: float = Field(2.0, ge=1, description="truncated IS on pi_prox / mu")
+    behaviour_weight_mode: Literal["truncate", "mask_token", "mask_sequence", "none"] = Field(
+        "truncate", description="what to do with the behaviour weight w = pi_prox / mu: truncate at the cap (TIS), "
+        "mask tokens or whole sequences (geometric mean) outside [is_mask_low, is_mask_high] (IcePop / AReaL), or "
+        "ignore it (none)")
+    is_mask_low: float = Field(0.5, ge=0, le=1, description="lower edge of the mask_* window")
+    is_mask_high: float = Field(5.0, ge=1, description="upper edge of the mask_* window")
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = Field(
+        "token-mean", description="how token losses are averaged")
+    entropy_coef: float = Field(
+        0.2, ge=0, description="bonus on the sampling distribution's entropy (over the allowed-token set, else the "
+        "vocabulary), counted in units of its maximum (log of the number of choices). Keeps multi-turn tasks out of "
+        "observation-blind attractors: on goal_walk, 0 collapsed onto \"always one side\" in 2 of 3 seeds, 0.03 and "
+        "0.1 behaved like 0, and 0.2 (0.29 per nat for two actions) learned in every seed (BENCHMARKS.md, \"The "
+        "learner learns\")")
+    kl_coef: float = Field(0.0, ge=0, description="k3 KL to the frozen initial model in the loss; 0: no reference "
+                           "model is loaded")
+    agent_norm: bool = Field(False, description="Dr. MAS: normalise advantages per agent id (when batches carry "
+                             "agent ids)")
+    minibatches: int = Field(1, ge=1, description="optimizer steps per epoch over a batch")
+    epochs: int = Field(1, ge=1, description="passes over each batch")
+    max_tokens_per_microbatch: int = Field(
+        0, ge=0, description="token budget of one forward/backward (learner/packing.py): packed tokens, or rows x "
+        "longest episode when pack_sequences is off; it bounds activation memory. An episode longer than the budget "
+        "alone is dropped (counted, logged). 0: no budget, the whole minibatch in one micro-batch")
+    pack_sequences: Literal["auto", True, False] = Field(
+        "auto", description="episodes back to back in rows of max_tokens_per_microbatch, no padding (position ids "
+        "delimit them); only with a budget. auto: pack where attention skips the other episodes of a row "
+        "(flash_attention_2 with cu_seqlens, flex_attention); sdpa and eager compute the row's full square, which "
+        "costs more than padding when episodes are short (bench learner --pack-sequences true/false: 1.6x on the "
+        "tiny model)")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+                        description="auto | cpu | cuda | cuda:N (learner/device.py); auto: cuda when present, else cpu")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="auto: bf16 autocast on cuda (fp32 master weights and AdamW state), fp32 on cpu")
+    activation_checkpointing: bool = Field(
+        False, description="recompute each decoder layer in backward: less memory, ~1/3 more compute")
+    attn_implementation: str = Field(
+        "auto", description="auto: flash_attention_2 on cuda if installed, else sdpa; or any Hugging Face name")
+    max_steps: int = Field(0, ge=0, description="0: run until stopped")
+    batch_max_tokens: int = Field(
+        0, ge=0, description="token budget of one batch (observation + generated tokens): the buffer fills a batch "
+        "up to it, with at most buffer.batch_episodes episodes; 0: exactly buffer.batch_episodes episodes")
+    cpus: CpuIds = Field(default_factory=list, description="CPU ids this role is pinned to; empty: any")
+    torch_threads: int = Field(1, ge=1, description="torch.set_num_threads")
+    weights_dir: str = Field("", description="where pushed weights are written; empty: <run_dir>/weights")
+    keep_weight_versions: int = Field(2, ge=1, description="pushed versions kept on disk")
+    overlap_push: Literal["auto", True, False] = Field(
+        "auto", description="push version v into the servers while step v+1 trains (learner/main.py): the push's "
+        "time leaves the learner's critical path, and data may be one version staler. auto: with the disk backend "
+        "(pushes read a saved snapshot) when buffer.eta >= 1; the synchronous baseline (eta 0) never overlaps")
+    checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints under <run_dir>/checkpoints; "
+                                  "0: never")
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept")
+    resume: bool = Field(True, description="on start, continue from the latest checkpoint in <run_dir>/checkpoints")
+    metrics_port: Port = Field(0, description="/metrics port; 0: the launcher picks one")
+    spo: SpoSection = Field(default_factory=SpoSection, description="the spo estimator")
+    critic: CriticSection = Field(default_factory=CriticSection, description="the value function of turn_gae and "
+                                  "token_gae")
+
+    def values_in_step(self) -> bool:
+        """Whether a value-based step reads the critic in its training forward (critic.whiten resolved)."""
+        one_update = self.epochs * self.minibatches == 1
+        if self.critic.whiten == "auto":
+            return one_update and self.max_tokens_per_microbatch == 0
+        return self.critic.whiten == "microbatch"
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> LearnerSection:
+        require(self.critic.whiten != "microbatch" or self.epochs * self.minibatches == 1, "critic.whiten",
+                "microbatch reads the critic in the training forward, which needs one optimizer step per batch "
+                "(epochs = minibatches = 1)")
+        return self

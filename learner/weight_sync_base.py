@@ -1,0 +1,173 @@
+"""What every weight-sync backend shares: pause (keep) -> transfer -> label -> resume, on all servers in
+parallel, and the bookkeeping of which server is behind (learner/weight_sync.py explains the whole; the
+backends, learner/weight_sync_disk.py and learner/weight_sync_nccl.py, implement the transfer)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import aiohttp
+
+log = logging.getLogger("turnstream.learner")
+
+
+class WeightSyncError(RuntimeError):
+    pass
+
+
+class WeightSync:
+    """The shared control flow; a backend implements `save` and `_transfer` (and may override `_push_all`)."""
+
+    backend = ""
+
+    def __init__(self, urls: list[str], timeout_s: float = 120.0):
+        self.urls = [u.rstrip("/") for u in urls]
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.versions: dict[str, int | None] = {u: None for u in self.urls}  # last version pushed to each
+        self.latest: tuple[Any, int] | None = None  # (what save() returned, version) of the newest push
+        self.aborted_pauses = 0  # pauses that did not finish with a resume (should stay 0)
+
+    # ---- to implement ------------------------------------------------------------------------------
+
+    def save(self, state_dict: dict, version: int) -> Any:
+        raise NotImplementedError
+
+    async def _transfer(self, session: aiohttp.ClientSession, urls: list[str], payload: Any, version: int) -> None:
+        """Move the weights into the (already paused) servers `urls` and label them `version`."""
+        raise NotImplementedError
+
+    # ---- membership --------------------------------------------------------------------------------
+
+    def add_server(self, url: str) -> None:
+        url = url.rstrip("/")
+        if url not in self.versions:
+            self.urls.append(url)
+            self.versions[url] = None  # behind until the next push or resync
+
+    def remove_server(self, url: str) -> None:
+        url = url.rstrip("/")
+        if url in self.versions:
+            self.urls.remove(url)
+            del self.versions[url]
+
+    def set_urls(self, urls: list[str]) -> None:
+        """Follow a changed server list (turnstream/urls_file.py): newcomers are behind until resynced."""
+        wanted = [u.rstrip("/") for u in urls]
+        for url in [u for u in self.urls if u not in wanted]:
+            self.remove_server(url)
+        for url in wanted:
+            self.add_server(url)
+
+    def behind(self) -> list[str]:
+        if self.latest is None:
+            return []
+        return [u for u in self.urls if self.versions.get(u) != self.latest[1]]
+
+    # ---- pushing -----------------------------------------------------------------------------------
+
+    async def push(self, payload: Any, version: int) -> float:
+        """Push to every server in parallel; raise WeightSyncError naming the servers that failed."""
+        started = time.monotonic()
+        self.latest = (payload, version)
+        async with aiohttp.ClientSession(timeout=self.timeout) as session:
+            failed = await self._push_all(session, list(self.urls), payload, version)
+        if failed:
+            raise WeightSyncError(f"push of version {version} failed on {len(failed)} of {len(self.urls)} "
+                                  f"server(s): " + "; ".join(f"{u}: {e}" for u, e in failed.items()))
+        return time.monotonic() - started
+
+    async def _push_all(self, session, urls: list[str], payload: Any, version: int) -> dict[str, str]:
+        results = await asyncio.gather(*(self._push_one(session, u, payload, version) for u in urls),
+                                       return_exceptions=True)
+        return self._record(urls, results, version)
+
+    def _record(self, urls: list[str], results: list, version: int) -> dict[str, str]:
+        failed = {}
+        for url, result in zip(urls, results):
+            if isinstance(result, BaseException):
+                failed[url] = str(result)
+                log.warning("weight sync: %s missed version %d: %s", url, version, result)
+            elif url in self.versions:
+                self.versions[url] = version
+        return failed
+
+    async def _push_one(self, session, url: str, payload: Any, version: int) -> None:
+        await self._pause(session, [url])
+        try:
+            await self._transfer(session, [url], payload, version)
+        finally:
+            await self._resume(session, [url])
+
+    async def _pause(self, session, urls: list[str]) -> None:
+        # keep: in-flight requests are kept and continue on the new weights; clear_cache=false keeps their KV
+        await asyncio.gather(*(post(session, f"{u}/pause?mode=keep&clear_cache=false", {}) for u in urls))
+
+    async def _resume(self, session, urls: list[str]) -> None:
+        results = await asyncio.gather(*(post(session, f"{u}/resume", {}) for u in urls), return_exceptions=True)
+        for url, r in zip(urls, results):
+            if isinstance(r, BaseException):
+                self.aborted_pauses += 1  # a server we could not resume is down or restarting; resync fixes it
+                log.warning("weight sync: resume of %s failed: %s", url, r)
+
+    async def set_version(self, version: int) -> None:
+        async with aiohttp.ClientSession(timeout=self.timeout) as session:
+            await asyncio.gather(*(post(session, f"{u}/update_weight_version", {"new_version": str(version)})
+                                   for u in self.urls))
+        for u in self.urls:
+            self.versions[u] = version
+
+    # ---- re-sync -----------------------------------------------------------------------------------
+
+    async def resync(self) -> list[str]:
+        """Push the latest weights to every server that is behind and answers again; returns those synced."""
+        stale = self.behind()
+        if not stale or self.latest is None:
+            return []
+        payload, version = self.latest
+        async with aiohttp.ClientSession(timeout=self.timeout) as session:
+            alive = [u for u, ok in zip(stale, await asyncio.gather(*(healthy(session, u) for u in stale))) if ok]
+            if not alive:
+                return []
+            failed = await self._push_all(session, alive, payload, version)
+        synced = [u for u in alive if u not in failed]
+        if synced:
+            log.info("weight sync: re-synced %s to version %d", ", ".join(synced), version)
+        return synced
+
+    async def watch(self, interval_s: float = 5.0) -> None:
+        """Background task: re-sync servers that come back between pushes."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.resync()
+            except Exception as exc:  # never let the watcher die; the next round tries again
+                log.warning("weight sync: resync failed: %r", exc)
+
+
+async def post(session: aiohttp.ClientSession, url: str, body: dict) -> dict:
+    return await _json_reply(session.post(url, json=body), url)
+
+
+async def get(session: aiohttp.ClientSession, url: str) -> dict:
+    return await _json_reply(session.get(url), url)
+
+
+async def _json_reply(request, url: str) -> dict:
+    """The JSON body of a 200 answer to `request` (an aiohttp request not yet entered); WeightSyncError else."""
+    try:
+        async with request as resp:
+            if resp.status != 200:
+                raise WeightSyncError(f"{url}: HTTP {resp.status}: {(await resp.text())[:300]}")
+            return await resp.json(content_type=None)
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise WeightSyncError(f"{url}: {exc!r}") from None
+
+
+async def healthy(session: aiohttp.ClientSession, url: str) -> bool:
+    try:
+        async with session.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+            return resp.status == 200
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return False
