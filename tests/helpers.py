@@ -148,10 +148,11 @@ def launcher_running(config: Path, run_dir: Path, timeout_s: float = 240.0):
 
 
 def stop_launcher(launcher: subprocess.Popen, run_dir: Path, sig: int = signal.SIGTERM) -> None:
-    """Signal the launcher; once it exits, every process group it started is gone."""
+    """Signal the launcher; it exits as `up` does (Ctrl-C: status 0; SIGTERM: re-raised as SystemExit(128 + 15),
+    so `finally` stops the roles), and every process group it started is gone."""
     pids = json.loads((run_dir / "pids.json").read_text())
     launcher.send_signal(sig)
-    assert launcher.wait(timeout=60) is not None
+    assert launcher.wait(timeout=60) == (0 if sig == signal.SIGINT else 128 + sig)
     assert all(process_group_gone(pid) for pid in pids.values()), pids
 
 
