@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("name", ["sokoban", "math_tool", "tictactoe", "http_env"])
 def test_shipped_configs_load(name):
-    cfg = load_config(REPO / "configs" / f"{name}.toml")
+    cfg = preflight(load_config(REPO / "configs" / f"{name}.toml"))
     assert cfg.env.name in {"sokoban", "math_tool", "tictactoe", "http"}
 
 

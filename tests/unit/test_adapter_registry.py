@@ -13,6 +13,7 @@ from turnstream.actors.envs.adapters.common import LibraryNotInstalled
 from turnstream.cli import main as cli_main
 from turnstream.core.config import load_config
 from turnstream.core.configtools import ConfigError
+from turnstream.preflight import preflight
 
 ROOT = Path(__file__).resolve().parents[2]
 ADAPTERS = {"textarena": ("textarena", "textarena"), "textworld": ("textworld", "textworld"),
@@ -41,7 +42,7 @@ def test_a_missing_library_is_listed_and_fails_clearly(name, monkeypatch, capsys
     with pytest.raises(LibraryNotInstalled, match=rf"{module} is not installed: pip install turnstream\[{extra}\]"):
         make_env(name)
     with pytest.raises(ConfigError, match=rf"env.args: {module} is not installed"):
-        load_config(None, [f"env.name={name}"])
+        preflight(load_config(None, [f"env.name={name}"]))
     assert make_env("follow_signs") is not None  # the other environments are untouched
 
 
@@ -64,7 +65,7 @@ def test_shipped_adapter_configs_load(config, tmp_path):
     overrides = []
     if CONFIGS[config] == "textworld":  # the recipe's games are made at the first reset, not by the loader
         overrides.append(f'env.args.games_dir="{tmp_path}"')
-    cfg = load_config(ROOT / "configs" / config, overrides)
+    cfg = preflight(load_config(ROOT / "configs" / config, overrides))
     assert cfg.env.name == CONFIGS[config]
     assert cfg.vllm.max_model_len <= 1024  # the tiny model's positions
     assert not list(tmp_path.iterdir())

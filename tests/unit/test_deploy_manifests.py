@@ -18,6 +18,7 @@ from turnstream.cli import build_parser
 from turnstream.core.config import Config, VllmSection
 from turnstream.core.configtools import from_dict
 from turnstream.keygen import main as keygen_main
+from turnstream.preflight import preflight
 from turnstream.vllm_server import vllm_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +31,7 @@ def validate_config(data: dict) -> Config:
     if net.get("keys_dir"):
         # the keys exist only where the manifest mounts them: stand in a directory keygen made here
         data = {**data, "network": {**net, "keys_dir": str(_generated_keys())}}
-    return from_dict(Config, data)
+    return preflight(from_dict(Config, data))
 
 
 @functools.cache
