@@ -5,8 +5,7 @@ resent when no ack came within `resend_after_s` (the buffer drops the duplicate 
 When the window is full, `send` waits: backpressure reaches the episodes instead of memory growing.
 `send` only queues: one sender task writes the queue out, packing small chunks that queued up meanwhile
 into one `turn_chunks` message (no added delay: a batch is whatever accumulated while the previous send
-ran), and sending large ones alone, zero-copy. To a buffer that takes them, the messages of one send go out
-as bundles (several messages in one multipart message, protocol/SCHEMA.md), which the buffer wakes for once.
+ran), and sending each large one in a message of its own, zero-copy.
 
 The credit request, sent every `heartbeat_s`, is also the actor's hello and heartbeat: a restarted buffer
 learns the actor from it, and its answer (a CreditGrant, possibly of 0 credits) carries the buffer's
@@ -29,7 +28,7 @@ from turnstream.protocol.auth import CurveKeys, make_client
 from turnstream.protocol.codec import DecodeError, decode, encode
 from turnstream.protocol.chunk_batch import chunk_nbytes, pack
 from turnstream.protocol.loop_socket import LoopSocket
-from turnstream.protocol.messages import Ack, AckBatch, CreditGrant, CreditRequest, TurnChunk
+from turnstream.protocol.messages import AckBatch, CreditGrant, CreditRequest, TurnChunk
 from turnstream.protocol.sockets import configure
 
 log = logging.getLogger("turnstream.actor")
@@ -37,10 +36,6 @@ log = logging.getLogger("turnstream.actor")
 PACK_BELOW_BYTES = 64 * 1024  # a chunk this large is sent alone: packing would copy it for no gain
 MAX_PACKED_BYTES = 256 * 1024
 MAX_PACKED_CHUNKS = 512
-# A bundle is acked once all of it is applied. Packed small chunks gain nothing more from bundling, and a
-# bundle of a few packed messages could hold an actor's whole window: no chunk would be acked until all were
-# applied, and the actor would stop sending meanwhile (2 KB chunks ran at two thirds of their rate).
-MAX_BUNDLE_CHUNKS = 8
 
 
 class BufferLink:
@@ -61,8 +56,6 @@ class BufferLink:
         self.credits = 0
         self.learner_version = 0
         self.server_id = ""
-        self.unsigned_tokens = False  # the buffer takes token ids as uint32: large chunks go so (no sign to check)
-        self.message_bundles = False  # the buffer takes several messages in one (protocol.codec.decode_bundle)
         self.buffer_restarts = 0
         self._changed = asyncio.Condition()
         self._resend_all = False
@@ -116,25 +109,7 @@ class BufferLink:
 
     async def _send_chunks(self, chunks: list[TurnChunk]) -> None:
         """Encode every chunk, then send the messages in one go (one read of the socket's state after them)."""
-        messages: list[tuple[list, int]] = []  # (frames, chunks in them)
-        group: list[TurnChunk] = []
-        group_bytes = 0
-        for chunk in chunks:
-            size = chunk_nbytes(chunk)
-            if size >= PACK_BELOW_BYTES:  # alone: its arrays go out zero-copy
-                messages.append((encode(chunk, alt_dtypes=self.unsigned_tokens), 1))
-                continue
-            if group and (group_bytes + size > MAX_PACKED_BYTES or len(group) == MAX_PACKED_CHUNKS):
-                messages.append((_encode_group(group), len(group)))
-                group, group_bytes = [], 0
-            group.append(chunk)
-            group_bytes += size
-        if group:
-            messages.append((_encode_group(group), len(group)))
-        if self.message_bundles:
-            await self.io.send_all(bundle(messages, self.max_message_bytes))
-        else:
-            await self.io.send_all([frames for frames, _ in messages])
+        await self.io.send_all([encode(pack(group)) for group in packing_groups(chunks)])
 
     async def _recv_loop(self) -> None:
         while True:
@@ -157,9 +132,7 @@ class BufferLink:
         except DecodeError as exc:
             self.m.bad_messages.labels(exc.reason).inc()
             return
-        if isinstance(msg, Ack):
-            self._on_acks([msg.seq], [msg.status], [msg.reason] if msg.status == "rejected" else [])
-        elif isinstance(msg, AckBatch):
+        if isinstance(msg, AckBatch):
             statuses, codes = AckBatch.STATUSES, msg.status.tolist()  # a few acks: lists beat numpy reductions
             if msg.seq.shape != msg.status.shape or max(codes, default=0) >= len(statuses):
                 self.m.bad_messages.labels("bad_batch").inc()
@@ -169,7 +142,6 @@ class BufferLink:
             restarted = bool(msg.server_id and self.server_id and msg.server_id != self.server_id)
             if msg.server_id:
                 self.server_id = msg.server_id
-            self.unsigned_tokens, self.message_bundles = msg.unsigned_tokens, msg.message_bundles
             if restarted:
                 self.buffer_restarts += 1
                 log.warning("buffer restarted (server %s): resending %d unacked chunks",
@@ -186,10 +158,11 @@ class BufferLink:
         counts: Counter[str] = Counter()
         rejected = iter(reasons)
         for seq, status in zip(seqs, statuses):
+            reason = next(rejected, "?") if status == "rejected" else ""
             if self.unacked.pop(seq, None) is not None:
                 counts[status] += 1
-                if status == "rejected":
-                    log.error("buffer rejected chunk %d: %s", seq, next(rejected, "?"))
+                if reason:
+                    log.error("buffer rejected chunk %d: %s", seq, reason)
         for status, n in counts.items():
             counter = self._ack_counters.get(status)
             if counter is None:  # statuses are a small fixed set; labels() is costly per ack
@@ -219,25 +192,20 @@ class BufferLink:
             self.m.resends.inc(len(due))
 
 
-def _encode_group(group: list[TurnChunk]) -> list:
-    return encode(group[0] if len(group) == 1 else pack(group))
-
-
-def bundle(messages: list[tuple[list, int]], max_bytes: int) -> list[list]:
-    """Messages (frames, the chunks they carry), in order, joined into bundles of up to MAX_BUNDLE_CHUNKS
-    chunks and max_bytes (SCHEMA.md); a message of more chunks goes alone. A receiver wakes, and a ROUTER adds
-    the peer's identity, once per bundle instead of once per message."""
-    bundles: list[list] = []
-    current: list = []
-    chunks = size = 0
-    for frames, n in messages:
-        nbytes = sum(map(len, frames))  # bytes or memoryviews cast to "B": len is the byte count
-        if current and (chunks + n > MAX_BUNDLE_CHUNKS or size + nbytes > max_bytes):
-            bundles.append(current)
-            current, chunks, size = [], 0, 0
-        current += frames
-        chunks += n
-        size += nbytes
-    if current:
-        bundles.append(current)
-    return bundles
+def packing_groups(chunks: list[TurnChunk]) -> list[list[TurnChunk]]:
+    """The chunks grouped into the messages they travel in: a large chunk alone (its arrays go out zero-copy),
+    small ones together, up to MAX_PACKED_CHUNKS and MAX_PACKED_BYTES a message."""
+    groups: list[list[TurnChunk]] = []
+    small: list[TurnChunk] = []
+    small_bytes = 0
+    for chunk in chunks:
+        size = chunk_nbytes(chunk)
+        if size >= PACK_BELOW_BYTES:
+            groups.append([chunk])
+            continue
+        if not small or small_bytes + size > MAX_PACKED_BYTES or len(small) == MAX_PACKED_CHUNKS:
+            small, small_bytes = [], 0
+            groups.append(small)
+        small.append(chunk)
+        small_bytes += size
+    return groups

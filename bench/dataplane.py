@@ -1,30 +1,22 @@
 """`turnstream bench dataplane`: actor-side sender -> buffer throughput (acked), vs raw pyzmq PUSH/PULL.
 
-For each chunk size (2 KB and 1 MB encoded TurnChunks) it measures, in one run on one machine:
-- raw:     pyzmq PUSH (this process) -> PULL (a child process) of the same multipart frames, encoded once,
-           until the receiver has them all (the transport's ceiling: no encoding, acks, decoding, storage);
-- raw_keep: the same, but the receiver keeps every message, as a buffer must (a reference, not the target's
-           baseline: it shows what holding fresh memory alone costs, which dominates at 1 MB);
-- raw_warm: raw_keep after buffer.warm_heap.reserve_warm_heap, as the buffer starts: the floor for a
-           receiver that keeps what it receives;
+For each chunk size (2 KB and 1 MB turn chunks, one-turn episodes) it measures, in one run on one machine:
+- raw:     pyzmq PUSH (this process) -> PULL (a child process) of the same multipart frames (one chunk's
+           turn_chunks message), encoded once, until the receiver has them all: the transport's ceiling, with
+           no encoding, acks, decoding or storage;
 - ack_only: actors.link.BufferLink (this process) -> a child process that keeps and acks every chunk, as the
-           buffer's ingest loop does (delayed acks included), and nothing else; it grants what the buffer
-           grants (uint32 token ids, bundles): the protocol's ceiling without the buffer's work;
-- sync_sender (1 MB only): ack_only's receiver, sent to by a blocking loop that does the link's per-chunk work
-           and nothing else (build, encode, window, acks): against ack_only, what the link's design costs;
+           buffer's ingest loop does (delayed acks included), and nothing else: the protocol's ceiling without
+           the buffer's work;
 - ours:    actors.link.BufferLink (this process) -> the real buffer process (`turnstream buffer`), from the
-           first send until the last ack, write-ahead log off; its warm heap reserve
-           (buffer.ingest_reserve_bytes, buffer/warm_heap.py) sized to hold the run, since nothing consumes
-           here and a buffer sizes the reserve to the growth it expects;
-- ours_cold: the same with the reserve off (every kept frame in fresh memory), to show what it buys;
+           first send until the last ack, write-ahead log off;
 - ours_ack0: ours with buffer.ack_delay_ms = 0, every drained group acked at once, to show what delayed
            acks (buffer/acks.py) buy;
-- ours+wal: as ours, with the write-ahead log on, fsync "always" (an ack means fsynced).
+- ours_wal: as ours, with the write-ahead log on, fsync "always" (an ack means fsynced).
 Each row also reports the CPU time the sending and the receiving process spent per chunk (all their threads,
 libzmq's I/O threads included) and the receiver's main thread alone, from /proc (Linux): on a machine with
 few cores, where sender and receiver share them, the sum of the two bounds throughput, and the receiver's
 main thread is the single thread a faster buffer would have to relieve.
-Every row runs --repeats times (5), interleaved (raw, ours, ack_only, ..., ours_wal, then again): on a shared
+Every row runs --repeats times (5), interleaved (raw, ours, ack_only, ours_ack0, ours_wal, then again): on a shared
 machine one measurement can differ from the next by half, so the figures are medians over repeats and each
 ratio is the median of the per-repeat ratios, whose two rows ran seconds apart (raw and ours back to back).
 Prints a human-readable table, then one JSON line last with ratio_small / ratio_large (ours / raw, without
@@ -46,21 +38,15 @@ from pathlib import Path
 import numpy as np
 
 from turnstream.bench.dataplane_receivers import ACKER, RECEIVER, CpuClock
-from turnstream.buffer.warm_heap import MAX_RESERVE_BYTES
 
 
 def make_chunk_arrays(target_bytes: int):
-    """obs/gen arrays whose encoded TurnChunk is about target_bytes long (header ~250 B)."""
-    from turnstream.protocol.codec import encode
-    from turnstream.protocol.messages import TurnChunk
-
+    """obs/gen arrays whose chunk, alone in its message, encodes to about target_bytes."""
     n_gen = 32 if target_bytes < 100_000 else 64
     gen = np.arange(n_gen, dtype=np.int32)
     arrays = dict(gen_tokens=gen, gen_logprobs=np.full(n_gen, -0.5, np.float32),
                   gen_versions=np.zeros(n_gen, np.int32))
-    probe = TurnChunk("bench-actor", 1, 0, "ep0", 0, "bench/p", np.zeros(1, np.int32), reward=0.0, done=True,
-                      **arrays)
-    overhead = sum(memoryview(f).nbytes for f in encode(probe)) - 4
+    overhead = encoded_bytes(np.zeros(1, np.int32), arrays) - 4
     n_obs = max(1, (target_bytes - overhead) // 4)
     obs = (np.arange(n_obs, dtype=np.int64) % 30000).astype(np.int32)
     return obs, arrays
@@ -72,27 +58,30 @@ def chunk_at(i: int, obs, arrays):
     return TurnChunk("bench-actor", 1, 0, f"ep{i}", 0, "bench/p", obs, reward=0.0, done=True, **arrays)
 
 
-def reserve_for(n: int, chunk_bytes: int) -> int:
-    """A warm heap reserve that holds n chunks, as nothing consumes them here (within glibc's limit)."""
-    return min(n * chunk_bytes + (64 << 20), MAX_RESERVE_BYTES)
+def chunk_frames(obs, arrays) -> list:
+    """The frames of one chunk in the message the link sends it in."""
+    from turnstream.protocol.chunk_batch import pack
+    from turnstream.protocol.codec import encode
+
+    return encode(pack([chunk_at(0, obs, arrays)]))
 
 
-def bench_raw(n: int, obs, arrays, mode: str = "drop") -> tuple[float, dict]:
-    """Seconds to push n messages (the encoded chunk frames) through PUSH -> PULL in another process whose
-    receiver drops each message, keeps it, or keeps it in a warm heap (module docstring); and the CPU per
+def encoded_bytes(obs, arrays) -> int:
+    return sum(memoryview(f).nbytes for f in chunk_frames(obs, arrays))
+
+
+def bench_raw(n: int, obs, arrays) -> tuple[float, dict]:
+    """Seconds to push n messages (one chunk's frames) through PUSH -> PULL to another process, and the CPU per
     chunk (CpuClock.stop)."""
     import zmq
 
-    from turnstream.protocol.codec import encode
     from turnstream.processes import free_port
 
     port, ctl = free_port(), free_port()
-    frames = [bytes(f) for f in encode(chunk_at(0, obs, arrays))]  # the same bytes for every message
-    reserve = reserve_for(n, sum(len(f) for f in frames))
-    child = subprocess.Popen([sys.executable, "-c", RECEIVER, str(port), str(n), str(ctl), mode, str(reserve)])
+    frames = [bytes(f) for f in chunk_frames(obs, arrays)]  # the same bytes for every message
+    child = subprocess.Popen([sys.executable, "-c", RECEIVER, str(port), str(n), str(ctl)])
     ctx = zmq.Context()
     try:
-        # "ready" first: frames sent before then would queue in fresh memory while the heap is warmed
         pair = _ready_child(ctx, ctl, "raw receiver")
         push = ctx.socket(zmq.PUSH)
         push.setsockopt(zmq.SNDHWM, 10000)
@@ -103,8 +92,9 @@ def bench_raw(n: int, obs, arrays, mode: str = "drop") -> tuple[float, dict]:
         cpu.start()
         pair.send(b"go")
         t0 = time.perf_counter()
+        copy = max(map(len, frames)) < 65536  # as the link sends: a large frame zero-copy
         for _ in range(n):  # the transport's ceiling: no encoding in the loop
-            push.send_multipart(frames, copy=len(frames[1]) < 65536)
+            push.send_multipart(frames, copy=copy)
         assert pair.poll(120_000), "raw receiver did not finish"
         pair.recv()
         elapsed = time.perf_counter() - t0
@@ -115,22 +105,18 @@ def bench_raw(n: int, obs, arrays, mode: str = "drop") -> tuple[float, dict]:
         child.wait()
 
 
-def bench_ack_only(n: int, obs, arrays, window: int, ack_delay_ms: float, sync: bool = False) -> tuple[float, dict]:
+def bench_ack_only(n: int, obs, arrays, window: int, ack_delay_ms: float) -> tuple[float, dict]:
     """BufferLink -> a child process that keeps and acks every chunk and does nothing else (ACKER): the
-    link and its acks without the buffer's work (decode, validation, storage, credits), timed as ours.
-    sync: a blocking loop (_sync_send_all) sends instead of the link."""
+    link and its acks without the buffer's work (decode, validation, storage, credits), timed as ours."""
     import zmq
 
     from turnstream.processes import free_port
 
     port, ctl = free_port(), free_port()
-    child = subprocess.Popen([sys.executable, "-c", ACKER, str(port), str(ctl), str(reserve_for(n, obs.nbytes)),
-                              str(ack_delay_ms / 1000)])
+    child = subprocess.Popen([sys.executable, "-c", ACKER, str(port), str(ctl), str(ack_delay_ms / 1000)])
     ctx = zmq.Context()
     try:
         _ready_child(ctx, ctl, "ack-only receiver")
-        if sync:
-            return _sync_send_all(ctx, port, n, obs, arrays, window, CpuClock(child.pid))
         return asyncio.run(_send_all(port, n, obs, arrays, window, CpuClock(child.pid)))
     finally:
         ctx.destroy(linger=0)
@@ -150,14 +136,14 @@ def _ready_child(ctx, ctl: int, what: str):
     return pair
 
 
-def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path, reserve: bool = True,
+def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path,
                ack_delay_ms: float | None = None) -> tuple[float, dict]:
     """Seconds from the first BufferLink.send to the last ack from a real buffer process, and CPU per chunk."""
     from turnstream.core.config import Config
     from turnstream.processes import ProcessGroup, free_port
 
     cfg = Config()
-    name = f"{wal}-{reserve}-{obs.size}"
+    name = f"{wal}-{ack_delay_ms}-{obs.size}"
     # a fresh run directory per measurement: a repeat must not replay the previous one's write-ahead log
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-", dir=workdir))
     cfg.run.run_dir = str(workdir / "run")
@@ -166,7 +152,6 @@ def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path, re
     cfg.buffer.wal, cfg.buffer.wal_fsync = wal, "always"
     cfg.buffer.max_items = cfg.buffer.max_running = max(cfg.buffer.max_items, n + 1)
     cfg.buffer.eta = cfg.buffer.max_staleness = 1000
-    cfg.buffer.ingest_reserve_bytes = reserve_for(n, obs.nbytes) if reserve else 0
     if ack_delay_ms is not None:
         cfg.buffer.ack_delay_ms = ack_delay_ms
     path = workdir / f"bench-{name}.toml"
@@ -211,44 +196,6 @@ async def _send_all(port: int, n: int, obs, arrays, window: int, cpu: CpuClock) 
         ctx.destroy(linger=0)
 
 
-def _sync_send_all(ctx, port: int, n: int, obs, arrays, window: int, cpu: CpuClock) -> tuple[float, dict]:
-    """The link's per-chunk work in a blocking loop: build each chunk, encode it (token ids as uint32), send
-    what the window has room for in bundles, keep `window` chunks unacked and decode the acks. No event loop,
-    metrics or resends: the floor for a Python sender of this wire format, which shows what the link's own
-    design costs (the ack_only row)."""
-    import zmq
-
-    from turnstream.actors.link import bundle
-    from turnstream.protocol.codec import DEFAULT_MAX_MESSAGE_BYTES, decode, encode
-    from turnstream.protocol.messages import AckBatch
-
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(f"tcp://127.0.0.1:{port}")
-    time.sleep(0.3)
-    cpu.start()
-    t0 = time.perf_counter()
-    unacked: set[int] = set()
-    sent = acked = 0
-    while acked < n:
-        messages = []
-        while sent < n and len(unacked) < window:
-            chunk = chunk_at(sent, obs, arrays)
-            chunk.seq = sent
-            unacked.add(sent)
-            messages.append((encode(chunk, alt_dtypes=True), 1))
-            sent += 1
-        for frames in bundle(messages, DEFAULT_MAX_MESSAGE_BYTES):
-            sock.send_multipart(frames, copy=False)
-        ack = decode(sock.recv_multipart(copy=False))
-        for seq in ack.seq.tolist() if isinstance(ack, AckBatch) else [ack.seq]:
-            if seq in unacked:
-                unacked.remove(seq)
-                acked += 1
-    elapsed = time.perf_counter() - t0
-    return elapsed, cpu.stop(n)
-
-
 def _wait_up(port: int, child) -> None:
     import urllib.request
 
@@ -275,7 +222,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeats", type=int, default=5,
                    help="measure every row this many times, interleaved; figures are medians")
     args = p.parse_args(argv)
-    from turnstream.protocol.codec import encode
     from turnstream.core.config import Config
 
     ack_delay_ms = Config().buffer.ack_delay_ms  # the ack-only receiver delays its acks as the buffer does
@@ -284,20 +230,14 @@ def main(argv: list[str]) -> int:
         for label, size, count, window in (("small", args.small_bytes, args.small_count, args.small_window),
                                            ("large", args.large_bytes, args.large_count, args.large_window)):
             obs, arrays = make_chunk_arrays(size)
-            nbytes = sum(memoryview(f).nbytes for f in encode(chunk_at(0, obs, arrays)))
+            nbytes = encoded_bytes(obs, arrays)
             # raw and ours first and back to back: the headline ratio compares the closest pair in time
             rows = {"raw": lambda: bench_raw(count, obs, arrays),
                     "ours": lambda: bench_ours(count, obs, arrays, wal=False, window=window, workdir=Path(tmp)),
                     "ack_only": lambda: bench_ack_only(count, obs, arrays, window, ack_delay_ms),
-                    "raw_keep": lambda: bench_raw(count, obs, arrays, "keep"),
-                    "raw_warm": lambda: bench_raw(count, obs, arrays, "warm"),
                     "ours_ack0": lambda: bench_ours(count, obs, arrays, wal=False, window=window,
                                                     workdir=Path(tmp), ack_delay_ms=0.0),
-                    "ours_cold": lambda: bench_ours(count, obs, arrays, wal=False, window=window,
-                                                    workdir=Path(tmp), reserve=False),
                     "ours_wal": lambda: bench_ours(count, obs, arrays, wal=True, window=window, workdir=Path(tmp))}
-            if label == "large":  # the link packs small chunks, which this loop does not
-                rows["sync_sender"] = lambda: bench_ack_only(count, obs, arrays, window, ack_delay_ms, sync=True)
             runs: list[dict] = []
             for repeat in range(args.repeats):  # every row once per repeat, so each ratio compares neighbours
                 figures = {}
@@ -331,10 +271,6 @@ def main(argv: list[str]) -> int:
         result[f"ratio_{label}_range"] = [round(min(per_repeat), 3), round(max(per_repeat), 3)]
     result["ack_only_small"] = ratio("small", "ack_only", "raw")  # the protocol's ceiling: no buffer work
     result["ack_only_large"] = ratio("large", "ack_only", "raw")
-    result["sync_sender_large"] = ratio("large", "sync_sender", "raw")  # a sender with nothing but the work
-    result["ratio_large_vs_keep"] = ratio("large", "ours", "raw_keep")
-    result["ratio_large_vs_warm"] = ratio("large", "ours", "raw_warm")
-    result["reserve_gain_large"] = ratio("large", "ours", "ours_cold")
     result["ack_delay_gain_small"] = ratio("small", "ours", "ours_ack0")  # delayed acks against none
     result["ack_delay_gain_large"] = ratio("large", "ours", "ours_ack0")
     result["wal_cost_small"] = round(1 - ratio("small", "ours_wal", "ours"), 3)

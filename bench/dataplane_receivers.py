@@ -39,35 +39,27 @@ def _cpu_seconds(stat_path: str) -> float | None:
 
 RECEIVER = r"""
 import sys, zmq
-port, n, mode, reserve = int(sys.argv[1]), int(sys.argv[2]), sys.argv[4], int(sys.argv[5])
-if mode == "warm":  # as the buffer starts: before the first socket starts libzmq's I/O thread
-    from turnstream.buffer.warm_heap import reserve_warm_heap
-    assert reserve_warm_heap(reserve), "not glibc"
+port, n = int(sys.argv[1]), int(sys.argv[2])
 ctx = zmq.Context()
 pull = ctx.socket(zmq.PULL); pull.setsockopt(zmq.RCVHWM, 10000); pull.bind(f"tcp://127.0.0.1:{port}")
 rep = ctx.socket(zmq.PAIR); rep.bind(f"tcp://127.0.0.1:{sys.argv[3]}")
 rep.send(b"ready")  # set up: the clock may start
 rep.recv()  # "go"
-kept = []
 for _ in range(n):
-    msg = pull.recv_multipart(copy=False)
-    if mode != "drop":
-        kept.append(msg)
+    pull.recv_multipart(copy=False)
 rep.send(b"done")
 rep.recv()  # stay alive until the parent has read this process's CPU time
 """
 
 
 ACKER = r"""
-import asyncio, sys, zmq
+import asyncio, sys, msgpack, zmq
 import numpy as np
 from turnstream.buffer.acks import AckGroup
-from turnstream.buffer.warm_heap import reserve_warm_heap
-from turnstream.protocol.codec import encode, split_bundle
+from turnstream.protocol.codec import encode
 from turnstream.protocol.loop_socket import LoopSocket
 from turnstream.protocol.messages import CreditGrant
-port, ctl, reserve, ack_delay_s = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-assert reserve_warm_heap(reserve), "not glibc"  # as the buffer starts
+port, ctl, ack_delay_s = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 ctx = zmq.Context()
 router = ctx.socket(zmq.ROUTER); router.setsockopt(zmq.RCVHWM, 10000); router.bind(f"tcp://127.0.0.1:{port}")
 rep = ctx.socket(zmq.PAIR); rep.bind(f"tcp://127.0.0.1:{ctl}")
@@ -80,16 +72,13 @@ async def serve():  # as the buffer's ingest loop, minus its work: the same sock
         if await io.readable(acks.wait_s()):
             while (msg := io.recv_now()) is not None:
                 kept.append(msg)
-                frames = msg[1:]
-                for header, start, _ in split_bundle(frames):  # headers only: no decode
-                    if header.get("t") == "turn_chunk":
-                        acks.add(msg[0].bytes, [(header["f"]["seq"], "ok", "")])
-                    elif header.get("t") == "turn_chunks":  # packed small chunks: their seqs are an array frame
-                        seqs = np.frombuffer(frames[start + 1 + list(header["a"]).index("seq")], np.int64)
-                        acks.add(msg[0].bytes, [(seq, "ok", "") for seq in seqs.tolist()])
-                    elif header.get("t") == "credit_request":  # the buffer's capabilities, no credits
-                        io.send_now([msg[0], *encode(CreditGrant(0, server_id="acker", unsigned_tokens=True,
-                                                                 message_bundles=True))])
+                peer, header, *arrays = msg
+                header = msgpack.unpackb(header)  # the header only: no decode
+                if header["t"] == "turn_chunks":  # the seqs are an array frame
+                    seqs = np.frombuffer(arrays[list(header["a"]).index("seq")], np.int64)
+                    acks.add(peer.bytes, [(seq, "ok", "") for seq in seqs.tolist()])
+                elif header["t"] == "credit_request":  # the buffer's answer, without credits
+                    io.send_now([peer, *encode(CreditGrant(0, server_id="acker"))])
         if acks.due():
             for reply in acks.take_replies():
                 io.send_now(reply)

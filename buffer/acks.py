@@ -2,10 +2,9 @@
 
 The acks of the chunks applied within `delay_s` of the first one leave together, as TCP delays its acks and
 a Kafka producer lingers: one log commit and one message per actor then answer the group, and the actor's
-link wakes once for it instead of once per chunk. With 1 MB chunks on a small machine that was a tenth of
-the data plane's throughput (BENCHMARKS.md, "Data plane"); the delay (1 ms by default) is nothing next to a
-turn's generation time. A group of ACK_AFTER_CHUNKS is sent without waiting out the delay, so an actor
-whose window is larger never stalls on it.
+link wakes once for it instead of once per chunk (BENCHMARKS.md, "Data plane", session 8); the delay (1 ms
+by default) is nothing next to a turn's generation time. A group of ACK_AFTER_CHUNKS is sent without waiting
+out the delay, so an actor whose window is larger never stalls on it.
 """
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ import time
 import numpy as np
 
 from turnstream.protocol.codec import encode
-from turnstream.protocol.messages import Ack, AckBatch
+from turnstream.protocol.messages import AckBatch
 
 log = logging.getLogger("turnstream.buffer")
 
@@ -61,10 +60,8 @@ class AckGroup:
         return replies
 
 
-def ack_reply(entries: list[AckEntry]) -> Ack | AckBatch:
-    """The one message that answers an actor's acks: `ack` for one chunk, `acks` for several."""
-    if len(entries) == 1:
-        return Ack(*entries[0])
+def ack_reply(entries: list[AckEntry]) -> AckBatch:
+    """The one message that answers an actor's acks."""
     return AckBatch(seq=np.fromiter((e[0] for e in entries), np.int64, len(entries)),
                     status=np.fromiter((ACK_CODES[e[1]] for e in entries), np.uint8, len(entries)),
                     reasons=[e[2] for e in entries if e[1] == "rejected"])

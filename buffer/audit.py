@@ -23,10 +23,11 @@ class AckNotes:
     def __init__(self, audit: AuditLog):
         self.audit, self.pending = audit, []
 
-    def note(self, chunk, status: str) -> None:
-        self.pending.append({"ack": status, "key": [chunk.actor_id, chunk.epoch, chunk.seq],
-                             "ep": chunk.episode_id, "turn": chunk.turn, "done": bool(chunk.done),
-                             "tokens": int(chunk.obs_tokens.size + chunk.gen_tokens.size)})
+    def note(self, msg, i: int, status: str) -> None:
+        """Chunk `i` of the turn_chunks message `msg` is acked with `status`."""
+        self.pending.append({"ack": status, "key": [msg.actor_id, msg.epoch, int(msg.seq[i])],
+                             "ep": msg.episode_ids[i], "turn": int(msg.turn[i]), "done": bool(msg.done[i]),
+                             "tokens": int(msg.obs_len[i] + msg.gen_len[i])})
 
     def flush(self) -> None:
         records, self.pending = self.pending, []
@@ -49,10 +50,6 @@ class AuditedJournal:
     def chunks(self, frames: list) -> None:
         if self.inner is not None:
             self.inner.chunks(frames)
-
-    def chunk(self, chunk, raw) -> None:  # the single-chunk form of the Journal protocol
-        if self.inner is not None:
-            self.inner.chunk(chunk, raw)
 
     def consumed(self, episode_ids: list[str]) -> None:
         self.audit.write({"served": list(episode_ids), "time": time.time()})
@@ -90,16 +87,16 @@ def attach_audit(run_dir: str | Path, store, journal):
     acks = AckNotes(audit)
     audited = AuditedJournal(journal, audit, acks)
     store.journal = audited
-    ingest_many = store.ingest_many
+    ingest_message = store.ingest_message
 
-    def ingest_and_note(identity, chunks, *args, **kwargs):
-        results = ingest_many(identity, chunks, *args, **kwargs)
-        for chunk, (status, _reason) in zip(chunks, results):
-            if status in ("ok", "duplicate"):
-                acks.note(chunk, status)
+    def ingest_and_note(identity, msg, *args, **kwargs):
+        entries = ingest_message(identity, msg, *args, **kwargs)
+        for i, (_seq, status, _reason) in enumerate(entries):
+            if status in ("ok", "duplicate"):  # only a batch that unpacked has these, one entry per chunk
+                acks.note(msg, i, status)
         if journal is None:  # no log to commit first: the acks leave right after this
             acks.flush()
-        return results
+        return entries
 
-    store.ingest_many = ingest_and_note  # this store only; ReplayStore itself stays as it is
+    store.ingest_message = ingest_and_note  # this store only; ReplayStore itself stays as it is
     return audited if journal is not None else None

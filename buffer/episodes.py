@@ -32,6 +32,12 @@ class Episode:
         if chunk.done:
             self.last_turn = chunk.turn
 
+    def beyond_final_turn(self, chunk: TurnChunk) -> bool:
+        """A turn after the one marked done, or a done marker before turns already received."""
+        if self.last_turn is not None and chunk.turn > self.last_turn:
+            return True
+        return chunk.done and any(t > chunk.turn for t in self.turns)
+
     @property
     def complete(self) -> bool:
         return self.last_turn is not None and len(self.turns) == self.last_turn + 1 and all(
@@ -73,8 +79,8 @@ def flatten(episodes: list[Episode], request_id: int, learner_version: int, drop
             cols["mask"].append(np.full(n_obs + n_gen, mask_id, np.int32))
         offsets.append(offsets[-1] + ep.num_tokens)
     turns = [[ep.turns[t] for t in range(ep.last_turn + 1)] for ep in episodes]  # type: ignore[operator]
-    # Token ids may have come as uint32 (protocol.messages.UNSIGNED_TOKENS). The batch carries int32: an id of
-    # 2**31 or more turns negative, and the learner drops its episode as outside the vocabulary.
+    # Token ids come as uint32 (protocol/SCHEMA.md); the batch carries int32: an id of 2**31 or more turns
+    # negative, and the learner drops its episode as outside the vocabulary.
     cat = {k: (np.concatenate(v, dtype=np.int32 if k == "tokens" else None, casting="unsafe") if v
                else np.zeros(0)) for k, v in cols.items()}
     return Batch(

@@ -1,10 +1,10 @@
 """The replay store's write-ahead journal: what goes in the log, how a restart replays it, compaction.
 
 Record kinds:
-- CHUNK:    an ingested message (a turn chunk or a batch of them), stored as the wire frames it arrived in
-            (replayed through ingest(), which rebuilds episodes, dedup watermarks and counters exactly as
+- CHUNK:    an ingested message (turn chunks), stored as the wire frames it arrived in (replayed through
+            ReplayStore.ingest_message, which rebuilds episodes, dedup watermarks and counters exactly as
             the first time, rejecting and skipping the same chunks);
-- LIVE:     a chunk copied by compaction (restored without counting it again);
+- LIVE:     the chunks of an episode still held, written by compaction (restored without counting them again);
 - EVENT:    msgpack {"e": "consumed" | "closed" | "version", ...}: an episode served, dropped
             (stale/abandoned) or a new learner version;
 - SNAPSHOT: msgpack of the counters a compaction folds in (dedup watermarks, closed episode ids,
@@ -26,8 +26,8 @@ from turnstream.buffer.metrics import BufferMetrics
 from turnstream.buffer.store import ReplayStore
 from turnstream.buffer.wal import WalFile, WalWriter
 from turnstream.protocol.codec import DecodeError, decode, encode
-from turnstream.protocol.chunk_batch import unpack
-from turnstream.protocol.messages import TurnChunk, TurnChunkBatch
+from turnstream.protocol.chunk_batch import pack, unpack
+from turnstream.protocol.messages import TurnChunkBatch
 
 CHUNK, LIVE, EVENT, SNAPSHOT = 1, 2, 3, 4
 
@@ -71,12 +71,11 @@ class WalJournal:
                 count += 1
                 if kind == SNAPSHOT:
                     _apply_snapshot(store, msgpack.unpackb(payload, raw=False, strict_map_key=False))
-                elif kind in (CHUNK, LIVE):
-                    chunks = _decode_chunks(payload)
-                    if kind == CHUNK:
-                        store.ingest_many(b"", chunks)
-                    else:
-                        store.restore_chunk(chunks[0])
+                elif kind == CHUNK:
+                    store.ingest_message(b"", _decode_chunks(payload))
+                elif kind == LIVE:
+                    for chunk in unpack(_decode_chunks(payload)):
+                        store.restore_chunk(chunk)
                 elif kind == EVENT:
                     _apply_event(store, msgpack.unpackb(payload, raw=False))
         finally:
@@ -98,8 +97,7 @@ class WalJournal:
         writer = WalWriter(tmp)
         writer.append(SNAPSHOT, [msgpack.packb(_snapshot(store))])
         for ep in [*store.in_progress.values(), *store.ready.values()]:
-            for turn in sorted(ep.turns):
-                writer.append(LIVE, _frame_parts(encode(ep.turns[turn])))
+            writer.append(LIVE, _frame_parts(encode(pack([ep.turns[turn] for turn in sorted(ep.turns)]))))
         writer.finish()
         self.wal.replace_with(tmp)
         # a log that is mostly live data is not worth rewriting again soon
@@ -117,7 +115,7 @@ def _frame_parts(frames: list) -> list:
     return [head, *views]
 
 
-def _decode_chunks(payload: memoryview) -> list[TurnChunk]:
+def _decode_chunks(payload: memoryview) -> TurnChunkBatch:
     (n,) = struct.unpack_from("<I", payload, 0)
     sizes = struct.unpack_from(f"<{n}I", payload, 4)
     pos, frames = 4 + 4 * n, []
@@ -125,15 +123,13 @@ def _decode_chunks(payload: memoryview) -> list[TurnChunk]:
         frames.append(bytes(payload[pos:pos + size]))  # own copy: do not pin the whole log file in memory
         pos += size
     msg = decode(frames)
-    if isinstance(msg, TurnChunkBatch):
-        return unpack(msg)
-    if not isinstance(msg, TurnChunk):
+    if not isinstance(msg, TurnChunkBatch):
         raise DecodeError("unexpected_type", "write-ahead log chunk record")
-    return [msg]
+    return msg
 
 
 def _snapshot(store: ReplayStore) -> dict:
-    return {"learner_version": store.learner_version, "accepted": store.accepted,
+    return {"learner_version": store.learner_version, "accepted": store.admission.accepted,
             "inserts": store.limiter.inserts, "samples": store.limiter.samples,
             "max_served_staleness": store.max_served_staleness, "dropped_since_batch": store.dropped_since_batch,
             "dedup": store.dedup.snapshot(), "closed": list(store.closed)}
@@ -143,7 +139,7 @@ def _apply_snapshot(store: ReplayStore, snap: dict) -> None:
     store.in_progress.clear()
     store.ready.clear()
     store.learner_version = int(snap["learner_version"])
-    store.accepted = int(snap["accepted"])
+    store.admission.accepted = int(snap["accepted"])
     store.limiter.inserts, store.limiter.samples = int(snap["inserts"]), int(snap["samples"])
     store.max_served_staleness = int(snap["max_served_staleness"])
     store.dropped_since_batch = int(snap["dropped_since_batch"])

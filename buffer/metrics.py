@@ -1,12 +1,15 @@
 """Prometheus metrics of the buffer role, on a registry of its own (tests run several in one process)."""
 from __future__ import annotations
 
-import resource
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 
 from turnstream.core.build_info import register_build_info
+
+if TYPE_CHECKING:
+    from turnstream.buffer.store import ReplayStore
 
 
 class BufferMetrics:
@@ -58,15 +61,26 @@ class BufferMetrics:
                                     "Log records replayed at start-up", registry=r)
         self.wal_torn = Counter("turnstream_buffer_wal_torn_bytes_total",
                                 "Bytes of an unfinished last record cut off at start-up", registry=r)
-        r.register(PageFaults())
         self.counts = IngestCounts()
         r.register(self.counts)
 
+    def watch(self, store: "ReplayStore") -> None:
+        """The state gauges read the store when scraped, instead of being set on every change, on the path
+        every message takes. Scrapes run on the buffer's event loop (protocol/http_metrics.py), the thread
+        that changes the store."""
+        self.ready_episodes.set_function(lambda: len(store.ready))
+        self.running_episodes.set_function(lambda: store.running)
+        self.items.labels("ready").set_function(lambda: len(store.ready))
+        self.items.labels("running").set_function(lambda: store.running)
+        self.learner_version.set_function(lambda: store.learner_version)
+        self.actors.set_function(lambda: len(store.admission.actors))
+        self.connected_actors.set_function(store.admission.connected)
+
 
 class IngestCounts:
-    """The counters of the per-chunk path, kept as plain ints and read at scrape time. A prometheus_client
-    Counter takes a lock on every increment: the six a 1 MB chunk made were two fifths of the store's ingest
-    time (BENCHMARKS.md, "Data plane"). The buffer's event loop is their only writer."""
+    """The counters of the per-chunk path, kept as plain ints and read at scrape time: a prometheus_client
+    Counter takes a lock on every increment, a large share of the store's ingest time (BENCHMARKS.md, "Data
+    plane", session 10). The buffer's event loop is their only writer."""
 
     def __init__(self):
         self.chunks = dict.fromkeys(("ok", "duplicate", "rejected"), 0)  # by outcome
@@ -91,19 +105,3 @@ class IngestCounts:
                 CounterMetricFamily("turnstream_buffer_inserts", "Complete episodes inserted into the table",
                                     value=self.inserts)]
 
-
-class PageFaults:
-    """The buffer process's minor page faults since it started, read at scrape time. One that keeps rising
-    while chunks come in means they land in fresh memory: the warm heap reserve
-    (`buffer.ingest_reserve_bytes`, buffer/warm_heap.py) is smaller than the buffer's growth."""
-
-    def describe(self):
-        return [self._family(0)]
-
-    def collect(self):
-        return [self._family(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)]
-
-    @staticmethod
-    def _family(value: int) -> CounterMetricFamily:
-        return CounterMetricFamily("turnstream_buffer_page_faults", "Minor page faults of the buffer process "
-                                   "(fresh memory touched); see buffer.ingest_reserve_bytes", value=value)

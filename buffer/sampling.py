@@ -6,8 +6,8 @@ order while the batch has room in episodes (`max_episodes`) and in tokens (`max_
 A batch is ready when the next unit does not fit (or `max_episodes` is reached); if the ready episodes
 run out first, the request keeps waiting. A single unit larger than the whole token budget is served
 alone rather than never (it is not dropped). A group still incomplete `buffer.group_timeout_s` after one of
-its members completed (a sibling was abandoned) is dropped by ReplayStore.expire, counted as
-`group_timeout`, instead of holding admission room until it goes stale.
+its members completed (a sibling was abandoned) is dropped by ReplayStore.expire (`incomplete_groups`),
+counted as `group_timeout`, instead of holding admission room until it goes stale.
 """
 from __future__ import annotations
 
@@ -62,3 +62,18 @@ def _complete_groups(episodes: Iterable[Episode], n: int) -> Iterator[tuple[Epis
         if len(members) == n:
             yield tuple(members)
             del pending[ep.prompt_key]
+
+
+def incomplete_groups(ready: "OrderedDict[str, Episode]", group_size: int, cutoff: float) -> list[str]:
+    """Ready episodes of a group that stayed short of group_size since before `cutoff` (a sibling was abandoned
+    or dropped): group sampling would hold them until they go stale, blocking admission room."""
+    by_prompt: dict[str, list[Episode]] = {}
+    for ep in ready.values():
+        by_prompt.setdefault(ep.prompt_key, []).append(ep)
+    orphans = []
+    for members in by_prompt.values():
+        # groups form in completion order, so the incomplete one is the tail
+        tail = members[len(members) - len(members) % group_size:]
+        if tail and tail[0].last_seen < cutoff:
+            orphans.extend(ep.episode_id for ep in tail)
+    return orphans

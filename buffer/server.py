@@ -22,13 +22,10 @@ from turnstream.buffer.episodes import flatten
 from turnstream.buffer.metrics import BufferMetrics
 from turnstream.buffer.ratelimit import BlockedClock, Cancelled, Gate
 from turnstream.buffer.store import ReplayStore
-from turnstream.buffer.validate import batch_is_clean
 from turnstream.protocol import auth
-from turnstream.protocol.codec import DecodeError, decode, decode_bundle, encode
-from turnstream.protocol.chunk_batch import BatchError, readable_seqs, unpack
+from turnstream.protocol.codec import DecodeError, decode, encode
 from turnstream.protocol.loop_socket import LoopSocket
-from turnstream.protocol.messages import (BatchRequest, CreditGrant, CreditRequest, Message, TurnChunk, TurnChunkBatch,
-                               VersionAnnouncement)
+from turnstream.protocol.messages import BatchRequest, CreditGrant, CreditRequest, TurnChunkBatch, VersionAnnouncement
 from turnstream.protocol.sockets import configure
 
 log = logging.getLogger("turnstream.buffer")
@@ -112,8 +109,7 @@ class BufferServer:
             heartbeats: set[bytes] = set()
             if await self.ingest_io.readable(self.acks.wait_s()):
                 # Drain what is already queued. A ROUTER send never waits (a full peer pipe drops, and the
-                # actor resends). Frames are kept as received, zero-copy: the stored arrays are views into
-                # them (warm_heap.py).
+                # actor resends). Frames are kept as received, zero-copy: the stored arrays are views into them.
                 batch = []
                 while len(batch) < self.drain_max and (frames := self.ingest_io.recv_now()) is not None:
                     batch.append(frames)
@@ -130,46 +126,22 @@ class BufferServer:
         """Apply one drained group of messages: each chunk's ack joins the ack group. Returns the actors
         whose credit request gets an answer (even of 0 credits)."""
         heartbeats: set[bytes] = set()
-        for peer, *bundle in batch:
+        for peer, *frames in batch:
             identity = peer.bytes
             try:
-                for msg, frames in decode_bundle(bundle, self.max_message_bytes):
-                    if isinstance(msg, DecodeError):
-                        self._bad_message(msg)
-                    else:
-                        self._apply_message(identity, msg, frames, heartbeats)
-            except DecodeError as exc:  # the rest of the bundle cannot be delimited
-                self._bad_message(exc)
+                msg = decode(frames, self.max_message_bytes)
+            except DecodeError as exc:
+                self.m.rejected.labels(exc.reason).inc()
+                log.warning("bad message from an actor: %s", exc)
+                continue
+            if isinstance(msg, TurnChunkBatch):
+                self.acks.add(identity, self.store.ingest_message(identity, msg, frames))
+            elif isinstance(msg, CreditRequest):
+                self.store.admission.on_credit_request(identity, msg.actor_id, msg.epoch, msg.slots)
+                heartbeats.add(identity)
+            else:
+                self.m.rejected.labels("unexpected_type").inc()
         return heartbeats
-
-    def _bad_message(self, exc: DecodeError) -> None:
-        self.m.rejected.labels(exc.reason).inc()
-        log.warning("bad message from an actor: %s", exc)
-
-    def _apply_message(self, identity: bytes, msg: Message, frames: list, heartbeats: set[bytes]) -> None:
-        """Apply one message of a bundle; `frames` are its own (what the write-ahead log keeps)."""
-        if isinstance(msg, TurnChunk):
-            results = self.store.ingest_many(identity, [msg], raw=frames)
-            self.acks.add(identity, [(msg.seq, *results[0])])
-        elif isinstance(msg, TurnChunkBatch):
-            self.acks.add(identity, self._ingest_batch(identity, msg, frames))
-        elif isinstance(msg, CreditRequest):
-            self.store.on_credit_request(identity, msg.actor_id, msg.epoch, msg.slots)
-            heartbeats.add(identity)
-        else:
-            self.m.rejected.labels("unexpected_type").inc()
-
-    def _ingest_batch(self, identity: bytes, msg: TurnChunkBatch, frames: list) -> list[tuple[int, str, str]]:
-        try:
-            chunks = unpack(msg)
-        except BatchError as exc:
-            # every chunk of it is refused, and acked as such so that the actor does not resend forever
-            seqs = readable_seqs(msg)
-            self.m.rejected.labels(exc.reason).inc()
-            self.m.counts.chunks["rejected"] += len(seqs)
-            return [(seq, "rejected", exc.reason) for seq in seqs]
-        results = self.store.ingest_many(identity, chunks, raw=frames, prevalidated=batch_is_clean(msg))
-        return [(c.seq, status, reason) for c, (status, reason) in zip(chunks, results)]
 
     # ---- learner -----------------------------------------------------------------------------------
     async def _serve_loop(self) -> None:
@@ -266,13 +238,13 @@ class BufferServer:
         grants = dict(self.store.grant_credits())
         for identity in set(grants) | set(heartbeats):
             grant = CreditGrant(credits=grants.get(identity, 0), learner_version=self.store.learner_version,
-                                server_id=self.server_id, unsigned_tokens=True, message_bundles=True)
+                                server_id=self.server_id)
             self.ingest_io.send_now([identity, *encode(grant)])
         self._update_clocks()
 
     def _update_clocks(self) -> None:
         now = time.monotonic()
-        self.insert_clock.update(self.store.wanted_credits() > 0 and self.store.capacity() == 0, now)
+        self.insert_clock.update(self.store.admission.wanted() > 0 and self.store.capacity() == 0, now)
         self.sample_clock.update(self.waiting_requests > 0, now)
 
 

@@ -1,69 +1,48 @@
-"""Semantic checks on a decoded turn chunk (the codec already checked types, dtypes and sizes)."""
-from __future__ import annotations
+"""What makes a turn chunk unacceptable in itself, checked over a whole TurnChunkBatch at once.
 
-import math
+The codec has already checked types, dtypes and sizes, and chunk_batch.unpack that the batch's columns agree.
+Token ids are unsigned on the wire, so none is negative; one beyond the vocabulary is the learner's to catch,
+as only it knows the vocabulary. What a chunk means for its episode (a turn already there, an episode
+closed) is the store's to decide.
+"""
+from __future__ import annotations
 
 import numpy as np
 
-from turnstream.buffer.episodes import Episode
 from turnstream.protocol.messages import TurnChunk, TurnChunkBatch
 
 
-def validate_chunk(c: TurnChunk) -> str:
-    """Empty string if the chunk is well formed, else a short reason (a metric label)."""
-    n = c.gen_tokens.size
-    if c.gen_tokens.ndim != 1 or c.obs_tokens.ndim != 1 or c.allowed_tokens.ndim != 1:
-        return "bad_shape"
-    if c.gen_logprobs.shape != (n,) or c.gen_versions.shape != (n,):
-        return "length_mismatch"
-    if c.turn < 0 or c.seq < 0 or c.epoch < 0:
-        return "negative_index"
-    if c.turn == 0 and c.obs_tokens.size == 0:
-        return "empty_prompt"
-    if _negative(c.gen_tokens) or _negative(c.obs_tokens) or _negative(c.allowed_tokens):
-        return "negative_token"
-    if n and not _logprobs_ok(c.gen_logprobs):
-        return "bad_logprob"
-    if n and c.gen_versions.min() < 0:
-        return "bad_version"
-    if not math.isfinite(c.reward) or not (c.temperature > 0 and math.isfinite(c.temperature)):
-        return "bad_scalar"
-    if c.allowed_tokens.size and n and not np.isin(c.gen_tokens, c.allowed_tokens).all():
-        return "token_not_allowed"
-    return ""
+def rejections(batch: TurnChunkBatch, chunks: list[TurnChunk]) -> list[str]:
+    """Per chunk of `batch` (`chunks` are its unpacked chunks): "" if it is well formed, else a short reason
+    (a metric label). A chunk that fails several checks is named by the first one below."""
+    lp = batch.gen_logprobs
+    checks = (
+        ("negative_index", (batch.seq < 0) | (batch.turn < 0) | (batch.epoch < 0)),
+        ("empty_prompt", (batch.turn == 0) & (batch.obs_len == 0)),
+        # every log-prob finite and at most 0, with a little slack for rounding (NaN fails `<=`)
+        ("bad_logprob", _any_per_chunk(~(lp <= 1e-4) | (lp == -np.inf), batch.gen_len)),
+        ("bad_version", _any_per_chunk(batch.gen_versions < 0, batch.gen_len)),
+        ("bad_scalar", ~np.isfinite(batch.reward) | ~np.isfinite(batch.temperature) | ~(batch.temperature > 0)),
+        ("token_not_allowed", _outside_allowed(batch, chunks)),
+    )
+    reasons = [""] * len(chunks)
+    for reason, failed in reversed(checks):
+        for i in np.flatnonzero(failed).tolist():
+            reasons[i] = reason
+    return reasons
 
 
-def _negative(tokens: np.ndarray) -> bool:
-    """A negative id among signed tokens. Unsigned ones (protocol.messages.UNSIGNED_TOKENS) cannot be, and need
-    no pass over them; an id beyond the vocabulary is the learner's to catch, as only it knows the vocabulary."""
-    return tokens.dtype.kind == "i" and tokens.size > 0 and tokens.min() < 0
+def _any_per_chunk(bad: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Per chunk, whether any of its items is bad (the chunks' items end to end, `lengths` of them each)."""
+    bad_before = np.concatenate(([0], np.cumsum(bad, dtype=np.int64)))
+    ends = np.cumsum(lengths)
+    return bad_before[ends] > bad_before[ends - lengths]
 
 
-def _logprobs_ok(logprobs: np.ndarray) -> bool:
-    """Every log-prob finite and at most 0 (a little slack for rounding). Two reductions and no temporary:
-    NaN propagates through max, so it fails the first test; -inf fails the second."""
-    return bool(logprobs.max() <= 1e-4 and logprobs.min() > -math.inf)
+def _outside_allowed(batch: TurnChunkBatch, chunks: list[TurnChunk]) -> np.ndarray:
+    """Per chunk, whether it generated a token outside its allowed-token mask (an empty mask allows all)."""
+    failed = np.zeros(len(chunks), bool)
+    for i in np.flatnonzero((batch.allowed_len > 0) & (batch.gen_len > 0)).tolist():
+        failed[i] = not np.isin(chunks[i].gen_tokens, chunks[i].allowed_tokens).all()
+    return failed
 
-
-def beyond_final_turn(ep: Episode, c: TurnChunk) -> bool:
-    """A turn after the one marked done, or a done marker before turns already received."""
-    if ep.last_turn is not None and c.turn > ep.last_turn:
-        return True
-    return c.done and any(t > c.turn for t in ep.turns)
-
-
-def batch_is_clean(b: TurnChunkBatch) -> bool:
-    """True if every chunk of an unpacked batch passes validate_chunk, except possibly the allowed-token
-    check (done per chunk, and only for chunks that carry a mask). One vectorised pass over the whole
-    batch instead of a dozen small numpy reductions per chunk; False sends the caller to validate_chunk."""
-    if b.epoch < 0 or b.seq.min() < 0 or b.turn.min() < 0:
-        return False
-    if ((b.turn == 0) & (b.obs_len == 0)).any():
-        return False
-    if _negative(b.obs_tokens) or _negative(b.gen_tokens) or _negative(b.allowed_tokens):
-        return False
-    if b.gen_logprobs.size and not _logprobs_ok(b.gen_logprobs):
-        return False
-    if b.gen_versions.size and b.gen_versions.min() < 0:
-        return False
-    return bool(np.isfinite(b.reward).all() and np.isfinite(b.temperature).all() and (b.temperature > 0).all())

@@ -1,3 +1,3 @@
 """Wire schema, codec and small shared plumbing used by every turnstream role."""
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2

@@ -1,8 +1,8 @@
-"""Packing turn chunks of one actor epoch into a TurnChunkBatch, and splitting one back into chunks.
+"""Packing turn chunks of one actor epoch into their wire form, a TurnChunkBatch, and splitting one back.
 
-Why batches: a 2 KB chunk costs the buffer far more in per-message Python work (header decode, dataclass
-construction, one ack each way) than in bytes. A batch pays that once per message; the split here costs
-a few slices per chunk.
+One form for every chunk: a small chunk costs the buffer far more in per-message work (a receive, a header
+to decode, an ack) than in bytes, so the chunks that queue up together travel as one message; a large chunk
+travels as a batch of its own, its arrays sent and kept as they are, without a copy.
 """
 from __future__ import annotations
 
@@ -39,11 +39,22 @@ def pack(chunks: list[TurnChunk]) -> TurnChunkBatch:
     columns = {name: np.fromiter((getattr(c, name) for c in chunks), dtype, n) for name, dtype in COLUMNS.items()}
     lengths = {name: np.fromiter((getattr(c, array).size for c in chunks), np.int64, n)
                for name, array in LENGTHS.items()}
-    arrays = {name: np.concatenate([np.asarray(getattr(c, name), TurnChunkBatch.ARRAYS[name]) for c in chunks])
+    arrays = {name: _joined([getattr(c, name) for c in chunks], np.dtype(TurnChunkBatch.ARRAYS[name]))
               for name in TOKEN_ARRAYS}
     return TurnChunkBatch(actor_id=first.actor_id, epoch=first.epoch,
                           episode_ids=[c.episode_id for c in chunks], prompt_keys=[c.prompt_key for c in chunks],
                           **columns, **lengths, **arrays)
+
+
+def _joined(parts: list, dtype: np.dtype) -> np.ndarray:
+    """The parts end to end, in `dtype`. Signed token ids become unsigned as a view of the same bytes: a
+    negative id arrives as one no vocabulary holds, which the learner refuses. One part is not copied."""
+    wire = []
+    for part in parts:
+        part = np.asarray(part)
+        same_size_ints = part.dtype.kind in "iu" and dtype.kind in "iu" and part.dtype.itemsize == dtype.itemsize
+        wire.append(part.view(dtype) if same_size_ints else part.astype(dtype, copy=False))
+    return wire[0] if len(wire) == 1 else np.concatenate(wire)
 
 
 def readable_seqs(batch: TurnChunkBatch) -> list[int]:
@@ -52,8 +63,8 @@ def readable_seqs(batch: TurnChunkBatch) -> list[int]:
 
 
 def unpack(batch: TurnChunkBatch) -> list[TurnChunk]:
-    """The batch's chunks, each with its own copy of its arrays (a kept chunk must not pin the whole
-    received message in memory). Raises BatchError if the columns disagree with each other."""
+    """The batch's chunks. Raises BatchError if the columns disagree with each other. Where the batch holds
+    several chunks each gets its own copy of its arrays: a kept chunk must not pin the whole message."""
     n = batch.seq.size
     if n == 0:
         raise BatchError("bad_batch", "empty batch")
@@ -61,6 +72,8 @@ def unpack(batch: TurnChunkBatch) -> list[TurnChunk]:
         raise BatchError("bad_batch", "per-chunk columns differ in length")
     if len(batch.episode_ids) != n or len(batch.prompt_keys) != n:
         raise BatchError("bad_batch", "episode_ids/prompt_keys do not match the chunk count")
+    if any(getattr(batch, name).ndim != 1 for name in TOKEN_ARRAYS):
+        raise BatchError("bad_batch", "token arrays must be 1-D")
     offsets = {}
     for length_name, array_name in LENGTHS.items():
         lengths = getattr(batch, length_name)
@@ -69,14 +82,13 @@ def unpack(batch: TurnChunkBatch) -> list[TurnChunk]:
         offsets[length_name] = np.concatenate(([0], np.cumsum(lengths))).tolist()
     if not batch.gen_tokens.shape == batch.gen_logprobs.shape == batch.gen_versions.shape:
         raise BatchError("bad_batch", "gen_tokens, gen_logprobs and gen_versions differ in length")
-    if any(getattr(batch, name).ndim != 1 for name in TOKEN_ARRAYS):
-        raise BatchError("bad_batch", "token arrays must be 1-D")
+    if n == 1:
+        parts = [{name: getattr(batch, name) for name in TOKEN_ARRAYS}]
+    else:
+        parts = [{name: getattr(batch, name)[offsets[length][i]:offsets[length][i + 1]].copy()
+                  for name, length in TOKEN_ARRAYS.items()} for i in range(n)]
     columns = {name: getattr(batch, name).tolist() for name in COLUMNS}
-    chunks = []
-    for i in range(n):
-        parts = {name: getattr(batch, name)[offsets[length][i]:offsets[length][i + 1]].copy()
-                 for name, length in TOKEN_ARRAYS.items()}
-        chunks.append(TurnChunk(
-            actor_id=batch.actor_id, epoch=batch.epoch, episode_id=batch.episode_ids[i],
-            prompt_key=batch.prompt_keys[i], **{name: values[i] for name, values in columns.items()}, **parts))
-    return chunks
+    return [TurnChunk(actor_id=batch.actor_id, epoch=batch.epoch, episode_id=batch.episode_ids[i],
+                      prompt_key=batch.prompt_keys[i], **{name: values[i] for name, values in columns.items()},
+                      **parts[i])
+            for i in range(n)]

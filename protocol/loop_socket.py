@@ -2,8 +2,8 @@
 
 pyzmq's asyncio socket makes a future and a kwargs dict for every send and receive, reads socket options
 to arm timers, and combines flags through Python enums. On the data path (the actor's link, the buffer's
-ingest socket) that was a large share of the CPU per 1 MB chunk (`turnstream bench dataplane`). Here a
-send is a plain non-blocking call with int flags, and a receiver drains every queued message, then sleeps.
+ingest socket) that was a large share of the CPU per chunk (BENCHMARKS.md, "Data plane"). Here a send is a
+plain non-blocking call, and a receiver drains every queued message, then sleeps.
 
 libzmq's FD is edge-triggered: it signals only that the socket's state may have changed, and any operation
 on the socket, a send included, can consume that signal. So this class reads the state (ZMQ_EVENTS) after
@@ -17,7 +17,6 @@ import zmq
 
 _MORE, _LAST = int(zmq.SNDMORE | zmq.NOBLOCK), int(zmq.NOBLOCK)
 _EVENTS, _POLLIN, _POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
-_backend_send = zmq.backend.Socket.send
 
 
 class LoopSocket:
@@ -37,7 +36,7 @@ class LoopSocket:
             self._loop.add_reader(self._fd, self._poll)
 
     def _poll(self) -> int:
-        events = zmq.Socket.get(self.sock, _EVENTS)
+        events = self.sock.get(_EVENTS)
         if events & _POLLIN:
             self._readable.set()
         if events & _POLLOUT:
@@ -64,14 +63,14 @@ class LoopSocket:
 
     def recv_now(self) -> list[zmq.Frame] | None:
         """The next queued message (frames kept zero-copy), or None. A multipart message arrives whole, so
-        this never waits; Frame.more instead of the RCVMORE option halves the cost of a receive."""
+        this never waits; Frame.more saves reading the RCVMORE option per frame."""
         try:
-            frame = zmq.Socket.recv(self.sock, _LAST, copy=False)
+            frame = self.sock.recv(_LAST, copy=False)
         except zmq.Again:
             return None
         frames = [frame]
         while frame.more:
-            frame = zmq.Socket.recv(self.sock, _LAST, copy=False)
+            frame = self.sock.recv(_LAST, copy=False)
             frames.append(frame)
         return frames
 
@@ -88,8 +87,7 @@ class LoopSocket:
             for frames in messages:
                 last = len(frames) - 1
                 for i, frame in enumerate(frames):
-                    # the backend's send: pyzmq's Socket.send only adds options this socket never uses
-                    _backend_send(self.sock, frame, _MORE if i < last else _LAST, False)
+                    self.sock.send(frame, _MORE if i < last else _LAST, copy=False)
                 sent += 1
         except zmq.Again:
             pass

@@ -1,4 +1,4 @@
-"""Typed wire messages (schema v1).
+"""Typed wire messages (protocol/SCHEMA.md, version 2).
 
 Array-valued fields are numpy arrays and travel as separate zero-copy frames; everything else goes in
 the msgpack header. New fields must be optional (have defaults) so that older peers keep decoding.
@@ -22,27 +22,15 @@ def _f32(values=()) -> np.ndarray:
 @dataclass
 class Message:
     TYPE: ClassVar[str] = ""
-    # field name -> required numpy dtype; these fields travel as separate frames
+    # field name -> its numpy dtype on the wire; these fields travel as separate frames
     ARRAYS: ClassVar[dict[str, str]] = {}
-    # field name -> a second dtype a receiver takes as is; a sender uses it only once the receiver said it may
-    ALT_DTYPES: ClassVar[dict[str, str]] = {}
-
-
-# Token ids may travel unsigned, as they are by nature: a receiver then has no sign to check, a pass over every
-# token it would otherwise make (a quarter of the buffer's ingest work at 1 MB per chunk).
-UNSIGNED_TOKENS = {"obs_tokens": "uint32", "gen_tokens": "uint32", "allowed_tokens": "uint32"}
 
 
 @dataclass
-class TurnChunk(Message):
-    """One finished turn of one episode, sent by an actor as soon as the turn ends."""
+class TurnChunk:
+    """One finished turn of one episode: what an actor streams and the buffer keeps. It travels in a
+    `TurnChunkBatch` (protocol/chunk_batch.py), alone or with the chunks that queued up with it."""
 
-    TYPE: ClassVar[str] = "turn_chunk"
-    ARRAYS: ClassVar[dict[str, str]] = {
-        "obs_tokens": "int32", "gen_tokens": "int32", "gen_logprobs": "float32",
-        "gen_versions": "int32", "allowed_tokens": "int32",
-    }
-    ALT_DTYPES: ClassVar[dict[str, str]] = UNSIGNED_TOKENS
     actor_id: str
     epoch: int  # a restarted actor starts a new epoch, so (actor_id, epoch, seq) stays unique
     seq: int
@@ -64,28 +52,19 @@ class TurnChunk(Message):
 
 
 @dataclass
-class Ack(Message):
-    TYPE: ClassVar[str] = "ack"
-    seq: int
-    status: str  # "ok" | "duplicate" | "rejected"
-    reason: str = ""
-
-
-@dataclass
 class TurnChunkBatch(Message):
-    """Several turn chunks of one actor epoch, column-wise: per-chunk scalars as arrays, token arrays
-    concatenated (split by the `*_len` columns). Small chunks travel this way because the per-message
-    work (one header, one decode, one ack) then happens once per batch instead of once per chunk."""
+    """The wire form of turn chunks: one or more chunks of one actor epoch, column-wise (per-chunk scalars as
+    arrays, token arrays concatenated and split by the `*_len` columns). Token ids are unsigned, as they are
+    by nature, so a receiver has no sign to check."""
 
     TYPE: ClassVar[str] = "turn_chunks"
     ARRAYS: ClassVar[dict[str, str]] = {
         "seq": "int64", "turn": "int32", "agent_id": "int32", "reward": "float64", "done": "bool",
         "truncated": "bool", "temperature": "float64", "t_start": "float64", "t_end": "float64",
         "obs_len": "int64", "gen_len": "int64", "allowed_len": "int64",
-        "obs_tokens": "int32", "gen_tokens": "int32", "gen_logprobs": "float32", "gen_versions": "int32",
-        "allowed_tokens": "int32",
+        "obs_tokens": "uint32", "gen_tokens": "uint32", "gen_logprobs": "float32", "gen_versions": "int32",
+        "allowed_tokens": "uint32",
     }
-    ALT_DTYPES: ClassVar[dict[str, str]] = UNSIGNED_TOKENS
     actor_id: str
     epoch: int
     episode_ids: list[str]
@@ -111,7 +90,7 @@ class TurnChunkBatch(Message):
 
 @dataclass
 class AckBatch(Message):
-    """Acks for every chunk of one actor that one drained group of messages carried."""
+    """The buffer's acks to one actor: every chunk of that actor in one ack group (buffer/acks.py)."""
 
     TYPE: ClassVar[str] = "acks"
     ARRAYS: ClassVar[dict[str, str]] = {"seq": "int64", "status": "uint8"}
@@ -139,8 +118,6 @@ class CreditGrant(Message):
     credits: int
     learner_version: int = 0
     server_id: str = ""  # changes when the buffer restarts: the actor then resends its unacked window
-    unsigned_tokens: bool = False  # the buffer takes token ids as uint32 (UNSIGNED_TOKENS)
-    message_bundles: bool = False  # the buffer takes several messages in one multipart message (SCHEMA.md)
 
 
 @dataclass
@@ -195,6 +172,6 @@ class VersionAnnouncement(Message):
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    cls.TYPE: cls for cls in (TurnChunk, TurnChunkBatch, Ack, AckBatch, CreditRequest, CreditGrant, BatchRequest, Batch,
+    cls.TYPE: cls for cls in (TurnChunkBatch, AckBatch, CreditRequest, CreditGrant, BatchRequest, Batch,
                               VersionAnnouncement)
 }

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from turnstream.protocol.messages import Ack, AckBatch, TurnChunk
+from turnstream.protocol.chunk_batch import pack
+from turnstream.protocol.codec import encode
+from turnstream.protocol.messages import AckBatch, TurnChunk
 from turnstream.core.config import Config
 from turnstream.processes import ProcessGroup, free_port, tail
 
@@ -27,6 +29,11 @@ def chunk(episode_id: str, turn: int, *, seq: int, done: bool = False, actor_id:
         gen_logprobs=np.full(len(gen), -0.5, np.float32), gen_versions=np.full(len(gen), version, np.int32),
         reward=reward, done=done,
     )
+
+
+def chunk_frames(*chunks: TurnChunk) -> list:
+    """The frames an actor sends its chunks in (one turn_chunks message)."""
+    return encode(pack(list(chunks)))
 
 
 def in_process_buffer(*, batch_episodes: int = 4, eta: int = 20, version_addr: str | None = None, **server_kwargs):
@@ -54,9 +61,7 @@ async def stop_in_process_buffer(tasks, server, ctx) -> None:
 
 
 def acks_in(reply) -> list[tuple[int, str]]:
-    """(seq, status) of every ack a buffer reply carries: one `ack`, several in one `acks`, or none."""
-    if isinstance(reply, Ack):
-        return [(reply.seq, reply.status)]
+    """(seq, status) of every ack a buffer reply carries (none if it is not an `acks` message)."""
     if isinstance(reply, AckBatch):
         return [(seq, AckBatch.STATUSES[code]) for seq, code in zip(reply.seq.tolist(), reply.status.tolist())]
     return []

@@ -19,7 +19,7 @@ from turnstream.learner.main import BatchClient
 from turnstream.protocol import auth
 from turnstream.protocol.codec import decode, encode
 from turnstream.protocol.messages import CreditGrant, CreditRequest, VersionAnnouncement
-from tests.helpers import chunk, in_process_buffer, scrape, stop_in_process_buffer, until
+from tests.helpers import chunk, chunk_frames, in_process_buffer, scrape, stop_in_process_buffer, until
 from turnstream.core.config import Config
 from turnstream.keygen import main as keygen
 from turnstream.processes import ProcessGroup, free_port
@@ -92,7 +92,7 @@ async def test_strangers_are_refused_and_counted(keys, stranger):
     try:
         for _ in range(3):
             await dealer.send_multipart(encode(CreditRequest("intruder", 1, 4)), zmq.NOBLOCK)
-            await dealer.send_multipart(encode(chunk("x0", 0, seq=0, actor_id="intruder", epoch=1, done=True)),
+            await dealer.send_multipart(chunk_frames(chunk("x0", 0, seq=0, actor_id="intruder", epoch=1, done=True)),
                                         zmq.NOBLOCK)
     except zmq.Again:
         pass  # no completed handshake, so nothing may even be queued: that is the point

@@ -13,8 +13,8 @@ import zmq.asyncio
 from turnstream.actors.link import BufferLink
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.protocol.codec import decode, encode
-from turnstream.protocol.messages import Ack, Batch, BatchRequest, CreditGrant, CreditRequest
-from tests.helpers import BufferProcess, chunk, scrape, until
+from turnstream.protocol.messages import AckBatch, Batch, BatchRequest, CreditGrant, CreditRequest
+from tests.helpers import BufferProcess, acks_in, chunk, chunk_frames, scrape, until
 
 
 @pytest.fixture
@@ -58,9 +58,8 @@ def test_kill9_restart_keeps_every_acked_chunk_and_serves_nothing_twice(buffer):
         for ep in ["e0", "e1", "e2", "e3", "e4", "e5", "open"]:
             for turn in range(2 if ep != "open" else 1):
                 c = chunk(ep, turn, seq=seq, done=(turn == 1), obs=(10 + turn,), gen=(20 + seq,))
-                actor.send_multipart(encode(c))
-                ack = _recv(actor, Ack)
-                assert (ack.seq, ack.status) == (seq, "ok")
+                actor.send_multipart(chunk_frames(c))
+                assert acks_in(_recv(actor, AckBatch)) == [(seq, "ok")]
                 sent.append(c)
                 seq += 1
         learner = _dealer(ctx, b.cfg.network.buffer_serve_port)
@@ -71,8 +70,8 @@ def test_kill9_restart_keeps_every_acked_chunk_and_serves_nothing_twice(buffer):
         b.start()
 
         for c in sent:  # an actor that never saw its acks resends everything: all duplicates now
-            actor.send_multipart(encode(c))
-            assert _recv(actor, Ack).status == "duplicate"
+            actor.send_multipart(chunk_frames(c))
+            assert acks_in(_recv(actor, AckBatch)) == [(c.seq, "duplicate")]
         assert b.metric('turnstream_buffer_chunks_total{outcome="duplicate"}') == len(sent)
         assert b.metric('turnstream_buffer_chunks_total{outcome="ok"}') == 0
         learner.send_multipart(encode(BatchRequest(request_id=2, learner_version=0, max_episodes=4)))
@@ -87,8 +86,8 @@ def test_kill9_restart_keeps_every_acked_chunk_and_serves_nothing_twice(buffer):
                                                    timeout_s=0.3)))
         assert _recv(learner, Batch).status == "timeout"  # e0/e1 are not served again; "open" is not done
 
-        actor.send_multipart(encode(chunk("open", 1, seq=seq, done=True, obs=(11,), gen=(99,))))
-        assert _recv(actor, Ack).status == "ok"  # the half-finished episode survived and can complete
+        actor.send_multipart(chunk_frames(chunk("open", 1, seq=seq, done=True, obs=(11,), gen=(99,))))
+        assert acks_in(_recv(actor, AckBatch)) == [(seq, "ok")]  # the half-finished episode survived and can complete
         b.kill9()  # once more, after a consumption, to check the compacted log too
         b.start()
         learner.send_multipart(encode(BatchRequest(request_id=4, learner_version=0, max_episodes=1)))
@@ -142,8 +141,8 @@ def test_slow_learner_bounds_memory_blocks_inserts_and_drops_nothing(buffer):
             actor.send_multipart(encode(CreditRequest("actor-t", 1, slots=100)))
             n = _recv(actor, CreditGrant).credits
             for _ in range(n):
-                actor.send_multipart(encode(chunk(f"e{seq}", 0, seq=seq, done=True)))
-                assert _recv(actor, Ack).status == "ok"
+                actor.send_multipart(chunk_frames(chunk(f"e{seq}", 0, seq=seq, done=True)))
+                assert acks_in(_recv(actor, AckBatch)) == [(seq, "ok")]
                 seq += 1
             granted += n
         assert granted == 6  # max_items episodes, not one more

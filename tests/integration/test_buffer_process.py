@@ -9,9 +9,9 @@ import zmq
 
 from turnstream.protocol.chunk_batch import pack
 from turnstream.protocol.codec import decode, encode
-from turnstream.protocol.messages import (Ack, AckBatch, Batch, BatchRequest, CreditGrant, CreditRequest,
+from turnstream.protocol.messages import (AckBatch, Batch, BatchRequest, CreditGrant, CreditRequest,
                                VersionAnnouncement)
-from tests.helpers import chunk, scrape, wait_for_child
+from tests.helpers import acks_in, chunk, chunk_frames, scrape, wait_for_child
 from turnstream.core.config import Config
 from turnstream.processes import ProcessGroup, free_port
 
@@ -73,12 +73,11 @@ def test_credits_acks_dedup_and_batch(buffer_proc):
             c = chunk(ep, turn, seq=seq, done=turn == 2, reward=1.0 if turn == 2 else 0.0,
                       obs=(10 + turn, 11 + turn), gen=(20 + turn,))
             sent[(ep, turn)] = c
-            actor.send_multipart(encode(c))
-            ack = _recv(actor)
-            assert isinstance(ack, Ack) and (ack.seq, ack.status) == (seq, "ok")
+            actor.send_multipart(chunk_frames(c))
+            assert acks_in(_recv(actor)) == [(seq, "ok")]
             seq += 1
-    actor.send_multipart(encode(sent[("e1", 1)]))  # a resend after a lost ack
-    assert _recv(actor).status == "duplicate"
+    actor.send_multipart(chunk_frames(sent[("e1", 1)]))  # a resend after a lost ack
+    assert acks_in(_recv(actor)) == [(1, "duplicate")]
 
     learner = _dealer(ctx, cfg.network.buffer_serve_port)
     learner.send_multipart(encode(BatchRequest(request_id=1, learner_version=0, max_episodes=2)))
@@ -101,8 +100,8 @@ def test_stale_episodes_never_reach_the_learner(buffer_proc):
     actor.send_multipart(encode(CreditRequest("actor-t", 1, slots=4)))
     _recv(actor)
     for i, version in enumerate((0, 0, 5, 5)):
-        actor.send_multipart(encode(chunk(f"v{version}-{i}", 0, seq=i, done=True, version=version)))
-        assert _recv(actor).status == "ok"
+        actor.send_multipart(chunk_frames(chunk(f"v{version}-{i}", 0, seq=i, done=True, version=version)))
+        assert acks_in(_recv(actor)) == [(i, "ok")]
     time.sleep(0.3)  # PUB/SUB joins asynchronously
     for _ in range(5):
         pub.send_multipart(encode(VersionAnnouncement(version=6)))
@@ -125,8 +124,8 @@ def test_a_batch_lost_with_its_connection_is_sent_again_on_the_re_ask(buffer_pro
     actor.send_multipart(encode(CreditRequest("actor-t", 1, slots=4)))
     _recv(actor)
     for i in range(4):
-        actor.send_multipart(encode(chunk(f"e{i}", 0, seq=i, done=True)))
-        assert _recv(actor).status == "ok"
+        actor.send_multipart(chunk_frames(chunk(f"e{i}", 0, seq=i, done=True)))
+        assert acks_in(_recv(actor)) == [(i, "ok")]
 
     def learner_socket():
         sock = ctx.socket(zmq.DEALER)
@@ -160,11 +159,11 @@ def test_garbage_is_counted_and_the_buffer_keeps_serving(buffer_proc):
     assert isinstance(_recv(actor), CreditGrant)
     bad = chunk("bad", 0, seq=0, done=True)
     bad.gen_logprobs[:] = 3.0  # a positive log-probability is impossible
-    actor.send_multipart(encode(bad))
+    actor.send_multipart(chunk_frames(bad))
     ack = _recv(actor)
-    assert (ack.status, ack.reason) == ("rejected", "bad_logprob")
-    actor.send_multipart(encode(chunk("good", 0, seq=1, done=True)))
-    assert _recv(actor).status == "ok"
+    assert acks_in(ack) == [(0, "rejected")] and ack.reasons == ["bad_logprob"]
+    actor.send_multipart(chunk_frames(chunk("good", 0, seq=1, done=True)))
+    assert acks_in(_recv(actor)) == [(1, "ok")]
     assert child.proc.poll() is None
     m = scrape(metrics_url)
     assert m['turnstream_buffer_rejected_total{reason="bad_header"}'] >= 1

@@ -13,7 +13,7 @@ import zmq.asyncio
 from turnstream.buffer.acks import ACK_AFTER_CHUNKS
 from turnstream.protocol.codec import decode, encode
 from turnstream.protocol.messages import CreditGrant, CreditRequest
-from tests.helpers import acks_in, chunk, in_process_buffer, stop_in_process_buffer
+from tests.helpers import acks_in, chunk, chunk_frames, in_process_buffer, stop_in_process_buffer
 
 
 async def _stack(ack_delay_s: float):
@@ -38,7 +38,7 @@ async def test_chunks_within_the_delay_share_one_ack_message():
     server, store, ctx, actor, task = await _stack(ack_delay_s=3.0)  # the three are sent within microseconds
     try:
         for seq in range(3):
-            await actor.send_multipart(encode(chunk(f"e{seq}", 0, seq=seq, done=True)))
+            await actor.send_multipart(chunk_frames(chunk(f"e{seq}", 0, seq=seq, done=True)))
         replies = await _replies(actor, until_acks=3)
         assert [acks_in(r) for r in replies] == [[(0, "ok"), (1, "ok"), (2, "ok")]]
         assert len(store.ready) == 3
@@ -50,7 +50,7 @@ async def test_a_full_group_is_acked_without_waiting_out_the_delay():
     server, _store, ctx, actor, task = await _stack(ack_delay_s=600.0)  # far beyond the test's time-out
     try:
         for seq in range(ACK_AFTER_CHUNKS):
-            await actor.send_multipart(encode(chunk(f"e{seq}", 0, seq=seq, done=True)))
+            await actor.send_multipart(chunk_frames(chunk(f"e{seq}", 0, seq=seq, done=True)))
         replies = await _replies(actor, until_acks=ACK_AFTER_CHUNKS)
         assert [seq for r in replies for seq, _ in acks_in(r)] == list(range(ACK_AFTER_CHUNKS))
     finally:
@@ -60,7 +60,7 @@ async def test_a_full_group_is_acked_without_waiting_out_the_delay():
 async def test_a_credit_request_is_answered_at_once_with_the_waiting_acks():
     server, _store, ctx, actor, task = await _stack(ack_delay_s=600.0)
     try:
-        await actor.send_multipart(encode(chunk("e0", 0, seq=0, done=True)))
+        await actor.send_multipart(chunk_frames(chunk("e0", 0, seq=0, done=True)))
         await actor.send_multipart(encode(CreditRequest("actor-t", 1, slots=2)))
         replies = await _replies(actor, until_acks=1, until_grant=True)
         assert [acks_in(r) for r in replies if acks_in(r)] == [[(0, "ok")]]
@@ -72,7 +72,7 @@ async def test_no_delay_acks_every_drained_group_at_once():
     server, _store, ctx, actor, task = await _stack(ack_delay_s=0.0)
     try:
         for seq in range(3):
-            await actor.send_multipart(encode(chunk(f"e{seq}", 0, seq=seq, done=True)))
+            await actor.send_multipart(chunk_frames(chunk(f"e{seq}", 0, seq=seq, done=True)))
             assert acks_in((await _replies(actor, until_acks=1))[0]) == [(seq, "ok")]
     finally:
         await stop_in_process_buffer([task], server, ctx)

@@ -7,13 +7,15 @@ import asyncio
 import zmq.asyncio
 
 from turnstream.learner.main import BatchClient
+from turnstream.protocol.chunk_batch import pack
 from tests.helpers import chunk, in_process_buffer
 
 
 async def test_batch_client_token_budget_bounds_the_batch():
     server, store, _metrics = in_process_buffer(batch_episodes=8, eta=9)
     for e in range(6):  # 3 observation + 2 generated tokens each
-        assert store.ingest(b"a", chunk(f"e{e}", 0, seq=e, done=True, obs=(1, 2, 3), gen=(4, 5)))[0] == "ok"
+        c = chunk(f"e{e}", 0, seq=e, done=True, obs=(1, 2, 3), gen=(4, 5))
+        assert store.ingest_message(b"a", pack([c])) == [(e, "ok", "")]
     ctx = zmq.asyncio.Context()
     task = asyncio.create_task(server.run())
     try:

@@ -15,7 +15,7 @@ import zmq
 
 from turnstream.protocol.codec import decode, encode
 from turnstream.protocol.messages import CreditRequest
-from tests.helpers import acks_in, chunk, http_json, wait_for_child
+from tests.helpers import acks_in, chunk, chunk_frames, http_json, wait_for_child
 from turnstream.core.config import Config
 from turnstream.processes import ProcessGroup, free_port
 
@@ -40,7 +40,7 @@ class FakeActor:
         waiting = set()
         for turn in range(3):
             done = turn == 2
-            self.sock.send_multipart(encode(chunk(
+            self.sock.send_multipart(chunk_frames(chunk(
                 name, turn, seq=self.seq, done=done, version=version, reward=float(self.episodes % 2) if done else 0.0,
                 obs=(11, 12, 13 + turn), gen=(40 + turn,))))
             waiting.add(self.seq)

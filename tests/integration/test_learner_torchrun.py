@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from turnstream.protocol.codec import decode, encode
 from turnstream.protocol.messages import CreditRequest
-from tests.helpers import acks_in, chunk, http_json, wait_for_child
+from tests.helpers import acks_in, chunk, chunk_frames, http_json, wait_for_child
 from turnstream.core.config import Config
 from turnstream.processes import ProcessGroup, free_port
 
@@ -34,7 +34,7 @@ def _send_episodes(sock, n: int) -> None:
     for e in range(n):
         for turn in range(2):
             seq = 2 * e + turn
-            sock.send_multipart(encode(chunk(f"ep{e}", turn, seq=seq, done=turn == 1, reward=float(e % 2) * turn,
+            sock.send_multipart(chunk_frames(chunk(f"ep{e}", turn, seq=seq, done=turn == 1, reward=float(e % 2) * turn,
                                              obs=(11 + e, 12 + turn), gen=(40 + 3 * e + turn,))))
             waiting.add(seq)
     while waiting:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 
 from turnstream.buffer.metrics import BufferMetrics
-from tests.unit.test_store import ID, chunk, make_store, metric
+from tests.unit.test_store import ID, chunk, ingest, make_store, metric
 
 BOUNDED_LABELS = {"outcome", "reason", "event", "state"}
 BUILD_INFO = "turnstream_build_info"  # every role's shared gauge (core/build_info.py)
@@ -31,23 +31,23 @@ def test_names_units_and_labels_follow_prometheus_conventions():
 
 def test_connected_actors_counts_only_recent_heartbeats_and_silent_actors_expire():
     store = make_store(actor_timeout_s=5.0)
-    store.on_credit_request(b"x", "a0", 0, slots=2)
-    store.on_credit_request(b"y", "a1", 0, slots=2)
+    store.admission.on_credit_request(b"x", "a0", 0, slots=2)
+    store.admission.on_credit_request(b"y", "a1", 0, slots=2)
     store.grant_credits()
-    now = store.actors[("a0", 0)].last_seen
-    store.actors[("a1", 0)].last_seen = now - 10
-    assert store.connected_actors(now) == 1
+    now = store.admission.actors[("a0", 0)].last_seen
+    store.admission.actors[("a1", 0)].last_seen = now - 10
+    assert store.admission.connected(now) == 1
     store.expire(now)  # a1 is silent: its unused credits are reclaimed and it is forgotten
-    assert ("a1", 0) not in store.actors and ("a0", 0) in store.actors
+    assert ("a1", 0) not in store.admission.actors and ("a0", 0) in store.admission.actors
     assert metric(store, "turnstream_buffer_credits_reclaimed_total") == 2
 
 
 def test_abandoned_episode_of_a_dead_actor_is_dropped_and_counted():
     store = make_store(episode_timeout_s=1.0, actor_timeout_s=1.0)
-    store.ingest(ID, chunk(seq=0, ep="half"))
+    ingest(store, ID, chunk(seq=0, ep="half"))
     later = store.in_progress["half"].last_seen + 2
     store.expire(later)
     assert not store.in_progress and store.running == 0
     assert metric(store, "turnstream_buffer_dropped_episodes_total", reason="abandoned") == 1
     store.expire(later)
-    assert not store.actors  # no running episode left: the dead actor is forgotten too
+    assert not store.admission.actors  # no running episode left: the dead actor is forgotten too

@@ -9,14 +9,14 @@ import pytest
 from turnstream.buffer.ratelimit import BlockedClock, Cancelled, Gate, RateLimiter, limiter_problem
 from turnstream.core.config import ConfigError, load_config
 from turnstream.preflight import preflight
-from tests.unit.test_store import ID, chunk, make_store, metric
+from tests.unit.test_store import ID, chunk, ingest, make_store, metric
 
 
 def fill(store, specs):
     """specs: (episode_id, prompt_key, version, n_gen) -> one-turn complete episodes, in this order."""
     for seq, (ep, prompt, version, n_gen) in enumerate(specs):
         c = chunk(seq=seq, ep=ep, prompt=prompt, done=True, versions=version, gen=tuple(range(4, 4 + n_gen)))
-        assert store.ingest(ID, c) == ("ok", "")
+        assert ingest(store, ID, c) == ("ok", "")
 
 
 def ids(got):
@@ -43,7 +43,7 @@ def test_group_complete_serves_whole_groups_only():
     fill(store, [("x1", "x", 0, 1), ("y1", "y", 0, 1), ("y2", "y", 0, 1), ("z1", "z", 0, 1)])
     assert store.take_batch(0, 4) is None  # only one complete group (y) so far: wait for a full batch
     fill_more = chunk(seq=10, ep="x2", prompt="x", done=True)
-    store.ingest(ID, fill_more)
+    ingest(store, ID, fill_more)
     got = ids(store.take_batch(0, 4))
     assert sorted(got[:2]) == ["y1", "y2"] and sorted(got[2:]) == ["x1", "x2"]  # y completed first
     assert list(store.ready) == ["z1"]
@@ -53,14 +53,14 @@ def test_a_group_left_incomplete_is_dropped_after_group_timeout_and_counted():
     store = make_store(eta=9, max_staleness=9, policy="group", group_size=2, batch_episodes=4, max_items=100,
                        group_timeout_s=30.0)
     fill(store, [("a1", "a", 0, 1), ("a2", "a", 0, 1), ("a3", "a", 0, 1), ("b1", "b", 0, 1)])
-    accepted = store.accepted
+    accepted = store.admission.accepted
     now = time.monotonic()
     store.expire(now=now + 10)
     assert list(store.ready) == ["a1", "a2", "a3", "b1"]  # not yet
     store.expire(now=now + 31)
     # a1+a2 form a complete group and stay; a3 (its group's sibling never came) and b1 go
     assert list(store.ready) == ["a1", "a2"]
-    assert store.accepted == accepted - 2  # their admission room is free again
+    assert store.admission.accepted == accepted - 2  # their admission room is free again
     assert store.m.registry.get_sample_value("turnstream_buffer_dropped_episodes_total",
                                              {"reason": "group_timeout"}) == 2
 
@@ -84,8 +84,8 @@ def test_token_budget_waits_until_the_budget_is_reached():
     store = make_store(eta=9, max_staleness=9)
     fill(store, [("a", "p", 0, 2)])
     assert store.take_batch(0, 10, max_tokens=12) is None  # 5 of 12 tokens, more episodes may come
-    store.ingest(ID, chunk(seq=5, ep="b", done=True))
-    store.ingest(ID, chunk(seq=6, ep="c", done=True))
+    ingest(store, ID, chunk(seq=5, ep="b", done=True))
+    ingest(store, ID, chunk(seq=6, ep="c", done=True))
     assert ids(store.take_batch(0, 10, max_tokens=12)) == ["a", "b"]
 
 
@@ -117,7 +117,7 @@ def test_limiter_with_fractional_ratio():
 
 def test_store_gives_no_credit_when_the_limiter_is_full_and_serving_unblocks_it():
     store = make_store(eta=9, max_staleness=9, limiter=RateLimiter(1.0, 1, 2))  # at most 3 ahead
-    store.on_credit_request(ID, "a0", 0, slots=10)
+    store.admission.on_credit_request(ID, "a0", 0, slots=10)
     assert store.grant_credits() == [(ID, 3)]
     fill(store, [("a", "p", 0, 1), ("b", "p", 0, 1), ("c", "p", 0, 1)])
     assert store.grant_credits() == []
@@ -130,7 +130,7 @@ def test_store_sample_blocks_until_the_limiter_allows():
     fill(store, [("a", "p", 0, 1), ("b", "p", 0, 1)])
     assert store.take_batch(0, 1) is None  # fewer than min_size_to_sample = 3 held
     fill_c = chunk(seq=9, ep="c", done=True)
-    store.ingest(ID, fill_c)
+    ingest(store, ID, fill_c)
     assert ids(store.take_batch(0, 1)) == ["a"]
 
 

@@ -8,9 +8,9 @@ import pytest
 
 from turnstream.buffer.journal import CHUNK, WalJournal
 from turnstream.buffer.wal import WalFile
-from turnstream.protocol.codec import decode, encode
-from turnstream.protocol.messages import UNSIGNED_TOKENS
-from tests.unit.test_store import ID, chunk, make_store
+from turnstream.protocol.chunk_batch import pack
+from turnstream.protocol.codec import encode
+from tests.unit.test_store import ID, chunk, ingest, make_store
 
 
 def open_store(path, fsync="always", **kw):
@@ -21,14 +21,15 @@ def open_store(path, fsync="always", **kw):
     return store, journal
 
 
-def ingest(store, journal, c):
-    result = store.ingest(ID, c, raw=encode(c))
+def ingest_logged(store, journal, c):
+    msg = pack([c])
+    (_seq, status, reason), = store.ingest_message(ID, msg, encode(msg))
     journal.commit()
-    return result
+    return status, reason
 
 
 def state(store):
-    return (sorted(store.ready), sorted(store.in_progress), store.accepted, store.learner_version,
+    return (sorted(store.ready), sorted(store.in_progress), store.admission.accepted, store.learner_version,
             store.limiter.inserts, store.limiter.samples,
             {k: (len(e.turns), e.num_tokens) for k, e in {**store.in_progress, **store.ready}.items()})
 
@@ -80,10 +81,10 @@ def test_replay_rebuilds_episodes_dedup_and_consumption(tmp_path, fsync):
     store, journal = open_store(path, fsync=fsync, eta=4, max_staleness=4)
     seq = 0
     for ep in ("a", "b", "c"):
-        ingest(store, journal, chunk(seq=seq, ep=ep, prompt=f"p{ep}"))
-        ingest(store, journal, chunk(seq=seq + 1, ep=ep, turn=1, obs=(9,), done=True))
+        ingest_logged(store, journal, chunk(seq=seq, ep=ep, prompt=f"p{ep}"))
+        ingest_logged(store, journal, chunk(seq=seq + 1, ep=ep, turn=1, obs=(9,), done=True))
         seq += 2
-    ingest(store, journal, chunk(seq=seq, ep="open"))
+    ingest_logged(store, journal, chunk(seq=seq, ep="open"))
     store.set_learner_version(1)
     episodes, _ = store.take_batch(1, 2)
     assert [e.episode_id for e in episodes] == ["a", "b"]
@@ -94,8 +95,8 @@ def test_replay_rebuilds_episodes_dedup_and_consumption(tmp_path, fsync):
     assert state(again) == before
     assert list(again.ready) == ["c"] and list(again.in_progress) == ["open"]
     # resends of anything acked before the restart are duplicates, consumed episodes stay closed
-    assert again.ingest(ID, chunk(seq=0, ep="a")) == ("duplicate", "")
-    assert again.ingest(ID, chunk(seq=99, ep="a", turn=2, obs=(1,))) == ("rejected", "episode_closed")
+    assert ingest(again, ID, chunk(seq=0, ep="a")) == ("duplicate", "")
+    assert ingest(again, ID, chunk(seq=99, ep="a", turn=2, obs=(1,))) == ("rejected", "episode_closed")
     got, _ = again.take_batch(1, 1)
     assert [e.episode_id for e in got] == ["c"]
     assert again.take_batch(1, 1) is None
@@ -105,15 +106,15 @@ def test_replay_rebuilds_episodes_dedup_and_consumption(tmp_path, fsync):
 def test_drops_and_expiry_are_replayed(tmp_path):
     path = tmp_path / "wal.log"
     store, journal = open_store(path, max_staleness=1, eta=1)
-    ingest(store, journal, chunk(seq=0, ep="old", done=True, versions=0))
-    ingest(store, journal, chunk(seq=1, ep="idle"))
+    ingest_logged(store, journal, chunk(seq=0, ep="old", done=True, versions=0))
+    ingest_logged(store, journal, chunk(seq=1, ep="idle"))
     store.set_learner_version(2)  # "old" is now stale: dropped and counted
     store.expire(now=10**9)  # "idle" was abandoned
     before = state(store)
     journal.close()
     again, journal2 = open_store(path, max_staleness=1, eta=1)
     assert state(again) == before and not again.ready and not again.in_progress
-    assert again.ingest(ID, chunk(seq=2, ep="idle", turn=1, obs=(3,))) == ("rejected", "episode_closed")
+    assert ingest(again, ID, chunk(seq=2, ep="idle", turn=1, obs=(3,))) == ("rejected", "episode_closed")
     journal2.close()
 
 
@@ -122,17 +123,17 @@ def test_compaction_keeps_live_state_and_shrinks_the_log(tmp_path):
     store, journal = open_store(path, eta=50, max_staleness=50, max_items=1000, max_running=1000)
     big = tuple(range(1, 2000))
     for i in range(40):
-        ingest(store, journal, chunk(seq=i, ep=f"e{i}", obs=big, done=i < 39))
+        ingest_logged(store, journal, chunk(seq=i, ep=f"e{i}", obs=big, done=i < 39))
     store.take_batch(0, 30)
     before, size = state(store), path.stat().st_size
     journal.compact(store)
     assert path.stat().st_size < size / 2
-    ingest(store, journal, chunk(seq=40, ep="after"))
+    ingest_logged(store, journal, chunk(seq=40, ep="after"))
     before = state(store)
     journal.close()
     again, journal2 = open_store(path, eta=50, max_staleness=50, max_items=1000, max_running=1000)
     assert state(again) == before
-    assert again.ingest(ID, chunk(seq=5, ep="e5")) == ("duplicate", "")
+    assert ingest(again, ID, chunk(seq=5, ep="e5")) == ("duplicate", "")
     got, _ = again.take_batch(0, 9)
     assert [e.episode_id for e in got] == [f"e{i}" for i in range(30, 39)]
     assert {k for k, _ in WalFile(path).records()} >= {CHUNK}
@@ -142,7 +143,7 @@ def test_compaction_keeps_live_state_and_shrinks_the_log(tmp_path):
 def test_replay_does_not_count_as_new_traffic(tmp_path):
     path = tmp_path / "wal.log"
     store, journal = open_store(path)
-    ingest(store, journal, chunk(seq=0, ep="a", done=True))
+    ingest_logged(store, journal, chunk(seq=0, ep="a", done=True))
     journal.close()
     again = make_store()
     WalJournal(WalFile(path), again.m, compact_bytes=1 << 20).replay(again)
@@ -151,16 +152,18 @@ def test_replay_does_not_count_as_new_traffic(tmp_path):
     assert list(again.ready) == ["a"]
 
 
-def test_a_chunk_with_unsigned_token_ids_is_replayed_as_it_came(tmp_path):
+def test_a_message_of_several_chunks_is_replayed_as_it_came(tmp_path):
     path = tmp_path / "wal.log"
     store, journal = open_store(path)
-    sent = decode(encode(chunk(seq=0, ep="u", obs=(1, 2, 3), gen=(4, 5), allowed=(4, 5), done=True), alt_dtypes=True))
-    assert ingest(store, journal, sent) == ("ok", "")
+    sent = pack([chunk(seq=0, ep="u", obs=(1, 2, 3), gen=(4, 5), allowed=(4, 5), done=True),
+                 chunk(seq=1, ep="v", obs=(6,), gen=(7,), done=True, logp=(0.5,))])
+    assert store.ingest_message(ID, sent, encode(sent)) == [(0, "ok", ""), (1, "rejected", "bad_logprob")]
     journal.close()
 
     again, journal2 = open_store(path)
     replayed = again.ready["u"].turns[0]
-    for name in UNSIGNED_TOKENS:
+    for name in ("obs_tokens", "gen_tokens", "allowed_tokens"):
         assert getattr(replayed, name).dtype == np.uint32
-        np.testing.assert_array_equal(getattr(replayed, name), getattr(sent, name))
+        np.testing.assert_array_equal(getattr(replayed, name), getattr(store.ready["u"].turns[0], name))
+    assert list(again.ready) == ["u"] and ingest(again, ID, chunk(seq=1, ep="v", done=True)) == ("duplicate", "")
     journal2.close()

@@ -1,5 +1,5 @@
-"""protocol.chunk_batch and validate.batch_is_clean: packing is lossless, and the one-pass batch check
-agrees with the per-chunk validation it stands in for."""
+"""protocol.chunk_batch and buffer.validate: packing is lossless, a lone chunk travels without a copy, and
+validating a batch gives each chunk the verdict it would get alone."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnstream.buffer.validate import batch_is_clean, validate_chunk
+from turnstream.buffer.validate import rejections
 from turnstream.protocol.chunk_batch import BatchError, pack, unpack
 from turnstream.protocol.codec import decode, encode
 from tests.unit.test_codec import assert_same_message, sample_turn_chunk
@@ -37,6 +37,16 @@ def test_unpacked_chunks_own_their_arrays():
         assert c.obs_tokens.base is None and c.gen_tokens.base is None
 
 
+def test_a_lone_chunk_travels_as_a_view_of_its_arrays_token_ids_unsigned():
+    chunk = sample_turn_chunk()
+    batch = pack([chunk])
+    for name in ("obs_tokens", "gen_tokens", "allowed_tokens"):
+        assert getattr(batch, name).dtype == np.uint32
+        assert np.shares_memory(getattr(batch, name), getattr(chunk, name)), name
+    (back,) = unpack(batch)
+    assert np.shares_memory(back.obs_tokens, chunk.obs_tokens)  # the whole message is this chunk's anyway
+
+
 def test_chunks_of_two_actor_epochs_are_not_packed_together():
     a, b = _chunks(2)
     with pytest.raises(ValueError, match="one actor epoch"):
@@ -59,9 +69,7 @@ def test_a_self_inconsistent_batch_is_refused_with_a_reason(corrupt, detail):
 
 
 def _perturbed(draw_kind: str, c):
-    if draw_kind == "negative_token":
-        c.obs_tokens = np.array([-1, 2], np.int32)
-    elif draw_kind == "bad_logprob":
+    if draw_kind == "bad_logprob":
         c.gen_logprobs = np.full(c.gen_tokens.size, np.nan, np.float32)
     elif draw_kind == "bad_version":
         c.gen_versions = np.full(c.gen_tokens.size, -2, np.int32)
@@ -73,13 +81,17 @@ def _perturbed(draw_kind: str, c):
         c.allowed_tokens = np.array([999], np.int32)
     elif draw_kind == "negative_index":
         c.turn = -1
+    elif draw_kind == "two_faults":
+        c.turn, c.reward = -1, float("inf")
     return c
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, database=None)
-@given(st.lists(st.sampled_from(["ok", "ok", "ok", "negative_token", "bad_logprob", "bad_version", "bad_scalar",
-                                 "empty_prompt", "token_not_allowed", "negative_index"]), min_size=1, max_size=6))
-def test_batch_is_clean_agrees_with_validating_each_chunk(kinds):
+@given(st.lists(st.sampled_from(["ok", "ok", "ok", "bad_logprob", "bad_version", "bad_scalar", "empty_prompt",
+                                 "token_not_allowed", "negative_index", "two_faults"]), min_size=1, max_size=6))
+def test_each_chunk_of_a_batch_gets_the_verdict_it_gets_alone(kinds):
     chunks = [_perturbed(kind, c) for kind, c in zip(kinds, _chunks(len(kinds)))]
-    expected = all(validate_chunk(c) in ("", "token_not_allowed") for c in chunks)
-    assert batch_is_clean(pack(chunks)) == expected
+    batch = pack(chunks)
+    alone = [rejections(pack([c]), [c])[0] for c in chunks]
+    assert rejections(batch, unpack(batch)) == alone
+    assert [reason or "ok" for reason in alone] == [{"two_faults": "negative_index"}.get(k, k) for k in kinds]

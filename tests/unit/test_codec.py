@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from turnstream.protocol import PROTOCOL_VERSION
-from turnstream.protocol.codec import DecodeError, decode, decode_bundle, encode
-from turnstream.protocol.chunk_batch import pack
-from turnstream.protocol.messages import (MESSAGE_TYPES, UNSIGNED_TOKENS, Ack, AckBatch, Batch, BatchRequest, CreditGrant,
-                               CreditRequest, TurnChunk, TurnChunkBatch, VersionAnnouncement)
+from turnstream.protocol.chunk_batch import pack, unpack
+from turnstream.protocol.codec import DecodeError, decode, encode
+from turnstream.protocol.messages import (MESSAGE_TYPES, AckBatch, Batch, BatchRequest, CreditGrant, CreditRequest,
+                                          TurnChunk, TurnChunkBatch, VersionAnnouncement)
 
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -51,9 +51,7 @@ def sample_turn_chunks() -> TurnChunkBatch:
 
 
 SAMPLES = {
-    "turn_chunk": sample_turn_chunk,
     "turn_chunks": sample_turn_chunks,
-    "ack": lambda: Ack(seq=5, status="rejected", reason="bad_logprob"),
     "acks": lambda: AckBatch(seq=np.array([5, 6, 7], np.int64), status=np.array([0, 2, 1], np.uint8),
                              reasons=["episode_closed"]),
     "credit_request": lambda: CreditRequest(actor_id="actor-0", epoch=1, slots=64),
@@ -69,13 +67,14 @@ def test_samples_cover_every_message_type():
 
 
 def assert_same_message(a, b):
+    """b is a (a message, or a turn chunk) as it arrives: the same values, arrays in their wire dtypes."""
     assert type(a) is type(b)
     for f in dataclasses.fields(a):
         x, y = getattr(a, f.name), getattr(b, f.name)
-        if f.name in a.ARRAYS:
+        if isinstance(x, np.ndarray):
             assert isinstance(y, np.ndarray), f.name
-            # the declared dtype, or the second one a field may travel in (ALT_DTYPES), kept as sent
-            assert y.dtype == (x.dtype if a.ALT_DTYPES.get(f.name) == x.dtype.name else a.ARRAYS[f.name]), f.name
+            if f.name in getattr(a, "ARRAYS", {}):
+                assert y.dtype == a.ARRAYS[f.name], f.name
             assert y.shape == x.shape, f.name
             np.testing.assert_array_equal(y, x, err_msg=f.name)
         else:
@@ -98,39 +97,41 @@ def test_round_trip_through_copied_bytes(type_name):
     assert_same_message(msg, decode([bytes(f) for f in encode(msg)]))
 
 
-def test_round_trip_with_defaults_and_empty_arrays():
+def test_a_chunk_with_defaults_and_empty_arrays_arrives_whole():
     msg = TurnChunk(actor_id="a", epoch=0, seq=0, episode_id="e", turn=0, prompt_key="p",
                     obs_tokens=np.array([1], np.int32), gen_tokens=np.zeros(0, np.int32),
                     gen_logprobs=np.zeros(0, np.float32), gen_versions=np.zeros(0, np.int32), reward=0.0, done=False)
-    out = decode(encode(msg))
+    (out,) = unpack(decode(encode(pack([msg]))))
     assert_same_message(msg, out)
     assert out.allowed_tokens.size == 0 and out.temperature == 1.0 and out.agent_id == 0
 
 
+def test_token_ids_travel_as_uint32():
+    header = header_of(encode(sample_turn_chunks()))
+    assert {name: header["a"][name][0] for name in ("obs_tokens", "gen_tokens", "allowed_tokens")} == \
+        dict.fromkeys(("obs_tokens", "gen_tokens", "allowed_tokens"), "<u4")
+
+
 def test_encode_casts_arrays_to_the_declared_dtype():
-    msg = sample_turn_chunk()
-    msg.obs_tokens = np.array([5, 6, 7], np.int64)
-    msg.gen_logprobs = np.array([-0.25, -1.5], np.float64)
+    msg = sample_turn_chunks()
+    msg.seq = msg.seq.astype(np.int32)
+    msg.gen_logprobs = msg.gen_logprobs.astype(np.float64)
     out = decode(encode(msg))
-    assert out.obs_tokens.dtype == np.int32 and out.gen_logprobs.dtype == np.float32
-    np.testing.assert_array_equal(out.obs_tokens, [5, 6, 7])
-    np.testing.assert_array_equal(out.gen_logprobs, np.array([-0.25, -1.5], np.float32))
+    assert out.seq.dtype == np.int64 and out.gen_logprobs.dtype == np.float32
+    np.testing.assert_array_equal(out.seq, [17, 18])
+    np.testing.assert_array_equal(out.gen_logprobs, np.array([-0.25, -1.5, -0.5], np.float32))
 
 
 def test_integer_valued_float_field_decodes_as_float():
-    frames = with_header(encode(sample_turn_chunk()), lambda h: h["f"].__setitem__("reward", 1))
+    frames = with_header(encode(BatchRequest(1, 0, 4, timeout_s=1.5)), lambda h: h["f"].__setitem__("timeout_s", 1))
     out = decode(frames)
-    assert out.reward == 1.0 and type(out.reward) is float
+    assert out.timeout_s == 1.0 and type(out.timeout_s) is float
 
 
 def test_scalar_fields_in_another_order_decode_the_same():
-    """decode reads fields in encode's order without checking each; a peer that orders them otherwise (or
-    omits an optional one) takes the field-by-field path to the same message."""
-    msg = sample_turn_chunk()
+    msg = sample_turn_chunks()
     reordered = with_header(encode(msg), lambda h: h.__setitem__("f", dict(reversed(list(h["f"].items())))))
     assert_same_message(msg, decode(reordered))
-    without_optional = with_header(encode(msg), lambda h: h["f"].pop("truncated"))
-    assert decode(without_optional).truncated is False
 
 
 def test_zmq_frames_are_decoded_in_place():
@@ -150,8 +151,8 @@ def test_zmq_frames_are_decoded_in_place():
 
 def test_unknown_extra_scalar_field_is_ignored():
     """Forward compatibility: a newer peer's optional scalar field must not break an older decoder."""
-    frames = with_header(encode(Ack(seq=1, status="ok")), lambda h: h["f"].__setitem__("new_field", 3))
-    assert decode(frames) == Ack(seq=1, status="ok")
+    frames = with_header(encode(CreditRequest("a", 1, 2)), lambda h: h["f"].__setitem__("new_field", 3))
+    assert decode(frames) == CreditRequest("a", 1, 2)
 
 
 # ---- helpers for hand-made bad messages ----------------------------------------------------------
@@ -173,7 +174,7 @@ def reason_of(frames, **kw) -> str:
 
 
 def chunk_frames() -> list:
-    return [bytes(f) for f in encode(sample_turn_chunk())]
+    return [bytes(f) for f in encode(sample_turn_chunks())]
 
 
 # ---- rejections --------------------------------------------------------------------------------------
@@ -187,12 +188,12 @@ def test_header_not_msgpack(garbage):
     assert reason_of([garbage]) == "bad_header"
 
 
-@pytest.mark.parametrize("value", [[1, 2], 5, "turn_chunk", None, b"raw"])
+@pytest.mark.parametrize("value", [[1, 2], 5, "turn_chunks", None, b"raw"])
 def test_header_not_a_map(value):
     assert reason_of([msgpack.packb(value)]) == "bad_header"
 
 
-@pytest.mark.parametrize("version", [2, 0, None, "1", 1.5])
+@pytest.mark.parametrize("version", [1, 3, 0, None, "2", 2.0])
 def test_unknown_version(version):
     frames = with_header(chunk_frames(), lambda h: h.__setitem__("v", version))
     assert reason_of(frames) == "unknown_version"
@@ -203,13 +204,13 @@ def test_missing_version():
     assert reason_of(frames) == "unknown_version"
 
 
-@pytest.mark.parametrize("type_name", ["nope", "", None, 3, "TurnChunk"])
+@pytest.mark.parametrize("type_name", ["nope", "", None, 3, "TurnChunkBatch", "turn_chunk", "ack"])
 def test_unknown_type(type_name):
     frames = with_header(chunk_frames(), lambda h: h.__setitem__("t", type_name))
     assert reason_of(frames) == "unknown_type"
 
 
-@pytest.mark.parametrize("type_name", [["turn_chunk"], {"x": 1}])
+@pytest.mark.parametrize("type_name", [["turn_chunks"], {"x": 1}])
 def test_unhashable_type_is_a_decode_error(type_name):
     """A header whose "t" is a list or map must be rejected, not crash the receiver with TypeError."""
     frames = with_header(chunk_frames(), lambda h: h.__setitem__("t", type_name))
@@ -236,13 +237,13 @@ def test_frame_count_mismatch_header_only():
 
 def test_truncated_array_frame():
     frames = chunk_frames()
-    frames[1] = frames[1][:-1]  # obs_tokens loses a byte
+    frames[1] = frames[1][:-1]  # seq loses a byte
     assert reason_of(frames) == "truncated"
 
 
 def test_array_frame_too_long():
     frames = chunk_frames()
-    frames[2] = frames[2] + b"\x00\x00\x00\x00"  # gen_tokens has one int32 more than its shape says
+    frames[2] = frames[2] + b"\x00\x00\x00\x00"  # turn has one int32 more than its shape says
     assert reason_of(frames) == "truncated"
 
 
@@ -251,7 +252,7 @@ def test_shape_disagrees_with_frame():
     assert reason_of(frames) == "truncated"
 
 
-@pytest.mark.parametrize("dtype", ["<f4", "<i8", ">i4", ">u4", "<u8", "|O", "<U1"])
+@pytest.mark.parametrize("dtype", ["<f4", "<i8", "<i4", ">i4", ">u4", "<u8", "|O", "<U1", "uint32"])
 def test_wrong_dtype(dtype):
     frames = with_header(chunk_frames(), lambda h: h["a"]["obs_tokens"].__setitem__(0, dtype))
     assert reason_of(frames) == "bad_dtype"
@@ -260,35 +261,6 @@ def test_wrong_dtype(dtype):
 def test_uint32_is_refused_where_no_field_allows_it():
     frames = with_header(chunk_frames(), lambda h: h["a"]["gen_versions"].__setitem__(0, "<u4"))
     assert reason_of(frames) == "bad_dtype"
-
-
-@pytest.mark.parametrize("make", [sample_turn_chunk, lambda: pack([sample_turn_chunk()])], ids=["chunk", "batch"])
-def test_token_ids_may_travel_as_uint32_and_decode_as_such(make):
-    msg = make()
-    for name in UNSIGNED_TOKENS:
-        setattr(msg, name, getattr(msg, name).astype(np.uint32))
-    header = header_of(encode(msg))
-    assert {name: header["a"][name][0] for name in UNSIGNED_TOKENS} == dict.fromkeys(UNSIGNED_TOKENS, "<u4")
-    out = decode([bytes(f) for f in encode(msg)])
-    assert all(getattr(out, name).dtype == np.uint32 for name in UNSIGNED_TOKENS)
-    assert_same_message(msg, out)
-
-
-def test_alt_dtypes_sends_the_token_ids_as_uint32_views_of_the_same_memory():
-    chunk = sample_turn_chunk()
-    frames = encode(chunk, alt_dtypes=True)
-    header = header_of(frames)
-    for i, name in enumerate(header["a"], start=1):
-        if name in UNSIGNED_TOKENS:
-            assert header["a"][name][0] == "<u4"
-            assert np.shares_memory(np.frombuffer(frames[i], np.uint8), getattr(chunk, name))
-        else:
-            assert header["a"][name][0] == np.dtype(TurnChunk.ARRAYS[name]).str, "only token ids have a second dtype"
-    out = decode([bytes(f) for f in frames])
-    for name in UNSIGNED_TOKENS:
-        assert getattr(out, name).dtype == np.uint32
-        setattr(out, name, getattr(out, name).view(np.int32))
-    assert_same_message(chunk, out)
 
 
 def test_unparseable_dtype():
@@ -304,7 +276,7 @@ def test_bad_array_spec(spec):
 
 def test_unknown_array_name():
     def mutate(h):
-        h["a"] = {("seq" if k == "obs_tokens" else k): v for k, v in h["a"].items()}
+        h["a"] = {("nope" if k == "obs_tokens" else k): v for k, v in h["a"].items()}
 
     assert reason_of(with_header(chunk_frames(), mutate)) == "unknown_array"
 
@@ -331,14 +303,14 @@ def test_oversized():
     frames = chunk_frames()
     total = sum(len(f) for f in frames)
     assert reason_of(frames, max_bytes=total - 1) == "oversized"
-    assert isinstance(decode(frames, max_bytes=total), TurnChunk)
+    assert isinstance(decode(frames, max_bytes=total), TurnChunkBatch)
 
 
 def test_oversized_is_checked_before_parsing():
     assert reason_of([b"\xc1" * 100], max_bytes=10) == "oversized"
 
 
-@pytest.mark.parametrize("name", ["seq", "actor_id", "done", "reward", "episode_id"])
+@pytest.mark.parametrize("name", ["actor_id", "epoch", "episode_ids", "prompt_keys"])
 def test_missing_required_scalar(name):
     frames = with_header(chunk_frames(), lambda h: h["f"].pop(name))
     assert reason_of(frames) == "missing_field"
@@ -354,18 +326,6 @@ def test_missing_required_array():
     assert reason_of(frames) == "missing_field"
 
 
-def test_missing_optional_fields_take_defaults():
-    frames = chunk_frames()
-    h = header_of(frames)
-    i = list(h["a"]).index("allowed_tokens")
-    del h["a"]["allowed_tokens"]
-    for name in ("agent_id", "temperature", "truncated", "t_start", "t_end"):
-        del h["f"][name]
-    out = decode([msgpack.packb(h)] + [f for j, f in enumerate(frames[1:]) if j != i])
-    assert out.allowed_tokens.size == 0 and out.agent_id == 0 and out.temperature == 1.0
-    assert out.truncated is False and out.t_start == 0.0
-
-
 def test_a_batch_from_a_buffer_without_per_turn_fields_still_decodes():
     frames = [bytes(f) for f in encode(sample_batch())]
     h = header_of(frames)
@@ -379,11 +339,18 @@ def test_a_batch_from_a_buffer_without_per_turn_fields_still_decodes():
 
 
 @pytest.mark.parametrize("name,value", [
-    ("seq", "17"), ("seq", 1.0), ("seq", True), ("done", 1), ("done", "true"), ("reward", "1.0"),
-    ("reward", True), ("actor_id", 3), ("actor_id", b"actor"), ("epoch", None), ("temperature", [1.0]),
+    ("epoch", "17"), ("epoch", 1.0), ("epoch", True), ("epoch", None), ("actor_id", 3), ("actor_id", b"actor"),
+    ("episode_ids", ["e1", 2]), ("episode_ids", "e1"), ("prompt_keys", None),
 ])
-def test_wrong_scalar_type_turn_chunk(name, value):
+def test_wrong_scalar_type_turn_chunks(name, value):
     frames = with_header(chunk_frames(), lambda h: h["f"].__setitem__(name, value))
+    assert reason_of(frames) == "bad_field"
+
+
+@pytest.mark.parametrize("name,value", [("timeout_s", "1.0"), ("timeout_s", True), ("max_tokens", 1.0),
+                                        ("max_episodes", False)])
+def test_wrong_scalar_type_batch_request(name, value):
+    frames = with_header(encode(BatchRequest(1, 0, 4)), lambda h: h["f"].__setitem__(name, value))
     assert reason_of(frames) == "bad_field"
 
 
@@ -400,29 +367,29 @@ def test_wrong_scalar_type_batch(name, value):
 
 @pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
 def test_pickled_header_is_rejected(protocol):
-    header = {"v": PROTOCOL_VERSION, "t": "ack", "f": {"seq": 1, "status": "ok"}, "a": {}}
+    header = {"v": PROTOCOL_VERSION, "t": "credit_request", "f": {"actor_id": "a", "epoch": 1, "slots": 2}, "a": {}}
     assert reason_of([pickle.dumps(header, protocol=protocol)]) == "bad_header"
 
 
 def test_pickled_message_object_is_rejected():
-    assert reason_of([pickle.dumps(Ack(seq=1, status="ok"))]) == "bad_header"
+    assert reason_of([pickle.dumps(CreditRequest("a", 1, 2))]) == "bad_header"
 
 
 @pytest.mark.parametrize("slot,expected", [("v", "unknown_version"), ("t", "unknown_type"), ("f", "bad_header"),
                                            ("a", "bad_header")])
 def test_pickled_payload_inside_header_is_not_unpickled(slot, expected, monkeypatch):
-    payload = pickle.dumps(Ack(seq=1, status="ok"))
+    payload = pickle.dumps(CreditRequest("a", 1, 2))
     calls = []
     monkeypatch.setattr(pickle, "loads", lambda *a, **k: calls.append(a))
     monkeypatch.setattr(pickle, "load", lambda *a, **k: calls.append(a))
-    frames = with_header([bytes(f) for f in encode(Ack(seq=1, status="ok"))], lambda h: h.__setitem__(slot, payload))
+    frames = with_header([bytes(f) for f in encode(CreditRequest("a", 1, 2))], lambda h: h.__setitem__(slot, payload))
     assert reason_of(frames) == expected
     assert calls == []
 
 
 def test_pickled_scalar_field_is_a_bad_field_not_an_object():
     payload = pickle.dumps(("evil", 1))
-    frames = with_header(chunk_frames(), lambda h: h["f"].__setitem__("prompt_key", payload))
+    frames = with_header(chunk_frames(), lambda h: h["f"].__setitem__("actor_id", payload))
     assert reason_of(frames) == "bad_field"
 
 
@@ -435,7 +402,7 @@ def test_object_dtype_array_is_rejected():
 def test_encode_does_not_fall_back_to_pickle():
     """A scalar msgpack cannot represent must fail to encode, never be pickled into the header."""
     with pytest.raises(TypeError):
-        encode(Ack(seq=1, status=object()))  # type: ignore[arg-type]
+        encode(CreditRequest(actor_id=object(), epoch=1, slots=2))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("type_name", sorted(MESSAGE_TYPES))
@@ -548,70 +515,3 @@ def test_structurally_mutated_header_raises_only_decode_error(data):
         else:
             h2["a"][name][1] = data.draw(st.lists(st.integers(0, 2 ** 64 - 1), max_size=70))
     decode_or_decode_error([msgpack.packb(h2), *frames[1:]])
-
-
-# ---- bundles: several messages in one multipart message (SCHEMA.md) ----
-
-def test_a_bundle_decodes_to_its_messages_in_order_each_with_its_own_frames():
-    first, second = sample_turn_chunk(), CreditRequest(actor_id="actor-3", epoch=2, slots=4)
-    frames_first, frames_second = encode(first), encode(second)
-    got = list(decode_bundle([*frames_first, *frames_second, *frames_first]))
-    for (msg, _), want in zip(got, [first, second, first], strict=True):
-        assert_same_message(msg, want)
-    assert [len(frames) for _, frames in got] == [len(frames_first), len(frames_second), len(frames_first)]
-    assert [bytes(f) for f in got[1][1]] == [bytes(f) for f in frames_second]
-    (only, _), = decode_bundle(frames_first)  # a single message is a bundle of one
-    assert_same_message(only, first)
-
-
-def test_a_bad_message_in_a_bundle_comes_as_its_error_and_the_next_ones_still_decode():
-    good = encode(sample_turn_chunk())
-    header = msgpack.unpackb(good[0])
-    header["a"]["obs_tokens"][0] = "<f8"  # delimitable (its header parses), but not a valid chunk
-    bad = [msgpack.packb(header), *good[1:]]
-    got = list(decode_bundle([*good, *bad, *good]))
-    assert [type(item).__name__ for item, _ in got] == ["TurnChunk", "DecodeError", "TurnChunk"]
-    assert got[1][0].reason == "bad_dtype" and got[1][1] == bad
-    assert_same_message(got[2][0], sample_turn_chunk())
-
-
-def test_a_bundle_that_cannot_be_delimited_further_raises_after_what_came_before():
-    good = encode(sample_turn_chunk())
-    for tail, reason in ((good[:-1], "frame_count"), ([b"\xc1 not msgpack"], "bad_header")):
-        decoded = []
-        with pytest.raises(DecodeError) as err:
-            for item, _ in decode_bundle([*good, *tail]):  # the second lost its last array / is no header
-                decoded.append(item)
-        assert len(decoded) == 1 and err.value.reason == reason
-        assert_same_message(decoded[0], sample_turn_chunk())
-
-
-def test_the_size_limit_is_each_message_of_a_bundle():
-    frames = encode(sample_turn_chunk())
-    size = sum(memoryview(f).nbytes for f in frames)
-    assert all(isinstance(item, TurnChunk) for item, _ in decode_bundle([*frames, *frames], max_bytes=size))
-    (item, _), = decode_bundle(frames, max_bytes=size - 1)
-    assert isinstance(item, DecodeError) and item.reason == "oversized"
-
-
-@FUZZ
-@given(st.data())
-def test_mutated_bundles_raise_only_decode_error(data):
-    names = data.draw(st.lists(st.sampled_from(sorted(SAMPLES)), min_size=2, max_size=3))
-    frames = [bytearray(bytes(f)) for name in names for f in encode(SAMPLES[name]())]
-    for _ in range(data.draw(st.integers(1, 3))):
-        i = data.draw(st.integers(0, len(frames) - 1))
-        op = data.draw(st.sampled_from(["flip", "truncate", "drop_frame", "dup_frame"]))
-        if op == "flip" and frames[i]:
-            frames[i][data.draw(st.integers(0, len(frames[i]) - 1))] = data.draw(st.integers(0, 255))
-        elif op == "truncate":
-            del frames[i][data.draw(st.integers(0, len(frames[i]))):]
-        elif op == "drop_frame" and len(frames) > 1:
-            frames.pop(i)
-        elif op == "dup_frame":
-            frames.insert(i, bytearray(frames[i]))
-    try:
-        for item, own in decode_bundle([bytes(f) for f in frames]):
-            assert own and (type(item).TYPE in MESSAGE_TYPES if not isinstance(item, DecodeError) else item.reason)
-    except DecodeError as exc:
-        assert isinstance(exc.reason, str) and exc.reason

@@ -1,4 +1,4 @@
-"""bench/dataplane.py and bench/dataplane_ab.py run end to end on tiny counts (real buffer processes, real
+"""bench/dataplane.py runs end to end on tiny counts (real buffer processes, real
 sockets) and print one JSON line last with the ratios, the absolute figures and the CPU each side spent per
 chunk."""
 from __future__ import annotations
@@ -13,9 +13,8 @@ def test_bench_dataplane_smoke(capsys):
                            "--repeats", "2"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     out = json.loads(lines[-1])
-    assert out["ratio_small"] > 0 and out["ratio_large"] > 0 and out["ratio_large_vs_warm"] > 0
-    assert out["ack_only_small"] > 0 and out["ack_only_large"] > 0 and out["sync_sender_large"] > 0
-    assert out["large"]["sync_sender_chunks_per_s"] > 0 and "sync_sender_chunks_per_s" not in out["small"]
+    assert out["ratio_small"] > 0 and out["ratio_large"] > 0
+    assert out["ack_only_small"] > 0 and out["ack_only_large"] > 0
     assert out["ack_delay_gain_small"] > 0 and out["ack_delay_gain_large"] > 0
     for size in ("small", "large"):  # the figures are medians of the repeats, which are all there
         runs = out[size]["runs"]
@@ -25,21 +24,8 @@ def test_bench_dataplane_smoke(capsys):
     assert out["ratio_large"] == round(sum(ratios) / 2, 3)
     assert out["ratio_large_range"] == [round(min(ratios), 3), round(max(ratios), 3)]
     for size in ("small", "large"):
-        for row in ("raw", "raw_keep", "raw_warm", "ack_only", "ours", "ours_ack0", "ours_cold", "ours_wal"):
+        for row in ("raw", "ack_only", "ours", "ours_ack0", "ours_wal"):
             assert out[size][f"{row}_chunks_per_s"] > 0, (size, row)
             # CPU time comes from /proc in clock ticks (10 ms), too coarse at these counts to compare figures
             for side in ("sender", "receiver", "receiver_main"):
                 assert out[size][f"{row}_{side}_cpu_us_per_chunk"] >= 0, (size, row, side)
-
-
-def test_bench_dataplane_ab_compares_variants_round_by_round(capsys):
-    from turnstream.bench.dataplane_ab import main
-
-    assert main(["--rounds", "2", "--chunks", "50", "--bundle-chunks", "1", "8"]) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
-    assert [line.split(":")[0] for line in lines[:-1]] == ["round 1", "round 2"]
-    variants = json.loads(lines[-1])["variants"]
-    assert len(variants) == 2 and all(name.endswith((":1", ":8")) for name in variants)
-    first, second = variants.values()
-    assert first["pairwise_vs_first"] == 1.0 and second["pairwise_vs_first"] > 0
-    assert all(v["chunks_per_s"] > 0 and v["ours_per_raw"] > 0 for v in variants.values())

@@ -1,5 +1,5 @@
-"""BufferLink packs small chunks that queue up into one `turn_chunks` message, sends large ones alone,
-and takes an `acks` message as the acks of every chunk it names (real sockets on 127.0.0.1)."""
+"""BufferLink packs small chunks that queue up into one `turn_chunks` message, sends large ones in one of
+their own, and takes an `acks` message as the acks of every chunk it names (real sockets on 127.0.0.1)."""
 from __future__ import annotations
 
 import asyncio
@@ -8,10 +8,10 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from turnstream.actors.link import PACK_BELOW_BYTES
+from turnstream.actors.link import MAX_PACKED_CHUNKS, PACK_BELOW_BYTES, packing_groups
 from turnstream.protocol.chunk_batch import unpack
 from turnstream.protocol.codec import decode, encode
-from turnstream.protocol.messages import AckBatch, TurnChunk, TurnChunkBatch
+from turnstream.protocol.messages import AckBatch, TurnChunkBatch
 from tests.helpers import chunk, link_to_router
 
 
@@ -29,11 +29,10 @@ async def test_small_chunks_travel_packed_large_ones_alone_and_one_acks_message_
         while len(received) < 21:
             assert await router.poll(10_000), "the link sent nothing"
             identity, *frames = await router.recv_multipart()
-            msg, messages = decode(frames), messages + 1
+            msg = decode(frames)
             if isinstance(msg, TurnChunkBatch):
                 received.update({c.seq: c.episode_id for c in unpack(msg)})
-            elif isinstance(msg, TurnChunk):
-                received[msg.seq] = msg.episode_id
+                messages += 1
         assert received == {**{i: f"e{i}" for i in range(20)}, 20: "big"}
         assert messages == 2  # the 20 small ones in one message, the large one in another
         assert metrics.chunks_sent._value.get() == 21
@@ -55,16 +54,9 @@ async def test_small_chunks_travel_packed_large_ones_alone_and_one_acks_message_
         ctx.destroy(linger=0)
 
 
-def test_bundles_join_single_chunk_messages_in_order_and_leave_packed_ones_alone():
-    from turnstream.actors.link import MAX_BUNDLE_CHUNKS, bundle
-
-    def message(tag: bytes, chunks: int, nbytes: int = 10):
-        return [tag, b"x" * (nbytes - len(tag))], chunks
-
-    singles = [message(b"s%d" % i, 1) for i in range(MAX_BUNDLE_CHUNKS + 4)]
-    packed = message(b"p", 100)
-    got = bundle([*singles[:3], packed, *singles[3:]], max_bytes=1 << 20)
-    tags = [[f for f in b if not f.startswith(b"x")] for b in got]
-    assert tags == [[b"s0", b"s1", b"s2"], [b"p"], [b"s%d" % i for i in range(3, 3 + MAX_BUNDLE_CHUNKS)],
-                    [b"s%d" % (3 + MAX_BUNDLE_CHUNKS)]]
-    assert len(bundle(singles[:4], max_bytes=25)) == 2  # two 10-byte messages fit in 25 bytes, not three
+def test_packing_groups_keep_large_chunks_alone_and_cap_the_small_ones():
+    small = [chunk(f"s{i}", 0, seq=i) for i in range(MAX_PACKED_CHUNKS + 3)]
+    large = chunk("big", 0, seq=0, obs=np.zeros(PACK_BELOW_BYTES // 4, np.int32))
+    groups = packing_groups([*small[:2], large, *small[2:]])
+    assert [[c.episode_id for c in g] for g in groups] == [
+        [c.episode_id for c in small[:MAX_PACKED_CHUNKS]], ["big"], [c.episode_id for c in small[MAX_PACKED_CHUNKS:]]]

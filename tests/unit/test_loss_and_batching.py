@@ -13,6 +13,7 @@ from turnstream.buffer.metrics import BufferMetrics
 from turnstream.buffer.store import ReplayStore
 from turnstream.learner.batching import action_logprobs, to_tensors
 from turnstream.learner.loss import decoupled_ppo_loss
+from turnstream.protocol.chunk_batch import pack
 from turnstream.protocol.codec import decode, encode
 from turnstream.protocol.messages import Batch, TurnChunk
 
@@ -162,7 +163,7 @@ def served_batch() -> Batch:
         make_chunk(2, "a", 1, (6,), (7,), (-2.0,), True, temperature=0.7, versions=(2,)),
     ]
     for c in chunks:
-        assert store.ingest(b"a", c) == ("ok", "")
+        assert store.ingest_message(b"a", pack([c])) == [(c.seq, "ok", "")]
     episodes, dropped = store.take_batch(2, 2)
     return flatten(episodes, request_id=1, learner_version=2, dropped_stale=dropped)
 

@@ -1,4 +1,4 @@
-"""Golden bytes for schema v1: today's encoder must produce exactly the recorded frames, and the recorded
+"""Golden bytes for schema v2: today's encoder must produce exactly the recorded frames, and the recorded
 frames must keep decoding to the same messages (so an older peer's bytes stay readable).
 
 To re-record after an *intended*, backwards-compatible change (a new optional field), run
@@ -16,10 +16,10 @@ import pytest
 
 from turnstream.protocol import PROTOCOL_VERSION
 from turnstream.protocol.codec import DecodeError, decode, encode
-from turnstream.protocol.messages import MESSAGE_TYPES, BatchRequest, CreditGrant, TurnChunk
+from turnstream.protocol.messages import MESSAGE_TYPES, BatchRequest, CreditGrant, TurnChunkBatch
 from tests.unit.test_codec import SAMPLES, assert_same_message
 
-FIXTURE = Path(__file__).parent / "fixtures" / "protocol_v1_golden.json"
+FIXTURE = Path(__file__).parent / "fixtures" / "protocol_v2_golden.json"
 
 
 def _golden() -> dict[str, list[bytes]]:
@@ -40,21 +40,19 @@ def test_golden_bytes_decode_to_the_sample(type_name):
     assert_same_message(SAMPLES[type_name](), decode(_golden()[type_name]))
 
 
-def test_golden_header_states_major_version_1():
+def test_golden_header_states_major_version_2():
     for frames in _golden().values():
-        assert msgpack.unpackb(frames[0])["v"] == PROTOCOL_VERSION == 1
+        assert msgpack.unpackb(frames[0])["v"] == PROTOCOL_VERSION == 2
 
 
-def test_v1_message_without_later_optional_fields_still_decodes():
-    """Optional fields added within v1 (max_tokens, timeout_s, server_id, unsigned_tokens, message_bundles,
-    status) take their defaults."""
-    legacy = [msgpack.packb({"v": 1, "t": "batch_request", "f": {"request_id": 3, "learner_version": 2,
-                                                                   "max_episodes": 8}, "a": {}})]
-    assert decode(legacy) == BatchRequest(request_id=3, learner_version=2, max_episodes=8, max_tokens=0,
-                                          timeout_s=0.0)
-    legacy = [msgpack.packb({"v": 1, "t": "credit_grant", "f": {"credits": 2}, "a": {}})]
-    assert decode(legacy) == CreditGrant(credits=2, learner_version=0, server_id="", unsigned_tokens=False,
-                                         message_bundles=False)
+def test_a_message_without_its_optional_fields_still_decodes():
+    """Optional fields (max_tokens, timeout_s, learner_version, server_id) take their defaults."""
+    bare = [msgpack.packb({"v": 2, "t": "batch_request", "f": {"request_id": 3, "learner_version": 2,
+                                                                 "max_episodes": 8}, "a": {}})]
+    assert decode(bare) == BatchRequest(request_id=3, learner_version=2, max_episodes=8, max_tokens=0,
+                                        timeout_s=0.0)
+    bare = [msgpack.packb({"v": 2, "t": "credit_grant", "f": {"credits": 2}, "a": {}})]
+    assert decode(bare) == CreditGrant(credits=2, learner_version=0, server_id="")
 
 
 def test_newer_minor_field_is_ignored_and_newer_major_version_is_refused():
@@ -62,17 +60,18 @@ def test_newer_minor_field_is_ignored_and_newer_major_version_is_refused():
     header = msgpack.unpackb(frames[0])
     header["f"]["added_in_a_later_release"] = [1, 2, 3]
     assert decode([msgpack.packb(header)]) == SAMPLES["credit_grant"]()
-    header["v"] = 2
-    with pytest.raises(DecodeError) as info:
-        decode([msgpack.packb(header)])
-    assert info.value.reason == "unknown_version" and "speak 1" in str(info.value)
+    for version in (1, 3):  # version 1 sent turn chunks as int32, alone or packed: refused, not misread
+        header["v"] = version
+        with pytest.raises(DecodeError) as info:
+            decode([msgpack.packb(header)])
+        assert info.value.reason == "unknown_version" and "speak 2" in str(info.value)
 
 
-def test_turn_chunk_golden_frames_are_raw_little_endian_arrays():
-    frames = _golden()["turn_chunk"]
+def test_turn_chunks_golden_frames_are_raw_little_endian_arrays():
+    frames = _golden()["turn_chunks"]
     header = msgpack.unpackb(frames[0])
-    assert list(header["a"]) == list(TurnChunk.ARRAYS)
-    sample = SAMPLES["turn_chunk"]()
+    assert list(header["a"]) == list(TurnChunkBatch.ARRAYS)
+    sample = SAMPLES["turn_chunks"]()
     for i, name in enumerate(header["a"], start=1):
         np.testing.assert_array_equal(np.frombuffer(frames[i], dtype=header["a"][name][0]),
                                       getattr(sample, name).ravel())

@@ -1,7 +1,10 @@
 """buffer.store.ReplayStore: idempotent ingest, episode assembly, admission control and the staleness bound."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +14,7 @@ from hypothesis import strategies as st
 from turnstream.buffer.episodes import flatten
 from turnstream.buffer.metrics import BufferMetrics
 from turnstream.buffer.store import ReplayStore
-from turnstream.protocol.codec import decode, encode
+from turnstream.protocol.chunk_batch import pack
 from turnstream.protocol.messages import TurnChunk
 
 ID = b"actor-identity"
@@ -38,6 +41,13 @@ def chunk(*, seq: int, ep: str = "e0", turn: int = 0, done: bool = False, actor:
                      reward=reward, done=done, temperature=temperature, allowed_tokens=np.asarray(allowed, np.int32))
 
 
+def ingest(store: ReplayStore, identity: bytes, c: TurnChunk) -> tuple[str, str]:
+    """One chunk through the store's entry point, in the message an actor sends it in: (status, reason)."""
+    (seq, status, reason), = store.ingest_message(identity, pack([c]))
+    assert seq == c.seq
+    return status, reason
+
+
 def metric(store: ReplayStore, name: str, **labels) -> float:
     value = store.m.registry.get_sample_value(name, labels)
     return 0.0 if value is None else value
@@ -49,7 +59,7 @@ def rejected(store, reason):
 
 def complete_episode(store: ReplayStore, ep: str, *, seq: int, actor: str = "a0", versions=0, identity=ID) -> int:
     """Ingest a one-turn finished episode; returns the next free seq."""
-    assert store.ingest(identity, chunk(seq=seq, ep=ep, actor=actor, done=True, versions=versions)) == ("ok", "")
+    assert ingest(store, identity, chunk(seq=seq, ep=ep, actor=actor, done=True, versions=versions)) == ("ok", "")
     return seq + 1
 
 
@@ -57,12 +67,12 @@ def complete_episode(store: ReplayStore, ep: str, *, seq: int, actor: str = "a0"
 
 def test_episode_is_served_only_after_its_done_chunk():
     store = make_store(batch_episodes=1)
-    assert store.ingest(ID, chunk(seq=0, turn=0)) == ("ok", "")
+    assert ingest(store, ID, chunk(seq=0, turn=0)) == ("ok", "")
     assert store.take_batch(0, 1) is None
-    assert store.ingest(ID, chunk(seq=1, turn=1, obs=(7,))) == ("ok", "")
+    assert ingest(store, ID, chunk(seq=1, turn=1, obs=(7,))) == ("ok", "")
     assert store.take_batch(0, 1) is None
     assert "e0" in store.in_progress and not store.ready
-    assert store.ingest(ID, chunk(seq=2, turn=2, obs=(8,), done=True, reward=1.0)) == ("ok", "")
+    assert ingest(store, ID, chunk(seq=2, turn=2, obs=(8,), done=True, reward=1.0)) == ("ok", "")
     got = store.take_batch(0, 1)
     assert got is not None
     episodes, dropped = got
@@ -77,10 +87,10 @@ def test_episode_is_served_only_after_its_done_chunk():
 
 def test_turns_arriving_out_of_order_complete_the_episode_only_when_all_are_there():
     store = make_store(batch_episodes=1)
-    store.ingest(ID, chunk(seq=0, turn=2, obs=(9,), done=True))
-    store.ingest(ID, chunk(seq=1, turn=0))
+    ingest(store, ID, chunk(seq=0, turn=2, obs=(9,), done=True))
+    ingest(store, ID, chunk(seq=1, turn=0))
     assert store.take_batch(0, 1) is None
-    store.ingest(ID, chunk(seq=2, turn=1, obs=(8,)))
+    ingest(store, ID, chunk(seq=2, turn=1, obs=(8,)))
     episodes, _ = store.take_batch(0, 1)
     assert sorted(episodes[0].turns) == [0, 1, 2]
 
@@ -92,7 +102,7 @@ def test_a_turn_after_the_final_turn_does_not_make_a_gappy_episode_complete(orde
     store = make_store(batch_episodes=1)
     chunks = {"done_first": chunk(seq=0, turn=1, obs=(7,), done=True), "late": chunk(seq=1, turn=2, obs=(8,))}
     for name in order:
-        store.ingest(ID, chunks[name])
+        ingest(store, ID, chunks[name])
     got = store.take_batch(0, 1)
     if got is not None:
         ep = got[0][0]
@@ -105,15 +115,15 @@ def test_a_turn_after_the_final_turn_does_not_make_a_gappy_episode_complete(orde
 def test_duplicate_chunk_is_acked_duplicate_and_not_ingested_twice():
     store = make_store(batch_episodes=1)
     c0 = chunk(seq=0, turn=0)
-    assert store.ingest(ID, c0) == ("ok", "")
-    assert store.ingest(ID, c0) == ("duplicate", "")
+    assert ingest(store, ID, c0) == ("ok", "")
+    assert ingest(store, ID, c0) == ("duplicate", "")
     assert metric(store, "turnstream_buffer_chunks_total", outcome="ok") == 1
     assert metric(store, "turnstream_buffer_chunks_total", outcome="duplicate") == 1
     assert metric(store, "turnstream_buffer_tokens_ingested_total") == 5
     c1 = chunk(seq=1, turn=1, obs=(6,), done=True)
-    assert store.ingest(ID, c1) == ("ok", "")
-    assert store.ingest(ID, c1) == ("duplicate", "")
-    assert len(store.ready) == 1 and store.accepted == 1
+    assert ingest(store, ID, c1) == ("ok", "")
+    assert ingest(store, ID, c1) == ("duplicate", "")
+    assert len(store.ready) == 1 and store.admission.accepted == 1
     assert metric(store, "turnstream_buffer_episodes_total", event="completed") == 1
     assert metric(store, "turnstream_buffer_episodes_total", event="started") == 1
 
@@ -121,46 +131,41 @@ def test_duplicate_chunk_is_acked_duplicate_and_not_ingested_twice():
 def test_duplicate_detection_with_out_of_order_seqs():
     store = make_store()
     for seq, ep in [(2, "x2"), (0, "x0"), (5, "x5"), (1, "x1")]:
-        assert store.ingest(ID, chunk(seq=seq, ep=ep))[0] == "ok"
+        assert ingest(store, ID, chunk(seq=seq, ep=ep))[0] == "ok"
     for seq, ep in [(0, "x0"), (1, "x1"), (2, "x2"), (5, "x5")]:
-        assert store.ingest(ID, chunk(seq=seq, ep=ep))[0] == "duplicate"
-    assert store.ingest(ID, chunk(seq=3, ep="x3"))[0] == "ok"
-    assert store.ingest(ID, chunk(seq=4, ep="x4"))[0] == "ok"
-    assert store.ingest(ID, chunk(seq=4, ep="x4"))[0] == "duplicate"
+        assert ingest(store, ID, chunk(seq=seq, ep=ep))[0] == "duplicate"
+    assert ingest(store, ID, chunk(seq=3, ep="x3"))[0] == "ok"
+    assert ingest(store, ID, chunk(seq=4, ep="x4"))[0] == "ok"
+    assert ingest(store, ID, chunk(seq=4, ep="x4"))[0] == "duplicate"
 
 
 def test_new_epoch_of_the_same_actor_is_not_a_duplicate():
     store = make_store()
-    assert store.ingest(ID, chunk(seq=0, ep="old", epoch=0)) == ("ok", "")
-    assert store.ingest(ID, chunk(seq=0, ep="new", epoch=1)) == ("ok", "")
+    assert ingest(store, ID, chunk(seq=0, ep="old", epoch=0)) == ("ok", "")
+    assert ingest(store, ID, chunk(seq=0, ep="new", epoch=1)) == ("ok", "")
     assert set(store.in_progress) == {"old", "new"}
     assert metric(store, "turnstream_buffer_chunks_total", outcome="duplicate") == 0
 
 
 def test_same_seq_from_another_actor_is_not_a_duplicate():
     store = make_store()
-    assert store.ingest(ID, chunk(seq=0, ep="e-a", actor="a")) == ("ok", "")
-    assert store.ingest(b"other", chunk(seq=0, ep="e-b", actor="b")) == ("ok", "")
+    assert ingest(store, ID, chunk(seq=0, ep="e-a", actor="a")) == ("ok", "")
+    assert ingest(store, b"other", chunk(seq=0, ep="e-b", actor="b")) == ("ok", "")
 
 
 # ---- validation ------------------------------------------------------------------------------------
 
 MALFORMED = {
-    "logprob_length": (dict(gen=(4, 5), logp=(-0.1,)), "length_mismatch"),
-    "version_length": (dict(gen=(4, 5), versions=(0, 0, 0)), "length_mismatch"),
     "positive_logprob": (dict(gen=(4, 5), logp=(-0.1, 0.5)), "bad_logprob"),
     "nan_logprob": (dict(gen=(4,), logp=(float("nan"),)), "bad_logprob"),
     "nan_logprob_after_finite": (dict(gen=(4, 5), logp=(-0.1, float("nan"))), "bad_logprob"),
     "minus_inf_logprob": (dict(gen=(4, 5), logp=(-0.1, float("-inf"))), "bad_logprob"),
     "plus_inf_logprob": (dict(gen=(4,), logp=(float("inf"),)), "bad_logprob"),
     "token_not_allowed": (dict(gen=(4, 9), allowed=(3, 4, 5)), "token_not_allowed"),
-    "negative_gen_token": (dict(gen=(4, -1)), "negative_token"),
-    "negative_obs_token": (dict(obs=(1, -2)), "negative_token"),
     "empty_prompt": (dict(turn=0, obs=()), "empty_prompt"),
     "negative_version": (dict(gen=(4,), versions=(-1,)), "bad_version"),
     "nan_reward": (dict(reward=float("nan")), "bad_scalar"),
     "zero_temperature": (dict(temperature=0.0), "bad_scalar"),
-    "two_dim_tokens": (dict(gen=((4, 5),), logp=((-0.1, -0.1),), versions=((0, 0),)), "bad_shape"),
     "negative_turn": (dict(turn=-1), "negative_index"),
 }
 
@@ -170,78 +175,92 @@ def test_malformed_chunk_is_rejected_and_counted(case):
     kw, reason = MALFORMED[case]
     store = make_store()
     bad = chunk(seq=0, done=True, **kw)
-    assert store.ingest(ID, bad) == ("rejected", reason)
+    assert ingest(store, ID, bad) == ("rejected", reason)
     assert rejected(store, reason) == 1
     assert metric(store, "turnstream_buffer_chunks_total", outcome="rejected") == 1
-    assert not store.in_progress and not store.ready and store.accepted == 0
+    assert not store.in_progress and not store.ready and store.admission.accepted == 0
     # a resend of the same bad chunk is a duplicate and is not counted as a second rejection
-    assert store.ingest(ID, bad) == ("duplicate", "")
+    assert ingest(store, ID, bad) == ("duplicate", "")
     assert rejected(store, reason) == 1
 
 
-@pytest.mark.parametrize("allowed", [np.array([[4, 5], [6, 7]], np.int32), np.array(4, np.int32)],
-                         ids=["2d", "0d"])
-def test_allowed_tokens_that_are_not_a_vector_are_rejected(allowed):
-    """The codec accepts any shape. A 2-D or 0-d allowed_tokens passes validate_chunk today, and the served
-    episode then breaks flatten() (int() of a row / iterating a 0-d array) inside the buffer's serve path."""
+def test_each_chunk_of_a_message_gets_its_own_verdict():
+    store = make_store()
+    good, bad = chunk(seq=0, ep="good", done=True), chunk(seq=1, ep="bad", done=True, logp=(-0.1, 0.5))
+    assert store.ingest_message(ID, pack([good, bad])) == [(0, "ok", ""), (1, "rejected", "bad_logprob")]
+    assert list(store.ready) == ["good"]
+
+
+DISAGREEING_ARRAYS = {
+    "logprob_length": dict(gen=(4, 5), logp=(-0.1,)),
+    "version_length": dict(gen=(4, 5), versions=(0, 0, 0)),
+    "two_dim_tokens": dict(gen=((4, 5),), logp=((-0.1, -0.1),), versions=((0, 0),)),
+    "two_dim_allowed": dict(gen=(4,), allowed=((4, 5), (6, 7))),
+    "zero_dim_allowed": dict(gen=(4,), allowed=4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DISAGREEING_ARRAYS))
+def test_a_chunk_whose_arrays_disagree_is_refused_with_its_whole_message(case):
+    """Its message's columns no longer add up (a 2-D or 0-d array would also break flatten() in the serve path):
+    every chunk of the message is rejected, and acked so, so that the actor does not resend it."""
     store = make_store(batch_episodes=1)
-    c = chunk(seq=0, gen=(4,), done=True)
-    c.allowed_tokens = allowed
-    status, reason = store.ingest(ID, c)
-    assert status == "rejected", "malformed allowed_tokens was accepted"
-    assert rejected(store, reason) == 1
+    assert ingest(store, ID, chunk(seq=0, done=True, **DISAGREEING_ARRAYS[case])) == ("rejected", "bad_batch")
+    assert rejected(store, "bad_batch") == 1
+    assert metric(store, "turnstream_buffer_chunks_total", outcome="rejected") == 1
+    assert not store.in_progress and not store.ready
 
 
-def test_unsigned_token_ids_are_taken_without_a_sign_check_and_served_as_int32():
-    """uint32 ids have no sign to check. One of 2**31 or more has no int32 form: the batch carries it negative,
-    and the learner drops its episode as outside the vocabulary (learner/packing.py)."""
+def test_token_ids_travel_unsigned_and_reach_the_learner_as_int32():
+    """Token ids are uint32 on the wire, with no sign to check. An id of 2**31 or more has no int32 form, and
+    neither has a negative id an actor sent: the batch carries them negative, and the learner drops their
+    episode as outside the vocabulary (learner/packing.py)."""
     store = make_store(batch_episodes=2)
-    sent = chunk(seq=0, ep="e-ok", obs=(1, 2, 3), gen=(4, 5), allowed=(4, 5, 6), done=True)
-    ok = decode(encode(sent, alt_dtypes=True))  # as the buffer receives it
-    huge = chunk(seq=1, ep="e-huge", obs=(7, 8), gen=(9,), done=True)
-    huge.obs_tokens = np.array([7, 2**31 + 5], np.uint32)
-    huge.gen_tokens = huge.gen_tokens.astype(np.uint32)
-    assert store.ingest(ID, ok) == ("ok", "") and store.ingest(ID, huge) == ("ok", "")
+    ok = chunk(seq=0, ep="e-ok", obs=(1, 2, 3), gen=(4, 5), allowed=(4, 5, 6), done=True)
+    odd = chunk(seq=1, ep="e-odd", obs=(7, -1), gen=(9,), done=True)
+    odd.gen_tokens = np.array([2**31 + 5], np.uint32)
+    assert ingest(store, ID, ok) == ("ok", "") and ingest(store, ID, odd) == ("ok", "")
+    assert store.ready["e-ok"].turns[0].obs_tokens.dtype == np.uint32
     episodes, _ = store.take_batch(0, 2)
     batch = flatten(episodes, request_id=1, learner_version=0, dropped_stale=0)
     assert batch.tokens.dtype == np.int32
-    np.testing.assert_array_equal(batch.tokens, [1, 2, 3, 4, 5, 7, -(2**31) + 5, 9])
+    np.testing.assert_array_equal(batch.tokens, [1, 2, 3, 4, 5, 7, -1, -(2**31) + 5])
     assert batch.allowed_sets == [[4, 5, 6]]
 
 
 def test_empty_observation_is_fine_after_turn_zero():
     store = make_store()
-    store.ingest(ID, chunk(seq=0, turn=0))
-    assert store.ingest(ID, chunk(seq=1, turn=1, obs=())) == ("ok", "")
+    ingest(store, ID, chunk(seq=0, turn=0))
+    assert ingest(store, ID, chunk(seq=1, turn=1, obs=())) == ("ok", "")
 
 
 def test_allowed_tokens_accept_members():
     store = make_store()
-    assert store.ingest(ID, chunk(seq=0, gen=(4, 5), allowed=(3, 4, 5))) == ("ok", "")
+    assert ingest(store, ID, chunk(seq=0, gen=(4, 5), allowed=(3, 4, 5))) == ("ok", "")
 
 
 def test_chunk_for_a_completed_episode_is_rejected():
     store = make_store(batch_episodes=1)
-    store.ingest(ID, chunk(seq=0, turn=0, done=True))
-    assert store.ingest(ID, chunk(seq=1, turn=1, obs=(5,))) == ("rejected", "episode_closed")
+    ingest(store, ID, chunk(seq=0, turn=0, done=True))
+    assert ingest(store, ID, chunk(seq=1, turn=1, obs=(5,))) == ("rejected", "episode_closed")
     assert rejected(store, "episode_closed") == 1
     store.take_batch(0, 1)  # still closed once served
-    assert store.ingest(ID, chunk(seq=2, turn=1, obs=(5,))) == ("rejected", "episode_closed")
+    assert ingest(store, ID, chunk(seq=2, turn=1, obs=(5,))) == ("rejected", "episode_closed")
     assert rejected(store, "episode_closed") == 2
-    assert store.accepted == 1
+    assert store.admission.accepted == 1
 
 
 def test_chunk_from_another_actor_for_a_running_episode_is_rejected():
     store = make_store()
-    store.ingest(ID, chunk(seq=0, turn=0, actor="a"))
-    assert store.ingest(b"x", chunk(seq=0, turn=1, actor="b", obs=(5,))) == ("rejected", "episode_conflict")
-    assert store.ingest(ID, chunk(seq=1, turn=1, actor="a", epoch=1, obs=(5,))) == ("rejected", "episode_conflict")
+    ingest(store, ID, chunk(seq=0, turn=0, actor="a"))
+    assert ingest(store, b"x", chunk(seq=0, turn=1, actor="b", obs=(5,))) == ("rejected", "episode_conflict")
+    assert ingest(store, ID, chunk(seq=1, turn=1, actor="a", epoch=1, obs=(5,))) == ("rejected", "episode_conflict")
 
 
 def test_same_turn_under_a_new_seq_is_rejected():
     store = make_store()
-    store.ingest(ID, chunk(seq=0, turn=0))
-    assert store.ingest(ID, chunk(seq=1, turn=0)) == ("rejected", "episode_conflict")
+    ingest(store, ID, chunk(seq=0, turn=0))
+    assert ingest(store, ID, chunk(seq=1, turn=0)) == ("rejected", "episode_conflict")
     assert rejected(store, "episode_conflict") == 1
 
 
@@ -249,7 +268,7 @@ def test_same_turn_under_a_new_seq_is_rejected():
 
 def test_synchronous_admission_grants_one_batch_per_version():
     store = make_store(eta=0, batch_episodes=2, max_staleness=0)
-    store.on_credit_request(ID, "a0", 0, slots=10)
+    store.admission.on_credit_request(ID, "a0", 0, slots=10)
     assert store.capacity() == 2
     assert store.grant_credits() == [(ID, 2)]
     assert store.capacity() == 0 and store.running == 2
@@ -258,7 +277,7 @@ def test_synchronous_admission_grants_one_batch_per_version():
 
     seq = complete_episode(store, "e0", seq=0)
     seq = complete_episode(store, "e1", seq=seq)
-    assert store.actors[("a0", 0)].outstanding == 0 and store.running == 0 and store.accepted == 2
+    assert store.admission.actors[("a0", 0)].outstanding == 0 and store.running == 0 and store.admission.accepted == 2
     assert metric(store, "turnstream_buffer_episodes_total", event="started_without_credit") == 0
     assert store.capacity() == 0 and store.grant_credits() == []
 
@@ -274,7 +293,7 @@ def test_synchronous_admission_grants_one_batch_per_version():
 
 def test_eta_allows_that_many_extra_batches_in_flight():
     store = make_store(eta=2, batch_episodes=3, max_staleness=2)
-    store.on_credit_request(ID, "a0", 0, slots=100)
+    store.admission.on_credit_request(ID, "a0", 0, slots=100)
     assert store.grant_credits() == [(ID, 9)]  # (eta + 0 + 1) * B
     store.set_learner_version(1)
     assert store.grant_credits() == [(ID, 3)]
@@ -283,11 +302,11 @@ def test_eta_allows_that_many_extra_batches_in_flight():
 def test_scarce_credits_are_shared_round_the_actors_not_first_come():
     store = make_store(eta=0, batch_episodes=6, max_staleness=5)
     for i in range(3):
-        store.on_credit_request(f"id{i}".encode(), f"a{i}", 0, slots=10)  # a0 asked first
+        store.admission.on_credit_request(f"id{i}".encode(), f"a{i}", 0, slots=10)  # a0 asked first
     assert sorted(n for _, n in store.grant_credits()) == [2, 2, 2]
     store.set_learner_version(1)  # room for 6 more; all three still want 8
     assert sorted(n for _, n in store.grant_credits()) == [2, 2, 2]
-    store.on_credit_request(b"id-late", "a-late", 0, slots=10)  # joins while every credit is taken
+    store.admission.on_credit_request(b"id-late", "a-late", 0, slots=10)  # joins while every credit is taken
     store.set_learner_version(2)
     grants = dict(store.grant_credits())
     assert sum(grants.values()) == 6 and grants.get(b"id-late", 0) >= 1  # first-come order would give it 0
@@ -295,7 +314,7 @@ def test_scarce_credits_are_shared_round_the_actors_not_first_come():
 
 def test_batch_request_at_a_newer_version_frees_room():
     store = make_store(eta=0, batch_episodes=2, max_staleness=1)
-    store.on_credit_request(ID, "a0", 0, slots=10)
+    store.admission.on_credit_request(ID, "a0", 0, slots=10)
     store.grant_credits()
     complete_episode(store, "e0", seq=0)
     complete_episode(store, "e1", seq=1)
@@ -305,17 +324,17 @@ def test_batch_request_at_a_newer_version_frees_room():
 
 def test_max_running_bounds_credits():
     store = make_store(eta=10, batch_episodes=4, max_staleness=10, max_running=3)
-    store.on_credit_request(ID, "a0", 0, slots=10)
+    store.admission.on_credit_request(ID, "a0", 0, slots=10)
     assert store.grant_credits() == [(ID, 3)]
-    store.ingest(ID, chunk(seq=0, ep="e0"))  # uses a credit; still running
+    ingest(store, ID, chunk(seq=0, ep="e0"))  # uses a credit; still running
     assert store.running == 3 and store.grant_credits() == []
-    store.ingest(ID, chunk(seq=1, ep="e0", turn=1, obs=(9,), done=True))
+    ingest(store, ID, chunk(seq=1, ep="e0", turn=1, obs=(9,), done=True))
     assert store.running == 2 and store.grant_credits() == [(ID, 1)]
 
 
 def test_max_items_bounds_running_plus_ready():
     store = make_store(eta=10, batch_episodes=1, max_staleness=10, max_items=3)
-    store.on_credit_request(ID, "a0", 0, slots=10)
+    store.admission.on_credit_request(ID, "a0", 0, slots=10)
     assert store.grant_credits() == [(ID, 3)]
     for i in range(3):
         complete_episode(store, f"e{i}", seq=i)
@@ -326,25 +345,25 @@ def test_max_items_bounds_running_plus_ready():
 
 def test_actor_is_not_granted_beyond_its_slots():
     store = make_store(eta=10, batch_episodes=10, max_staleness=10)
-    store.on_credit_request(ID, "a0", 0, slots=3)
+    store.admission.on_credit_request(ID, "a0", 0, slots=3)
     assert store.grant_credits() == [(ID, 3)]
-    store.ingest(ID, chunk(seq=0, ep="e0"))  # credit becomes a running episode
+    ingest(store, ID, chunk(seq=0, ep="e0"))  # credit becomes a running episode
     assert store.grant_credits() == []
-    store.on_credit_request(ID, "a0", 0, slots=5)
+    store.admission.on_credit_request(ID, "a0", 0, slots=5)
     assert store.grant_credits() == [(ID, 2)]
 
 
 def test_credits_are_shared_across_actors():
     store = make_store(eta=0, batch_episodes=2, max_staleness=0)
-    store.on_credit_request(b"A", "a", 0, slots=10)
-    store.on_credit_request(b"B", "b", 0, slots=10)
+    store.admission.on_credit_request(b"A", "a", 0, slots=10)
+    store.admission.on_credit_request(b"B", "b", 0, slots=10)
     grants = store.grant_credits()
     assert sum(n for _, n in grants) == 2
 
 
 def test_episode_started_without_credit_is_counted():
     store = make_store()
-    store.ingest(ID, chunk(seq=0))
+    ingest(store, ID, chunk(seq=0))
     assert metric(store, "turnstream_buffer_episodes_total", event="started_without_credit") == 1
     assert store.running == 1
 
@@ -354,11 +373,11 @@ def test_episode_started_without_credit_is_counted():
 def test_take_batch_returns_none_until_n_are_ready_and_is_fifo():
     store = make_store(eta=4, max_staleness=4)
     for i, ep in enumerate(["e1", "e0", "e2"]):  # start them all first
-        store.ingest(ID, chunk(seq=i, ep=ep))
+        ingest(store, ID, chunk(seq=i, ep=ep))
     seq = 3
     assert store.take_batch(0, 2) is None
     for ep in ["e1", "e0", "e2"]:  # completion order decides the queue order
-        store.ingest(ID, chunk(seq=seq, ep=ep, turn=1, obs=(6,), done=True))
+        ingest(store, ID, chunk(seq=seq, ep=ep, turn=1, obs=(6,), done=True))
         seq += 1
         if ep == "e1":
             assert store.take_batch(0, 2) is None
@@ -372,13 +391,13 @@ def test_stale_episodes_are_dropped_counted_and_free_admission():
     store = make_store(eta=0, batch_episodes=1, max_staleness=1)
     complete_episode(store, "old", seq=0, versions=(0, 3))  # min version 0 decides
     complete_episode(store, "fresh", seq=1, versions=2)
-    assert store.accepted == 2
+    assert store.admission.accepted == 2
     got = store.take_batch(2, 1)  # staleness of "old" is 2 > 1
     assert got is not None
     episodes, dropped = got
     assert [e.episode_id for e in episodes] == ["fresh"] and dropped == 1
     assert metric(store, "turnstream_buffer_dropped_episodes_total", reason="stale") == 1
-    assert store.accepted == 1
+    assert store.admission.accepted == 1
     assert store.max_served_staleness == 0
 
 
@@ -386,7 +405,7 @@ def test_stale_drop_without_a_full_batch():
     store = make_store(eta=0, batch_episodes=1, max_staleness=1)
     complete_episode(store, "old", seq=0, versions=0)
     assert store.take_batch(5, 1) is None
-    assert not store.ready and store.accepted == 0
+    assert not store.ready and store.admission.accepted == 0
     assert metric(store, "turnstream_buffer_dropped_episodes_total", reason="stale") == 1
 
 
@@ -397,6 +416,30 @@ def test_staleness_equal_to_the_bound_is_served():
     assert [e.episode_id for e in episodes] == ["e"] and dropped == 0
     assert store.max_served_staleness == 2
     assert metric(store, "turnstream_buffer_max_served_staleness_versions") == 2
+
+
+def test_an_episode_past_the_bound_at_serving_is_dropped_and_counted_not_served():
+    """The bound is checked where episodes leave, not only where the version moves."""
+    store = make_store(eta=0, batch_episodes=1, max_staleness=1)
+    complete_episode(store, "old", seq=0, versions=0)
+    complete_episode(store, "fresh", seq=1, versions=5)
+    store.learner_version = 5  # moved without set_learner_version's scan, as a bug elsewhere would
+    episodes, dropped = store.take_batch(5, 1)
+    assert [e.episode_id for e in episodes] == ["fresh"] and dropped == 1
+    assert metric(store, "turnstream_buffer_dropped_episodes_total", reason="stale") == 1
+    assert not store.ready and store.admission.accepted == 1
+
+
+def test_the_serving_check_survives_python_dash_O():
+    """An `assert` would vanish under `python -O`; the check must not."""
+    code = ("from tests.unit.test_store import complete_episode, make_store\n"
+            "store = make_store(eta=0, batch_episodes=1, max_staleness=1)\n"
+            "complete_episode(store, 'old', seq=0, versions=0)\n"
+            "store.learner_version = 5\n"
+            "print(store.take_batch(5, 1), len(store.ready))\n")
+    out = subprocess.run([sys.executable, "-O", "-c", code], cwd=Path(__file__).parents[2], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert out.split() == ["None", "0"]
 
 
 def test_learner_version_never_goes_back():
@@ -410,9 +453,9 @@ def test_learner_version_never_goes_back():
 
 def test_flatten_of_served_episodes():
     store = make_store(batch_episodes=2, eta=2, max_staleness=2)
-    store.ingest(ID, chunk(seq=0, ep="a", turn=0, obs=(1, 2), gen=(3,), allowed=(3, 4), reward=0.5))
-    store.ingest(ID, chunk(seq=1, ep="b", turn=0, obs=(9,), gen=(8, 7), versions=(1, 2), done=True, reward=1.0))
-    store.ingest(ID, chunk(seq=2, ep="a", turn=1, obs=(5,), gen=(6,), done=True, reward=0.25))
+    ingest(store, ID, chunk(seq=0, ep="a", turn=0, obs=(1, 2), gen=(3,), allowed=(3, 4), reward=0.5))
+    ingest(store, ID, chunk(seq=1, ep="b", turn=0, obs=(9,), gen=(8, 7), versions=(1, 2), done=True, reward=1.0))
+    ingest(store, ID, chunk(seq=2, ep="a", turn=1, obs=(5,), gen=(6,), done=True, reward=0.25))
     episodes, dropped = store.take_batch(2, 2)
     batch = flatten(episodes, request_id=3, learner_version=2, dropped_stale=dropped)
     assert batch.episode_ids == ["b", "a"] and batch.returns == [1.0, 0.75]
@@ -430,43 +473,43 @@ def test_flatten_of_served_episodes():
 
 def test_expire_abandons_idle_episodes():
     store = make_store(episode_timeout_s=10.0)
-    store.on_credit_request(ID, "a0", 0, slots=1)
+    store.admission.on_credit_request(ID, "a0", 0, slots=1)
     store.grant_credits()
-    store.ingest(ID, chunk(seq=0, ep="idle"))
+    ingest(store, ID, chunk(seq=0, ep="idle"))
     t0 = time.monotonic()
     store.expire(now=t0 + 5)
     assert "idle" in store.in_progress
     store.expire(now=t0 + 11)
     assert not store.in_progress and store.running == 0
-    assert store.actors[("a0", 0)].running == 0
+    assert store.admission.actors[("a0", 0)].running == 0
     assert metric(store, "turnstream_buffer_dropped_episodes_total", reason="abandoned") == 1
-    assert store.ingest(ID, chunk(seq=1, ep="idle", turn=1, obs=(5,), done=True)) == ("rejected", "episode_closed")
+    assert ingest(store, ID, chunk(seq=1, ep="idle", turn=1, obs=(5,), done=True)) == ("rejected", "episode_closed")
     assert not store.ready
 
 
 def test_expire_reclaims_credits_of_silent_actors():
     store = make_store(eta=0, batch_episodes=2, max_staleness=0, actor_timeout_s=15.0)
-    store.on_credit_request(ID, "a0", 0, slots=10)
+    store.admission.on_credit_request(ID, "a0", 0, slots=10)
     assert store.grant_credits() == [(ID, 2)]
     assert store.capacity() == 0
     t0 = time.monotonic()
     store.expire(now=t0 + 5)
-    assert store.actors[("a0", 0)].outstanding == 2
+    assert store.admission.actors[("a0", 0)].outstanding == 2
     store.expire(now=t0 + 16)
     assert metric(store, "turnstream_buffer_credits_reclaimed_total") == 2
-    assert ("a0", 0) not in store.actors
+    assert ("a0", 0) not in store.admission.actors
     assert store.capacity() == 2
-    store.on_credit_request(b"B", "b", 0, slots=5)
+    store.admission.on_credit_request(b"B", "b", 0, slots=5)
     assert store.grant_credits() == [(b"B", 2)]
 
 
 def test_silent_actor_with_a_running_episode_keeps_its_state_but_loses_unused_credits():
     store = make_store(eta=10, batch_episodes=3, max_staleness=10, actor_timeout_s=15.0, episode_timeout_s=60.0)
-    store.on_credit_request(ID, "a0", 0, slots=3)
+    store.admission.on_credit_request(ID, "a0", 0, slots=3)
     store.grant_credits()
-    store.ingest(ID, chunk(seq=0, ep="e0"))
+    ingest(store, ID, chunk(seq=0, ep="e0"))
     store.expire(now=time.monotonic() + 20)
-    actor = store.actors[("a0", 0)]
+    actor = store.admission.actors[("a0", 0)]
     assert actor.outstanding == 0 and actor.running == 1
     assert metric(store, "turnstream_buffer_credits_reclaimed_total") == 2
     assert store.running == 1
@@ -474,7 +517,7 @@ def test_silent_actor_with_a_running_episode_keeps_its_state_but_loses_unused_cr
 
 def test_expire_closes_in_progress_episodes_that_can_never_be_served():
     store = make_store(max_staleness=1)
-    store.ingest(ID, chunk(seq=0, ep="doomed", versions=0))
+    ingest(store, ID, chunk(seq=0, ep="doomed", versions=0))
     store.set_learner_version(2)
     store.expire(now=time.monotonic())
     assert not store.in_progress
@@ -516,7 +559,7 @@ def test_served_episodes_respect_the_staleness_bound_and_are_served_once(data):
                       gen=tuple(range(3, 3 + n_gen)), versions=versions)
             next_seq[e["actor"]] += 1
             e["next"] += 1
-            status, reason = store.ingest(e["actor"].encode(), c)
+            status, reason = ingest(store, e["actor"].encode(), c)
             assert status in ("ok", "rejected")
             if status == "ok":
                 e["versions"] += versions
@@ -525,7 +568,7 @@ def test_served_episodes_respect_the_staleness_bound_and_are_served_once(data):
                 assert reason == "episode_closed"  # only an episode expire() closed as hopelessly stale
         elif op == "resend" and sent:
             c = data.draw(st.sampled_from(sent))
-            assert store.ingest(c.actor_id.encode(), c) == ("duplicate", "")
+            assert ingest(store, c.actor_id.encode(), c) == ("duplicate", "")
         elif op == "bump":
             learner_version += data.draw(st.integers(1, 2))
             store.set_learner_version(learner_version)
@@ -548,7 +591,7 @@ def test_served_episodes_respect_the_staleness_bound_and_are_served_once(data):
         elif op == "expire":
             store.expire(now=time.monotonic())
         # accounting: every completed episode was served, is waiting, or was dropped (and un-accepted)
-        assert store.accepted == len(served) + len(store.ready)
+        assert store.admission.accepted == len(served) + len(store.ready)
         assert not (served & set(store.ready))
     event(f"served {min(len(served), 4)}+ episodes" if len(served) >= 4 else f"served {len(served)} episodes")
     event("some episode dropped as stale" if metric(store, "turnstream_buffer_dropped_episodes_total", reason="stale")
