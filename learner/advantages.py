@@ -1,7 +1,7 @@
-"""Advantage estimators as plain functions over numpy arrays (research/learner_math.md sections 1-4).
+"""Advantage estimators as plain functions over numpy arrays.
 
 Everything here is pure arithmetic with no model in sight, so each formula can be checked against its
-worked example. learner/estimators.py wires these to batches, the SPO tracker and the critic.
+worked example in docs/estimators.md. learner/estimators.py wires these to batches, the SPO tracker and the critic.
 """
 from __future__ import annotations
 
@@ -91,9 +91,3 @@ def agentwise_normalize(adv: np.ndarray, agent_ids: np.ndarray, weights: np.ndar
         out[sel] = whiten(adv[sel], w[sel], eps)
     return out
 
-
-def uncertainty_weights(values: np.ndarray, eps: float = 0.05) -> np.ndarray:
-    """SPO prompt-sampling probabilities: sqrt(v (1 - v)) + eps, normalised over the candidate pool."""
-    v = np.asarray(values, np.float64)
-    w = np.sqrt(v * (1.0 - v)) + eps
-    return w / w.sum()

@@ -87,14 +87,6 @@ def crop(tb: TensorBatch, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return tb.input_ids[rows, :width], tb.attention_mask[rows, :width]
 
 
-def gather_at_actions(per_position: torch.Tensor, tb: TensorBatch, rows: torch.Tensor) -> torch.Tensor:
-    """[R, L, ...] values at the position before each of the rows' action tokens, in flat action order."""
-    select = torch.isin(tb.act_episode, rows)
-    row_index = torch.full((tb.num_episodes,), -1, dtype=torch.long)
-    row_index[rows] = torch.arange(len(rows))
-    return per_position[row_index[tb.act_episode[select]], tb.act_pos[select] - 1]
-
-
 def logprobs_from_logits(logits: torch.Tensor, tb: TensorBatch,
                          rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     select = torch.isin(tb.act_episode, rows)

@@ -36,3 +36,12 @@ def broadcast(obj, rank: int, world: int):
 def shutdown(world: int) -> None:
     if world > 1 and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def sum_over_ranks(world: int, device, *tensors) -> None:
+    """Sum CPU bookkeeping tensors over the ranks, in place (through `device`: nccl reduces device tensors only)."""
+    if world > 1:
+        for t in tensors:
+            on_device = t.to(device)
+            dist.all_reduce(on_device, op=dist.ReduceOp.SUM)
+            t.copy_(on_device.cpu())

@@ -1,4 +1,5 @@
 """One interface over the advantage estimators: batch in, per-action-token advantages (and critic targets) out.
+The formulas, with worked examples: docs/estimators.md.
 
 `learner.estimator` selects one of:
 - spo: persistent per-prompt Beta tracker baseline, read before the update (learner/spo.py);
@@ -6,7 +7,7 @@
 - turn_gae: critic read at turn boundaries, GAE across turns, the turn's advantage on its action tokens;
 - token_gae: classic token-level PPO critic over action tokens (observation tokens skipped).
 Terminal-outcome estimators broadcast one scalar per episode; all are normalised under the action-token
-measure that the default token-mean loss uses (SPO++ 1.6a), unless spo.normalize says "sequence".
+measure that the default token-mean loss uses (SPO++), unless spo.normalize says "sequence".
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from turnstream.core.config import LearnerSection
 from turnstream.learner.advantages import agentwise_normalize, gae, grpo_advantages, rloo_advantages, whiten
 from turnstream.learner.batching import TensorBatch
 from turnstream.learner.spo import SpoTracker, normalize_advantages
@@ -42,6 +44,12 @@ def episode_agent_ids(batch: Batch) -> np.ndarray | None:
     return ids.astype(np.int64)
 
 
+def token_agent_ids(batch: Batch, tb: TensorBatch) -> np.ndarray | None:
+    """Per action token agent ids for Dr. MAS (None when the batch has a single agent)."""
+    per_episode = episode_agent_ids(batch)
+    return None if per_episode is None else per_episode[tb.act_episode.numpy()]
+
+
 def turn_rewards(batch: Batch, e: int) -> np.ndarray | None:
     """Episode e's reward after each of its turns, or None from a buffer that does not send them."""
     offsets = np.asarray(batch.turn_offsets)
@@ -67,65 +75,68 @@ def value_positions(estimator: str, tb: TensorBatch) -> torch.Tensor:
     return mask
 
 
+def for_config(cfg: LearnerSection, tracker: SpoTracker, batch: Batch, tb: TensorBatch,
+               old_values: torch.Tensor | None, agent_ids: np.ndarray | None,
+               episodes: np.ndarray | None = None) -> Advantages:
+    """`compute` with a run's learner settings."""
+    return compute(cfg.estimator, batch, tb, tracker=tracker, spo_normalize=cfg.spo.normalize, gamma=cfg.critic.gamma,
+                   lam=cfg.critic.lam, old_values=old_values, agent_ids=agent_ids, episodes=episodes)
+
+
 def compute(estimator: str, batch: Batch, tb: TensorBatch, *, tracker: SpoTracker, spo_normalize: str,
-            gamma: float, lam: float, old_values: torch.Tensor | None,
-            bootstrap: np.ndarray | None = None, agent_ids: np.ndarray | None = None,
+            gamma: float, lam: float, old_values: torch.Tensor | None, agent_ids: np.ndarray | None = None,
             episodes: np.ndarray | None = None) -> Advantages:
-    """`old_values`: critic values at every action token's position (value-based estimators only).
-    `bootstrap`: per-episode V after the last turn (0 for finished episodes); a truncated episode bootstraps
-    from the critic's value at its last turn boundary instead.
+    """`old_values`: critic values at every action token's position (value-based estimators only). After an
+    episode's last turn V is 0, unless it was truncated: then the critic's value at its last turn boundary.
     `agent_ids`: per action token, for Dr. MAS agent-wise normalisation.
     `episodes`: value-based only: compute (and whiten) these episodes alone, e.g. one micro-batch's
     (critic.whiten = "microbatch"); the other tokens' entries stay 0.
     """
-    returns = np.asarray(batch.returns, np.float64)
-    n_eps = tb.num_episodes
-    truncated = np.asarray(batch.truncated, bool) if len(batch.truncated) == n_eps else np.zeros(n_eps, bool)
-    bootstrap = np.zeros(n_eps) if bootstrap is None else bootstrap
-    ep_of = tb.act_episode.numpy()
     if estimator in ("spo", "grpo", "rloo"):
-        if estimator == "spo":
-            baselines = np.array([tracker.value(k) for k in batch.prompt_keys])  # read before the update
-            episode_adv = normalize_advantages(returns - baselines, tb.tokens_per_episode, spo_normalize)
-            baseline_mean = float(baselines.mean()) if n_eps else 0.0
-        else:
-            fn = grpo_advantages if estimator == "grpo" else rloo_advantages
-            episode_adv, baseline_mean = fn(returns, batch.prompt_keys), float(returns.mean()) if n_eps else 0.0
-        token = episode_adv[ep_of]
-        if agent_ids is not None:
-            token = agentwise_normalize(token, agent_ids)
-        return Advantages(torch.from_numpy(token.astype(np.float32)), baseline_mean=baseline_mean)
+        return _from_outcomes(estimator, batch, tb, tracker, spo_normalize, agent_ids)
     if estimator not in VALUE_BASED:
         raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
     assert old_values is not None, f"{estimator} needs critic values"
-    v = old_values.double().numpy()
-    adv = np.zeros(len(ep_of))
-    targets = np.zeros(len(ep_of))
-    value_mask = np.zeros(len(ep_of), bool)
+    return _from_critic(estimator, batch, tb, old_values.double().numpy(), gamma, lam, agent_ids, episodes)
+
+
+def _from_outcomes(estimator: str, batch: Batch, tb: TensorBatch, tracker: SpoTracker, spo_normalize: str,
+                   agent_ids: np.ndarray | None) -> Advantages:
+    """One advantage per episode from its return and a baseline, broadcast to its action tokens."""
+    returns = np.asarray(batch.returns, np.float64)
+    n_eps = tb.num_episodes
+    if estimator == "spo":
+        baselines = np.array([tracker.value(k) for k in batch.prompt_keys])  # read before the update
+        episode_adv = normalize_advantages(returns - baselines, tb.tokens_per_episode, spo_normalize)
+        baseline_mean = float(baselines.mean()) if n_eps else 0.0
+    else:
+        fn = grpo_advantages if estimator == "grpo" else rloo_advantages
+        episode_adv, baseline_mean = fn(returns, batch.prompt_keys), float(returns.mean()) if n_eps else 0.0
+    token = episode_adv[tb.act_episode.numpy()]
+    if agent_ids is not None:
+        token = agentwise_normalize(token, agent_ids)
+    return Advantages(torch.from_numpy(token.astype(np.float32)), baseline_mean=baseline_mean)
+
+
+def _from_critic(estimator: str, batch: Batch, tb: TensorBatch, v: np.ndarray, gamma: float, lam: float,
+                 agent_ids: np.ndarray | None, episodes: np.ndarray | None) -> Advantages:
+    """GAE over each episode's steps (turns, or action tokens), each step's advantage on its action tokens."""
+    ep_of = tb.act_episode.numpy()
+    n_eps = tb.num_episodes
+    truncated = np.asarray(batch.truncated, bool) if len(batch.truncated) == n_eps else np.zeros(n_eps, bool)
+    adv, targets, value_mask = np.zeros(len(ep_of)), np.zeros(len(ep_of)), np.zeros(len(ep_of), bool)
     groups = turn_groups(tb).numpy() if estimator == "turn_gae" else np.arange(len(ep_of))
     for e in range(n_eps) if episodes is None else episodes:
         idx = np.nonzero(ep_of == e)[0]  # this episode's action tokens, in order
         if idx.size == 0:
             continue
         # one step per turn (its first action token is the boundary) or per action token
-        step_of = groups[idx]
-        _, first = np.unique(step_of, return_index=True)
+        _, first = np.unique(groups[idx], return_index=True)
         first = np.sort(first)
         boundary = idx[first]
-        rewards = np.zeros(len(boundary))
-        per_turn = turn_rewards(batch, e)
-        turn_of_step = tb.act_turn.numpy()[boundary]
-        if per_turn is not None and len(per_turn) > turn_of_step.max():
-            # each turn's reward lands on that turn's last step (its only step for turn_gae)
-            last_step_of_turn = np.nonzero(np.append(turn_of_step[1:] != turn_of_step[:-1], True))[0]
-            rewards[last_step_of_turn] = per_turn[turn_of_step[last_step_of_turn]]
-        else:
-            rewards[-1] = returns[e]  # only the episode return is known: it arrives after the last turn
-        tail = float(bootstrap[e])
-        if truncated[e]:
-            # cut off, not ended: what follows is worth about what the critic saw at the last boundary
-            tail = float(v[boundary[-1]])
-        a, g = gae(rewards, v[boundary], gamma, lam, bootstrap=tail)
+        # cut off, not ended: what follows is worth about what the critic saw at the last boundary
+        tail = float(v[boundary[-1]]) if truncated[e] else 0.0
+        a, g = gae(_step_rewards(batch, tb, e, boundary), v[boundary], gamma, lam, bootstrap=tail)
         step_index = np.searchsorted(first, np.arange(idx.size), side="right") - 1
         adv[idx] = a[step_index]  # broadcast each step's advantage to its action tokens
         targets[boundary] = g
@@ -136,3 +147,17 @@ def compute(estimator: str, batch: Batch, tb: TensorBatch, *, tracker: SpoTracke
     return Advantages(torch.from_numpy(token.astype(np.float32)), torch.from_numpy(value_mask),
                       torch.from_numpy(targets.astype(np.float32)), baseline_mean=float(v[value_mask].mean())
                       if value_mask.any() else 0.0)
+
+
+def _step_rewards(batch: Batch, tb: TensorBatch, e: int, boundary: np.ndarray) -> np.ndarray:
+    """Episode e's reward after each of its steps (`boundary`: each step's first action token)."""
+    rewards = np.zeros(len(boundary))
+    per_turn = turn_rewards(batch, e)
+    turn_of_step = tb.act_turn.numpy()[boundary]
+    if per_turn is not None and len(per_turn) > turn_of_step.max():
+        # each turn's reward lands on that turn's last step (its only step for turn_gae)
+        last_step_of_turn = np.nonzero(np.append(turn_of_step[1:] != turn_of_step[:-1], True))[0]
+        rewards[last_step_of_turn] = per_turn[turn_of_step[last_step_of_turn]]
+    else:
+        rewards[-1] = float(batch.returns[e])  # only the episode return is known: it arrives after the last turn
+    return rewards

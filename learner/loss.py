@@ -1,6 +1,6 @@
 """Losses: decoupled PPO with TIS or IcePop-style masking, aggregation weights, k3 KL, clipped value loss.
 
-research/learner_math.md sections 3 (off-policy corrections), 4 (aggregation) and 2.1/2.7 (value clip).
+The formulas, with worked examples: docs/estimators.md ("The loss", "step_kl").
 All tensors are flat over action tokens unless said otherwise.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ def aggregation_weights(act_episode: torch.Tensor, num_episodes: int, mode: str 
     """Per-token weights such that loss = sum_t weight_t * l_t reproduces the aggregation mode.
 
     Computed once over the whole update batch, so splitting it into micro-batches or ranks (which sum
-    their parts) does not change the objective: the global denominator of section 4.
+    their parts) does not change the objective: one global denominator.
     """
     counts = torch.bincount(act_episode, minlength=num_episodes).to(torch.float32)
     if mode == "token-mean":

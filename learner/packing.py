@@ -9,17 +9,21 @@ sorted by length so that each micro-batch pads to a similar width.
 The loss uses batch-global aggregation weights, so the grouping changes neither the loss nor the update,
 only the peak memory. An episode longer than the budget cannot be split without changing its attention
 context: `microbatches` raises SequenceTooLong before any forward pass (instead of an out-of-memory error
-in the middle of a step), and the trainer drops such episodes up front with `drop_over_budget`.
+in the middle of a step), and the trainer drops such episodes up front (`drop_untrainable`).
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from turnstream.learner.batching import outside_vocabulary
 from turnstream.protocol.messages import Batch
+
+log = logging.getLogger("turnstream.learner")
 
 
 class SequenceTooLong(ValueError):
@@ -86,6 +90,28 @@ def microbatches(lengths, rows: torch.Tensor, budget: int, packed: bool = False,
 def shard(groups: list[torch.Tensor], rank: int, world: int) -> list[torch.Tensor]:
     """Round-robin micro-batches over data-parallel ranks (biggest first, so work spreads evenly)."""
     return groups[rank::world]
+
+
+@dataclass
+class Dropped:
+    """The episodes a step could not train on."""
+    over_budget: list[SequenceTooLong]
+    bad_tokens: list[str]  # episode ids
+
+
+def drop_untrainable(batch: Batch, budget: int, vocab_size: int) -> tuple[Batch, Dropped]:
+    """The batch without the episodes over the token budget or holding token ids outside the vocabulary,
+    each logged; NothingToTrain when none is left."""
+    batch, too_long = drop_over_budget(batch, budget)
+    for err in too_long:
+        log.warning("dropped from the batch: %s", err)
+    batch, bad_tokens = drop_out_of_vocabulary(batch, vocab_size)
+    for episode in bad_tokens:  # an actor's tokenizer that does not match the model, most likely
+        log.error("dropped from the batch: episode %s holds token ids outside the model's vocabulary of %d",
+                  episode, vocab_size)
+    if (too_long or bad_tokens) and not batch.episode_ids:
+        raise NothingToTrain(too_long, bad_tokens)
+    return batch, Dropped(too_long, bad_tokens)
 
 
 def drop_over_budget(batch: Batch, budget: int) -> tuple[Batch, list[SequenceTooLong]]:

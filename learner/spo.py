@@ -1,31 +1,30 @@
 """Single-stream Policy Optimisation: a persistent per-prompt Beta tracker as the baseline.
 
-Formulas and the worked example: research/learner_math.md section 1. Rewards are taken as success
-evidence in [0, 1] (clipped), which keeps the Beta reading valid for fractional rewards.
+Formulas and worked examples: docs/estimators.md, "SPO". Rewards are taken as success evidence in [0, 1]
+(clipped), which keeps the Beta reading valid for fractional rewards.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-
-@dataclass
-class SpoConfig:
-    rho_min: float = 0.875
-    rho_max: float = 0.96
-    d_half: float = 0.06
+from turnstream.learner.batching import TensorBatch
 
 
 class SpoTracker:
-    def __init__(self, cfg: SpoConfig | None = None):
-        self.cfg = cfg or SpoConfig()
+    """Per prompt key a Beta(alpha, beta) over its success rate; old evidence decays by rho per new outcome.
+
+    rho_min, rho_max, d_half: the config's `learner.spo` numbers (rho = 2^(-D / d_half), clipped)."""
+
+    def __init__(self, rho_min: float = 0.875, rho_max: float = 0.96, d_half: float = 0.06):
+        self.rho_min, self.rho_max, self.d_half = rho_min, rho_max, d_half
         self.state: dict[str, tuple[float, float]] = {}  # prompt key -> (alpha, beta)
 
     def init_from_counts(self, key: str, successes: int, n: int) -> None:
         """Offline initialisation: v0 = (s + 0.5)/(n + 1) with N_init = 1/(1 - rho_min) pseudo-counts."""
-        n_init = 1.0 / (1.0 - self.cfg.rho_min)
+        n_init = 1.0 / (1.0 - self.rho_min)
         if n == 0:
             self.state[key] = (0.5, 0.5)
         else:
@@ -36,8 +35,8 @@ class SpoTracker:
         return alpha / (alpha + beta)
 
     def rho(self, divergence: float) -> float:
-        raw = 2.0 ** (-divergence / self.cfg.d_half)
-        return min(max(raw, self.cfg.rho_min), self.cfg.rho_max)
+        raw = 2.0 ** (-divergence / self.d_half)
+        return min(max(raw, self.rho_min), self.rho_max)
 
     def update(self, key: str, reward: float, divergence: float) -> float:
         """Fold one outcome in, forgetting old evidence faster the further the policy moved. Returns rho."""
@@ -47,21 +46,30 @@ class SpoTracker:
         self.state[key] = (rho * alpha + r, rho * beta + (1.0 - r))
         return rho
 
-    def sampling_probabilities(self, keys: list[str], eps: float = 0.05) -> np.ndarray:
-        """SPO's curriculum (1.4): P(x) proportional to sqrt(v(1 - v)) + eps over a candidate pool of prompts.
-
-        A hook for whoever picks prompts (actors, through the buffer); the learner itself only owns the tracker.
-        """
-        v = np.array([self.value(k) for k in keys], np.float64)
-        w = np.sqrt(v * (1.0 - v)) + eps
-        return w / w.sum()
-
     def state_dict(self) -> dict:
-        return {"config": dict(vars(self.cfg)), "state": {k: list(v) for k, v in self.state.items()}}
+        return {"config": {"rho_min": self.rho_min, "rho_max": self.rho_max, "d_half": self.d_half},
+                "state": {k: list(v) for k, v in self.state.items()}}
 
     def load_state_dict(self, d: dict) -> None:
-        self.cfg = SpoConfig(**d["config"])
+        self.rho_min, self.rho_max, self.d_half = (float(d["config"][k]) for k in ("rho_min", "rho_max", "d_half"))
         self.state = {k: (float(a), float(b)) for k, (a, b) in d["state"].items()}
+
+
+def fold_batch(tracker: SpoTracker, prompt_keys: list[str], returns: list[float], tb: TensorBatch,
+               logp: torch.Tensor) -> float:
+    """SPO++: fold each episode's outcome in, in the order of the policy version that produced it (not arrival).
+
+    Its drift D = mean |log mu - log pi| over the episode's action tokens, pi's log-probs being `logp`.
+    Returns the mean rho."""
+    drift = (logp - tb.behav_logp).abs()
+    n = tb.num_episodes
+    divergence = torch.zeros(n).index_add_(0, tb.act_episode, drift) / torch.from_numpy(
+        np.maximum(tb.tokens_per_episode, 1)).float()
+    min_version = torch.full((n,), 1 << 30, dtype=torch.long).scatter_reduce(
+        0, tb.act_episode, tb.act_versions, reduce="amin")
+    order = sorted(range(n), key=lambda i: (int(min_version[i]), i))
+    rhos = [tracker.update(prompt_keys[i], returns[i], float(divergence[i])) for i in order]
+    return float(np.mean(rhos)) if rhos else 1.0
 
 
 def normalize_advantages(raw: np.ndarray, n_tokens: np.ndarray, measure: str, eps: float = 1e-8) -> np.ndarray:
@@ -82,4 +90,3 @@ def normalize_advantages(raw: np.ndarray, n_tokens: np.ndarray, measure: str, ep
     mu = float((w * raw).sum() / w.sum())
     sigma = math.sqrt(float((w * (raw - mu) ** 2).sum() / w.sum()))
     return (raw - mu) / (sigma + eps)
-

@@ -1,4 +1,5 @@
-"""Advantage estimators against the worked examples of research/learner_math.md (2.7, 1.4/1.7, 3.5, 4)."""
+"""Advantage estimators: turn and token GAE, group baselines, Dr. MAS, and how they read a batch
+(the worked examples of docs/estimators.md are checked in test_estimators_doc.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,13 +7,12 @@ import pytest
 import torch
 
 from turnstream.learner import estimators
-from turnstream.learner.advantages import (agentwise_normalize, gae, grpo_advantages, rloo_advantages, uncertainty_weights,
-                                whiten)
+from turnstream.learner.advantages import agentwise_normalize, gae, grpo_advantages, rloo_advantages, whiten
 from turnstream.learner.batching import to_tensors
 from turnstream.learner.spo import SpoTracker
 from tests.learner_batches import synthetic_batch
 
-# ---- turn-level GAE, section 2.7 ------------------------------------------------------------------
+# ---- turn-level GAE ---------------------------------------------------------------------------------
 
 V27 = [0.50, 0.60, 0.80]
 R27 = [0.0, 0.0, 1.0]
@@ -82,10 +82,10 @@ def test_token_gae_skips_observation_tokens():
     assert adv.value_mask.all()
 
 
-# ---- V-trace example of 3.5 (turn granularity) -------------------------------------------------------
+# ---- V-trace (turn granularity) ----------------------------------------------------------------------
 
 def test_vtrace_example_is_gae_with_lambda_one_when_ratios_are_truncated_at_one():
-    """3.5: V=(0.5,0.6,0.8), r=(0,0,1), ratios (1.5, 0.7, 1.0), rho_bar=c_bar=1 -> PG advantages (0.38, 0.28, 0.20)."""
+    """V=(0.5,0.6,0.8), r=(0,0,1), ratios (1.5, 0.7, 1.0), rho_bar=c_bar=1 -> PG advantages (0.38, 0.28, 0.20)."""
     V, r, ratio = np.array(V27), np.array(R27), np.array([1.5, 0.7, 1.0])
     rho = np.minimum(1.0, ratio)
     c = np.minimum(1.0, ratio)
@@ -101,7 +101,7 @@ def test_vtrace_example_is_gae_with_lambda_one_when_ratios_are_truncated_at_one(
     np.testing.assert_allclose(pg, [0.38, 0.28, 0.20], atol=5e-3)
 
 
-# ---- group baselines, section 4 ----------------------------------------------------------------------
+# ---- group baselines ---------------------------------------------------------------------------------
 
 def test_grpo_is_group_standardised():
     r = np.array([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.5])
@@ -160,19 +160,6 @@ def test_unknown_estimator_is_rejected():
     with pytest.raises(ValueError):
         estimators.compute("vtrace", batch, to_tensors(batch, 64), tracker=SpoTracker(), spo_normalize="token",
                            gamma=1, lam=1, old_values=None)
-
-
-# ---- SPO prompt sampling (1.4, table of 1.7) ---------------------------------------------------------
-
-def test_uncertainty_weighted_sampling_matches_table():
-    t = SpoTracker()
-    for key, (s, n) in {"p1": (2, 8), "p2": (7, 8), "p3": (0, 8), "p4": (0, 0)}.items():
-        t.init_from_counts(key, s, n)
-    p = t.sampling_probabilities(["p1", "p2", "p3", "p4"], eps=0.05)
-    np.testing.assert_allclose(p, [0.2846, 0.2416, 0.1595, 0.3143], atol=5e-5)
-    raw = np.sqrt([v * (1 - v) for v in (0.2778, 0.8333, 0.0556, 0.5)]) + 0.05
-    np.testing.assert_allclose(raw, [0.4979, 0.4227, 0.2791, 0.5500], atol=5e-4)
-    np.testing.assert_allclose(uncertainty_weights([0.5, 0.5]), [0.5, 0.5])
 
 
 # ---- Dr. MAS agent-wise normalisation ----------------------------------------------------------------
@@ -245,7 +232,7 @@ def test_trainer_normalises_per_agent_when_asked():
     batch.agent_ids = np.array([i % 2 for i in range(8)], np.int32)
     batch.returns = [1.0, -5.0, 0.0, 5.0, 1.0, -5.0, 0.0, 5.0]  # agent 1 plays for much larger stakes
     tb = to_tensors(batch, 64)
-    ids = Trainer._agent_ids(batch, tb)
+    ids = estimators.token_agent_ids(batch, tb)
     assert ids.tolist() == [int(batch.agent_ids[e]) for e in tb.act_episode.tolist()]
     trainer = Trainer(tiny_causal_lm(), LearnerSection(estimator="rloo", agent_norm=True))
     assert trainer.step(batch)["version"] == 1

@@ -1,4 +1,4 @@
-"""Objectives: TIS vs IcePop masking (3.4, 3.8), aggregation modes (4), k3 KL (5), value clip (2.7), turn ratio."""
+"""Objectives: TIS vs IcePop masking, aggregation modes, k3 KL, value clip, turn ratio (docs/estimators.md)."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ import torch
 from turnstream.learner.loss import (aggregation_weights, behaviour_weights, decoupled_ppo_loss, explained_variance,
                           group_log_ratio, kl_k3, value_loss)
 
-# 3.8: (log mu, log pi_prox, log pi_theta, A, objective, w, TIS w (C=2), masked in [0.2, 5]?)
+# the loss's worked example: (log mu, log pi_prox, log pi_theta, A, objective, w, TIS w (C=2), masked in [0.2, 5]?)
 CASES = {
     "A": (-1.2, -1.0, -0.9, +1.0, 1.3499, 1.2214, 1.2214, False),
     "B": (-2.0, -1.0, -1.05, +1.0, 2.5857, 2.7183, 2.0, False),
@@ -23,7 +23,7 @@ def column(i):
     return torch.tensor([CASES[c][i] for c in ORDER], dtype=torch.float64)
 
 
-def test_worked_example_3_8_behaviour_weight_columns():
+def test_worked_example_behaviour_weight_columns():
     mu, prox = column(0), column(1)
     w, _ = behaviour_weights(prox, mu, mode="none")
     assert w.tolist() == [1.0] * 4
@@ -39,7 +39,7 @@ def test_worked_example_3_8_behaviour_weight_columns():
     assert stats["is_weight_max"] == pytest.approx(6.0496, abs=1e-4)
 
 
-def test_worked_example_3_8_masked_objective():
+def test_worked_example_masked_objective():
     mu, prox, theta, adv = column(0), column(1), column(2).requires_grad_(True), column(3)
     loss, _ = decoupled_ppo_loss(theta, prox, mu, adv, clip_low=0.2, clip_high=0.2, weight_cap=2, mode="mask_token",
                                  mask_low=0.2, mask_high=5.0, token_weights=torch.ones(4, dtype=torch.float64))
@@ -66,7 +66,7 @@ def test_masked_tokens_stay_in_the_denominator():
     assert loss.item() == pytest.approx(-3 / 4)
 
 
-# ---- aggregation, section 4 ----------------------------------------------------------------------------
+# ---- aggregation ---------------------------------------------------------------------------------------
 
 EP = torch.tensor([0, 0, 0, 1, 2, 2])  # 3 sequences with 3, 1 and 2 action tokens
 L = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
@@ -95,7 +95,7 @@ def test_unknown_aggregation_is_rejected():
         aggregation_weights(EP, 3, "sum")
 
 
-# ---- KL to the reference, section 5 --------------------------------------------------------------------
+# ---- KL to the reference ------------------------------------------------------------------------------
 
 def test_k3_matches_its_formula_and_is_nonnegative():
     logp = torch.tensor([-1.0, -0.5, -2.0, -0.7])
@@ -117,7 +117,7 @@ def test_k3_is_an_unbiased_kl_estimate():
     assert est == pytest.approx(exact, rel=0.03)
 
 
-# ---- value loss, section 2.7 ---------------------------------------------------------------------------
+# ---- value loss ----------------------------------------------------------------------------------------
 
 def test_value_clip_worked_example():
     v_new = torch.tensor([0.9], requires_grad=True)

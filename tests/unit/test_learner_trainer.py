@@ -10,6 +10,7 @@ import torch
 
 from turnstream.learner import checkpoint
 from turnstream.learner.packing import microbatches, shard
+from turnstream.learner.spo import SpoTracker, fold_batch
 from turnstream.learner.trainer import Trainer
 from tests.learner_batches import params_after_steps, synthetic_batch, tiny_causal_lm
 from turnstream.core.config import LearnerSection
@@ -113,14 +114,17 @@ def test_value_based_checkpoint_keeps_the_critic(tmp_path):
         torch.testing.assert_close(p, q)
 
 
-def test_fused_proximal_pass_gives_the_same_update():
+@pytest.mark.parametrize("kl_coef", [0.0, 0.05])
+def test_fused_proximal_pass_gives_the_same_update(monkeypatch, kl_coef):
     """One optimizer step per batch: pi_prox from the training forward equals a separate no-grad pass."""
-    cfg = cfg_for("spo")
+    from turnstream.learner import trainer as trainer_module
+
+    cfg = cfg_for("spo", kl_coef=kl_coef)
     results = []
     for fuse in (True, False):
+        monkeypatch.setattr(trainer_module, "prox_from_training_forward", lambda cfg, fuse=fuse: fuse)
         model = tiny_causal_lm()
-        t = Trainer(model, cfg)
-        t.fuse_prox = fuse
+        t = Trainer(model, cfg, ref_model=copy.deepcopy(model))
         s = t.step(synthetic_batch(8, seed=4))
         results.append((torch.cat([p.detach().reshape(-1) for p in model.parameters()]), s["policy_loss"]))
     assert (results[0][0] - results[1][0]).abs().max().item() < 1e-6
@@ -153,7 +157,6 @@ def test_microbatch_whitening_standardises_each_microbatch_alone():
     are an increasing affine map of the batch-whitened ones (the same GAE, other statistics)."""
     from turnstream.learner import estimators
     from turnstream.learner.batching import to_tensors
-    from turnstream.learner.spo import SpoTracker
 
     batch = synthetic_batch(12, seed=6)
     tb = to_tensors(batch, 64)
@@ -191,10 +194,10 @@ def test_spo_drift_is_read_at_the_configured_policy(drift):
     t.step(batch)
     with torch.no_grad():
         logp, _ = action_logprobs(before if drift == "proximal" else copy.deepcopy(model).eval(), tb)
-    expected = Trainer(tiny_causal_lm(), cfg)
-    expected._update_tracker(batch, tb, logp)
-    assert t.tracker.state and t.tracker.state.keys() == expected.tracker.state.keys()
-    for key, ab in expected.tracker.state.items():
+    expected = SpoTracker()
+    fold_batch(expected, batch.prompt_keys, batch.returns, tb, logp)
+    assert t.tracker.state and t.tracker.state.keys() == expected.state.keys()
+    for key, ab in expected.state.items():
         assert t.tracker.state[key] == pytest.approx(ab, abs=1e-6)
 
 

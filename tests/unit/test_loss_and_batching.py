@@ -90,8 +90,8 @@ def test_clipping(ratio, adv, grad_flows):
     assert stats["clip_fraction"] == (1.0 if outside else 0.0)
 
 
-# research/learner_math.md 3.8: (log mu, log pi_prox, log pi_theta, A) -> w * min(uA, clip(u)A), grad flows?
-WORKED_3_8 = {
+# (log mu, log pi_prox, log pi_theta, A) -> w * min(uA, clip(u)A), grad flows?
+WORKED_LOSS = {
     "A": (-1.2, -1.0, -0.9, +1.0, 1.3499, True),
     "B": (-2.0, -1.0, -1.05, +1.0, 2.5857, True),
     "C": (-1.0, -1.1, -1.5, -1.0, -0.7239, False),
@@ -99,9 +99,9 @@ WORKED_3_8 = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(WORKED_3_8))
-def test_worked_example_3_8(case):
-    log_mu, log_prox, log_theta, adv, objective, grad_flows = WORKED_3_8[case]
+@pytest.mark.parametrize("case", sorted(WORKED_LOSS))
+def test_worked_loss_example(case):
+    log_mu, log_prox, log_theta, adv, objective, grad_flows = WORKED_LOSS[case]
     assert math.exp(log_mu) == pytest.approx({"A": 0.3012, "B": 0.1353, "C": 0.3679, "D": 0.0498}[case], abs=1e-4)
     logp = torch.tensor([log_theta], dtype=torch.float64, requires_grad=True)
     loss, _ = decoupled_ppo_loss(logp, torch.tensor([log_prox], dtype=torch.float64),
@@ -112,7 +112,7 @@ def test_worked_example_3_8(case):
     assert (logp.grad.item() != 0.0) is grad_flows
 
 
-def test_worked_example_3_8_with_tis_cap_two():
+def test_worked_loss_example_with_tis_cap_two():
     log_mu, log_prox, log_theta, adv = -3.0, -1.2, -1.0, 1.0  # case D: w = 6.05 truncated to 2
     loss, stats = decoupled_ppo_loss(torch.tensor([log_theta]), torch.tensor([log_prox]), torch.tensor([log_mu]),
                                      torch.tensor([adv]), clip_low=0.2, clip_high=0.2, weight_cap=2.0)

@@ -1,4 +1,4 @@
-"""learner.spo against the worked example of research/learner_math.md section 1.7, and SPO++ (1.6a)."""
+"""learner.spo: the tracker's worked example of docs/estimators.md ("SPO"), and SPO++'s token measure."""
 from __future__ import annotations
 
 import json
@@ -7,16 +7,16 @@ import math
 import numpy as np
 import pytest
 
-from turnstream.learner.spo import SpoConfig, SpoTracker, normalize_advantages
+from turnstream.learner.spo import SpoTracker, normalize_advantages
 
 PROMPTS = ["p1", "p2", "p3", "p4"]
 COUNTS = {"p1": (2, 8), "p2": (7, 8), "p3": (0, 8), "p4": (0, 0)}
-# table 1 of 1.7: alpha0, beta0, v0
+# initial state from offline counts: alpha0, beta0, v0
 INIT = {"p1": (2.2222, 5.7778, 0.2778), "p2": (6.6667, 1.3333, 0.8333), "p3": (0.4444, 7.5556, 0.0556),
         "p4": (0.5, 0.5, 0.5000)}
 REWARDS = [1.0, 1.0, 0.0, 1.0]
 DRIFTS = [0.03, 0.005, 0.0, 0.2]
-# table 2 of 1.7: 2^(-D/0.06), rho clipped, alpha', beta', v', N_eff'
+# one update each: 2^(-D/0.06), rho clipped, alpha', beta', v', N_eff'
 UPDATED = {
     "p1": (0.7071, 0.8750, 2.9444, 5.0556, 0.3681, 8.000),
     "p2": (0.9439, 0.9439, 7.2925, 1.2585, 0.8528, 8.551),
@@ -37,9 +37,10 @@ def tracker() -> SpoTracker:
     return t
 
 
-def test_default_config_matches_reference():
-    cfg = SpoConfig()
-    assert (cfg.rho_min, cfg.rho_max, cfg.d_half) == (0.875, 0.96, 0.06)
+def test_defaults_are_the_configs():
+    from turnstream.core.config import SpoSection
+    t, cfg = SpoTracker(), SpoSection()
+    assert (t.rho_min, t.rho_max, t.d_half) == (cfg.rho_min, cfg.rho_max, cfg.d_half) == (0.875, 0.96, 0.06)
 
 
 @pytest.mark.parametrize("key", PROMPTS)
@@ -98,7 +99,7 @@ def test_tracker_update_matches_table(tracker, i, key):
 
 
 def test_effective_learning_rate_column(tracker):
-    """Equivalent EMA form: v' = v + eta (r - v), eta = 1/(rho N_eff + 1); column "effective lr" of table 2."""
+    """Equivalent EMA form: v' = v + eta (r - v), eta = 1/(rho N_eff + 1): the effective learning rate."""
     expected_lr = {"p1": 0.1250, "p2": 0.1169, "p3": 0.1152, "p4": 0.5333}
     for i, key in enumerate(PROMPTS):
         v0, n0 = tracker.value(key), sum(tracker.state[key])
@@ -109,7 +110,7 @@ def test_effective_learning_rate_column(tracker):
 
 
 def test_rho_is_clipped_to_bounds():
-    t = SpoTracker(SpoConfig(rho_min=0.5, rho_max=0.9, d_half=1.0))
+    t = SpoTracker(rho_min=0.5, rho_max=0.9, d_half=1.0)
     assert t.rho(0.0) == 0.9
     assert t.rho(10.0) == 0.5
     assert t.rho(0.5) == pytest.approx(2 ** -0.5)
@@ -140,7 +141,7 @@ def test_update_of_unseen_prompt_starts_from_jeffreys():
     assert t.state["new"] == pytest.approx((0.96 * 0.5 + 1.0, 0.96 * 0.5))
 
 
-# ---- SPO++ token measure (1.6a) --------------------------------------------------------------------
+# ---- SPO++ token measure --------------------------------------------------------------------------
 
 RAW = np.array([0.7, -0.2, 0.1, 0.55, -0.6])
 TOKENS = np.array([3, 40, 7, 1, 12])
@@ -202,9 +203,9 @@ def test_state_dict_round_trip(tracker):
     for i, key in enumerate(PROMPTS):
         tracker.update(key, REWARDS[i], DRIFTS[i])
     saved = json.loads(json.dumps(tracker.state_dict()))  # checkpoints must survive plain JSON
-    restored = SpoTracker(SpoConfig(rho_min=0.1, rho_max=0.2, d_half=9.0))
+    restored = SpoTracker(rho_min=0.1, rho_max=0.2, d_half=9.0)
     restored.load_state_dict(saved)
-    assert vars(restored.cfg) == vars(tracker.cfg)
+    assert restored.state_dict()["config"] == tracker.state_dict()["config"]
     assert restored.state == tracker.state
     for key in PROMPTS + ["unseen"]:
         assert restored.value(key) == tracker.value(key)
@@ -214,9 +215,9 @@ def test_state_dict_round_trip(tracker):
 
 
 def test_state_dict_keeps_custom_config():
-    t = SpoTracker(SpoConfig(rho_min=0.8, rho_max=0.99, d_half=0.1))
+    t = SpoTracker(rho_min=0.8, rho_max=0.99, d_half=0.1)
     t.update("k", 1.0, 0.0)
     r = SpoTracker()
     r.load_state_dict(t.state_dict())
-    assert (r.cfg.rho_min, r.cfg.rho_max, r.cfg.d_half) == (0.8, 0.99, 0.1)
+    assert (r.rho_min, r.rho_max, r.d_half) == (0.8, 0.99, 0.1)
     assert r.rho(0.0) == 0.99

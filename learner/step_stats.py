@@ -1,0 +1,48 @@
+"""The statistics a learner step returns (one learner.jsonl line, learner/metrics.py's gauges)."""
+from __future__ import annotations
+
+import numpy as np
+
+from turnstream.learner.batching import TensorBatch
+from turnstream.learner.packing import Dropped
+from turnstream.protocol.messages import Batch
+
+
+class MeanMax:
+    """Statistics over several parts (micro-batches, updates): `*_max` keys keep the largest value, the
+    others their mean over the parts added."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.maxes: dict[str, float] = {}
+        self.parts = 0
+
+    def add(self, stats: dict[str, float]) -> None:
+        self.parts += 1
+        for k, v in stats.items():
+            if k.endswith("_max"):
+                self.maxes[k] = max(self.maxes.get(k, -np.inf), v)
+            else:
+                self.sums[k] = self.sums.get(k, 0.0) + v
+
+    def result(self) -> dict[str, float]:
+        return {**{k: v / max(1, self.parts) for k, v in self.sums.items()}, **self.maxes}
+
+
+def batch_stats(batch: Batch, tb: TensorBatch, dropped: Dropped) -> dict:
+    """What the step trained on: sizes, returns, staleness, and what it dropped (with the episode ids for
+    learner/main.py's audit trail and the logs)."""
+    returns = np.asarray(batch.returns, np.float64)
+    staleness = (batch.learner_version - tb.act_versions).numpy()
+    out = dict(
+        episodes=tb.num_episodes, action_tokens=int(tb.act_tokens.numel()), tokens=int(tb.attention_mask.sum()),
+        return_mean=float(returns.mean()), staleness_max=int(staleness.max()),
+        staleness_mean=float(staleness.mean()),
+        staleness_hist={int(k): int(v) for k, v in zip(*np.unique(staleness, return_counts=True))},
+        dropped_stale=batch.dropped_stale, dropped_over_budget=len(dropped.over_budget),
+        dropped_bad_tokens=len(dropped.bad_tokens))
+    if dropped.over_budget:
+        out["dropped_over_budget_ids"] = [e.episode for e in dropped.over_budget]
+    if dropped.bad_tokens:
+        out["dropped_bad_tokens_ids"] = dropped.bad_tokens
+    return out

@@ -1,0 +1,249 @@
+"""The worked examples of docs/estimators.md, recomputed by the learner's code from each table's own inputs.
+
+Each example is a markdown table after a `<!-- check: NAME key=value ... -->` comment; the numbers are
+printed to 4 decimals, so they must agree to half a unit of the last digit.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from turnstream.learner import estimators
+from turnstream.learner.advantages import gae, grpo_advantages, rloo_advantages, whiten
+from turnstream.learner.batching import logprobs_from_action_logits, max_entropy
+from turnstream.learner.loss import aggregation_weights, decoupled_ppo_loss, step_kl, value_loss
+from turnstream.learner.spo import SpoTracker, fold_batch, normalize_advantages
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "estimators.md"
+TOLERANCE = 5e-5 + 1e-9
+
+
+def _cell(text: str):
+    text = text.strip().replace("\\|", "|")
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _examples() -> dict[str, tuple[dict, list[dict]]]:
+    """name -> (parameters of the comment, the table's rows as {header: cell})."""
+    lines = DOC.read_text().splitlines()
+    out = {}
+    for i, line in enumerate(lines):
+        m = re.fullmatch(r"<!-- check: (\w+)((?: \w+=\S+)*) -->", line.strip())
+        if not m:
+            continue
+        params = {k: float(v) for k, v in (p.split("=") for p in m.group(2).split())}
+        table = []
+        for row in lines[i + 1:]:
+            if not row.startswith("|"):
+                break
+            table.append([_cell(c) for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]])
+        header, body = table[0], table[2:]  # table[1] is the |---| line
+        out[m.group(1)] = (params, [dict(zip(header, r)) for r in body])
+    return out
+
+
+EXAMPLES = _examples()
+
+
+def close(actual, expected) -> None:
+    np.testing.assert_allclose(np.asarray(actual, np.float64), np.asarray(expected, np.float64), rtol=0,
+                               atol=TOLERANCE)
+
+
+def column(rows: list[dict], name: str) -> np.ndarray:
+    return np.array([r[name] for r in rows], np.float64)
+
+
+def test_every_example_is_checked():
+    source = Path(__file__).read_text()
+    assert len(EXAMPLES) >= 16
+    assert not [name for name in EXAMPLES if f'"{name}"' not in source]
+
+
+def tracker(p: dict) -> SpoTracker:
+    return SpoTracker(rho_min=p["rho_min"], rho_max=p["rho_max"], d_half=p["d_half"])
+
+
+def test_spo_tracker():
+    p, rows = EXAMPLES["spo_tracker"]
+    t = tracker(p)
+    for r in rows:
+        key = r["prompt"]
+        if (r["α"], r["β"]) != (0.5, 0.5):  # (0.5, 0.5): a prompt the tracker has not seen
+            t.state[key] = (r["α"], r["β"])
+        close(t.value(key), r["v"])
+        close(2.0 ** (-r["D"] / p["d_half"]), r["2^(−D/d_half)"])
+        close(t.update(key, r["r"], r["D"]), r["ρ"])
+        close(t.state[key], (r["α′"], r["β′"]))
+        close(t.value(key), r["v′"])
+
+
+def test_spo_drift():
+    p, rows = EXAMPLES["spo_drift"]
+    _, (result,) = EXAMPLES["spo_drift_result"]
+    log_mu, log_pi = column(rows, "log μ"), column(rows, "log π")
+    close(np.abs(log_mu - log_pi), column(rows, "|log μ − log π|"))
+    n = len(rows)
+    tb = SimpleNamespace(behav_logp=torch.tensor(log_mu, dtype=torch.float32), act_episode=torch.zeros(n, dtype=torch.long),
+                         act_versions=torch.zeros(n, dtype=torch.long), tokens_per_episode=np.array([n]), num_episodes=1)
+    t = tracker(p)
+    rho = fold_batch(t, ["x"], [1.0], tb, torch.tensor(log_pi, dtype=torch.float32))
+    close(np.abs(log_mu - log_pi).mean(), result["D"])
+    close(rho, result["ρ"])
+    assert t.state["x"] == pytest.approx((rho * 0.5 + 1.0, rho * 0.5))
+
+
+def test_spo_advantages():
+    p, tracker_rows = EXAMPLES["spo_tracker"]
+    _, rows = EXAMPLES["spo_advantages"]
+    by_prompt = {r["prompt"]: r for r in tracker_rows}
+    raw = np.array([by_prompt[r["prompt"]]["r"] - by_prompt[r["prompt"]]["α"] /
+                    (by_prompt[r["prompt"]]["α"] + by_prompt[r["prompt"]]["β"]) for r in rows])
+    close(raw, column(rows, "r − v"))
+    n = column(rows, "n")
+    close(normalize_advantages(raw, n, "token"), column(rows, "token measure"))
+    close(normalize_advantages(raw, n, "sequence"), column(rows, "sequence measure"))
+    text = DOC.read_text()
+    assert f"{(n * raw).sum() / n.sum():.4f}" in text and f"{raw.mean():.4f}" in text  # the means in the prose
+
+
+def _gae_table(name: str, bootstrap_from_last: bool = False):
+    p, rows = EXAMPLES[name]
+    r, v = column(rows, "r"), column(rows, "V")
+    bootstrap = v[-1] if bootstrap_from_last else p["bootstrap"]
+    adv, targets = gae(r, v, p["gamma"], p["lam"], bootstrap=bootstrap)
+    next_v = np.append(v[1:], bootstrap)
+    close(r + p["gamma"] * next_v - v, column(rows, "δ"))
+    close(adv, column(rows, "A"))
+    close(targets, column(rows, "G"))
+    return p, rows
+
+
+def test_turn_gae():
+    _gae_table("turn_gae")
+
+
+def test_token_gae():
+    """One step per action token: the table's rows are the episode's action tokens, observation tokens left
+    out; the estimator reads the same numbers from a batch whose turns hold two action tokens each."""
+    p, rows = _gae_table("token_gae")
+    turns = column(rows, "turn").astype(np.int64)
+    batch, tb = _one_episode(turns, returns=float(column(rows, "r").sum()))
+    adv = estimators.compute("token_gae", batch, tb, tracker=SpoTracker(), spo_normalize="token", gamma=p["gamma"],
+                             lam=p["lam"], old_values=torch.tensor(column(rows, "V")))
+    close(adv.value_targets.numpy(), column(rows, "G"))
+    raw, _ = gae(column(rows, "r"), column(rows, "V"), p["gamma"], p["lam"])
+    close(adv.token_adv.numpy(), whiten(raw))
+
+
+def _one_episode(turn_of_token: np.ndarray, returns: float, truncated: bool = False):
+    """What estimators.compute reads of a one-episode batch whose action tokens belong to these turns."""
+    n = len(turn_of_token)
+    batch = SimpleNamespace(returns=[returns], truncated=[truncated], episode_ids=["e"], prompt_keys=["p"],
+                            turn_offsets=np.zeros(0, np.int64), turn_rewards=np.zeros(0, np.float32))
+    tb = SimpleNamespace(act_episode=torch.zeros(n, dtype=torch.long), act_turn=torch.tensor(turn_of_token),
+                         num_episodes=1, act_tokens=torch.zeros(n, dtype=torch.long))
+    return batch, tb
+
+
+def test_turn_gae_tokens():
+    p, rows = EXAMPLES["turn_gae_tokens"]
+    _, turns = EXAMPLES["turn_gae"]
+    turn_of_token = column(rows, "turn").astype(np.int64)
+    per_turn, _ = gae(column(turns, "r"), column(turns, "V"), p["gamma"], p["lam"])
+    close(per_turn[turn_of_token], column(rows, "A of its turn"))
+    # the estimator reads V at each turn's first action token; the others' values do not count
+    values = np.full(len(rows), 9.0)
+    first = np.unique(turn_of_token, return_index=True)[1]
+    values[first] = column(turns, "V")
+    batch, tb = _one_episode(turn_of_token, returns=float(column(turns, "r").sum()))
+    adv = estimators.compute("turn_gae", batch, tb, tracker=SpoTracker(), spo_normalize="token", gamma=p["gamma"],
+                             lam=p["lam"], old_values=torch.tensor(values))
+    close(adv.token_adv.numpy(), column(rows, "whitened"))
+
+
+def test_turn_gae_truncated():
+    p, rows = _gae_table("turn_gae_truncated", bootstrap_from_last=True)
+    batch, tb = _one_episode(np.arange(len(rows)), returns=0.0, truncated=True)
+    adv = estimators.compute("turn_gae", batch, tb, tracker=SpoTracker(), spo_normalize="token", gamma=p["gamma"],
+                             lam=p["lam"], old_values=torch.tensor(column(rows, "V")))
+    close(adv.value_targets.numpy(), column(rows, "G"))
+
+
+@pytest.mark.parametrize("rows, fn", [(EXAMPLES["grpo"][1], grpo_advantages), (EXAMPLES["rloo"][1], rloo_advantages)])
+def test_group_baselines(rows, fn):
+    close(fn(column(rows, "r"), [r["prompt"] for r in rows]), column(rows, "A"))
+
+
+def test_decoupled_ppo():
+    p, rows = EXAMPLES["decoupled_ppo"]
+    for r in rows:
+        mu, prox, theta, a = (torch.tensor([r[k]], dtype=torch.float64)
+                              for k in ("log μ", "log π_prox", "log π_θ", "A"))
+        close(math.exp(r["log π_prox"] - r["log μ"]), r["w"])
+        close(math.exp(r["log π_θ"] - r["log π_prox"]), r["u"])
+        for mode, cap, objective in (("truncate", math.inf, "objective"), ("truncate", p["cap"], "TIS objective"),
+                                     ("mask_token", p["cap"], "masked objective")):
+            logp = theta.clone().requires_grad_(True)
+            loss, _ = decoupled_ppo_loss(logp, prox, mu, a, clip_low=p["clip"], clip_high=p["clip"], weight_cap=cap,
+                                         mode=mode, mask_low=p["mask_low"], mask_high=p["mask_high"])
+            close(-loss.item(), r[objective])
+            loss.backward()
+            assert (logp.grad.item() != 0.0) == (r["gradient"] == "yes")
+
+
+def test_aggregation():
+    _, rows = EXAMPLES["aggregation"]
+    episode = torch.tensor(column(rows, "episode").astype(np.int64))
+    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
+        w = aggregation_weights(episode, int(episode.max()) + 1, mode)
+        close(w.numpy(), column(rows, mode))
+
+
+def test_entropy_bonus():
+    p, rows = EXAMPLES["entropy_bonus"]
+    vocab = int(p["vocab"])
+    restricted, free = rows
+    probs = torch.tensor([float(x) for x in restricted["probabilities"].split(",")])
+    allowed = torch.zeros((1, vocab), dtype=torch.bool)
+    allowed[0, :len(probs)] = True
+    logits = torch.full((2, vocab), 0.0)
+    logits[0, :len(probs)] = probs.log()  # token 1 chooses among its allowed set; token 2 among the vocabulary
+    mask_id = torch.tensor([0, -1])
+    _, entropy = logprobs_from_action_logits(logits, torch.ones(2), mask_id, allowed, torch.zeros(2, dtype=torch.long))
+    unit = max_entropy(SimpleNamespace(mask_id=mask_id, allowed=allowed), vocab)
+    close(entropy.numpy(), column(rows, "H"))
+    close(unit.numpy(), column(rows, "H_max"))
+    close(np.exp(unit.numpy()), column(rows, "choices"))
+    close((entropy / unit).numpy(), column(rows, "H / H_max"))
+    close((-p["entropy_coef"] * entropy / unit).numpy(), column(rows, "loss term per unit weight"))
+    assert free["probabilities"] == "uniform"
+
+
+def test_value_loss():
+    p, (row,) = EXAMPLES["value_loss"]
+    v = torch.tensor([row["V"]], dtype=torch.float64, requires_grad=True)
+    loss, _ = value_loss(v, torch.tensor([row["V_old"]], dtype=torch.float64),
+                         torch.tensor([row["G"]], dtype=torch.float64), clip=p["clip"])
+    close(loss.item(), row["loss"])
+    loss.backward()
+    assert v.grad.item() == 0.0
+
+
+def test_step_kl():
+    _, rows = EXAMPLES["step_kl"]
+    _, (result,) = EXAMPLES["step_kl_result"]
+    before, after = column(rows, "π_before"), column(rows, "π_after")
+    rho = after / before
+    close(rho, column(rows, "ρ"))
+    close(rho - 1 - np.log(rho), column(rows, "(ρ − 1) − log ρ"))
+    close(step_kl(torch.tensor(np.log(before)), torch.tensor(np.log(after))), result["step_kl"])
