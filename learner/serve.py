@@ -1,0 +1,228 @@
+"""Rank 0 of the learner: batches in from the buffer, each trained version out to the vLLM servers (weight
+sync), then to the buffer and actors (a version announcement on the PUB), then into the step's log line."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import zmq
+import zmq.asyncio
+
+from turnstream.core.audit import open_audit
+from turnstream.core.config import Config
+from turnstream.core.urls_file import watch_urls_file
+from turnstream.learner import checkpoint
+from turnstream.learner.batch_client import BatchClient
+from turnstream.learner.device import served_dtype, serving_state_dict
+from turnstream.learner.distributed import broadcast
+from turnstream.learner.metrics import LearnerMetrics
+from turnstream.learner.trainer import NothingToTrain, Trainer
+from turnstream.learner.weight_sync import WeightSyncError, weight_sync_from_config
+from turnstream.protocol.auth import (count_refusals, keys_for, make_server, refusal_counter, refusal_monitor,
+                                      start_authenticator)
+from turnstream.protocol.codec import encode
+from turnstream.protocol.http_metrics import start_metrics_server
+from turnstream.protocol.messages import Batch, VersionAnnouncement
+from turnstream.protocol.sockets import bind_address, configure
+
+log = logging.getLogger("turnstream.learner")
+
+
+@dataclass
+class Endpoints:
+    """The learner's sockets and servers: version PUB, buffer client, metrics endpoint."""
+    ctx: zmq.asyncio.Context
+    pub: zmq.asyncio.Socket
+    batches: BatchClient
+    http: object  # aiohttp runner
+    port: int  # the metrics endpoint's
+    authenticator: object | None  # CURVE: only allow-listed subscribers hear the versions
+    refusals: asyncio.Task | None
+
+    async def close(self) -> None:
+        if self.refusals is not None:
+            self.refusals.cancel()
+        if self.authenticator is not None:
+            self.authenticator.stop()
+        self.ctx.destroy(linger=0)
+        await self.http.cleanup()
+
+
+async def open_endpoints(cfg: Config, metrics: LearnerMetrics, health) -> Endpoints:
+    net = cfg.network
+    ctx = zmq.asyncio.Context()
+    curve = keys_for(net)
+    pub = configure(ctx.socket(zmq.PUB), max_bytes=net.max_message_bytes)
+    authenticator, refusals = None, None
+    if curve is not None:  # the PUB is a server
+        authenticator = start_authenticator(ctx, curve)
+        make_server(pub, curve)
+        # refused subscribers are counted (and logged sparingly), as the buffer counts refused peers
+        refusals = asyncio.create_task(count_refusals(
+            refusal_monitor(pub), refusal_counter(metrics.auth_failures, "pub", log)))
+    pub.bind(bind_address(net.listen_host, net.learner_pub_port))
+    batches = BatchClient(ctx, bind_address(net.buffer_address, net.buffer_serve_port), net.max_message_bytes, curve)
+    http, port = await start_metrics_server(metrics.registry, net.listen_host, cfg.learner.metrics_port, health=health)
+    return Endpoints(ctx, pub, batches, http, port, authenticator, refusals)
+
+
+@dataclass
+class Publisher:
+    """Each trained version, in order: pushed into the servers, then announced, then its line logged. With
+    `overlap` the push runs while the next step trains; there is still only one push at a time."""
+    sync: object  # learner.weight_sync.WeightSync
+    pub: zmq.asyncio.Socket
+    metrics: LearnerMetrics
+    log_file: TextIO
+    started: float
+    overlap: bool
+    publishing: asyncio.Task | None = None
+
+    async def submit(self, path, version: int, stats: dict) -> None:
+        await self.drain()
+        self.publishing = asyncio.create_task(self._publish(path, version, stats))
+        if not self.overlap:
+            await self.publishing
+
+    async def drain(self) -> None:
+        if self.publishing is not None:
+            await self.publishing
+
+    async def _publish(self, path, version: int, stats: dict) -> None:
+        push_started = time.time()
+        try:
+            push_s = await self.sync.push(path, version)
+        except WeightSyncError as exc:
+            # Servers keep generating with older weights; their tokens carry the older version, so the
+            # staleness bound still holds. The next push carries everything learned so far.
+            self.metrics.push_failures.inc()
+            log.error("weight push of version %d failed: %s", version, exc)
+            push_s = float("nan")
+        # announced only once the servers hold it: a version label always names the weights that sampled
+        await self.pub.send_multipart(encode(VersionAnnouncement(version, str(path))))
+        # push_started and step_started (wall clock) show in the log whether a push overlapped the next step
+        stats.update(push_s=push_s, push_started=push_started, wall_s=time.monotonic() - self.started, time=time.time())
+        self.metrics.record(stats)
+        self.metrics.wait_seconds.observe(stats["wait_s"])
+        if push_s == push_s:  # not NaN
+            self.metrics.push_seconds.observe(push_s)
+        self.log_file.write(json.dumps(stats) + "\n")
+        self.log_file.flush()
+        log.info("step %d: return %.3f, loss %.4f, staleness max %d, step %.2fs, push %.2fs, wait %.2fs",
+                 stats["version"], stats["return_mean"], stats["policy_loss"], stats["staleness_max"],
+                 stats["step_s"], push_s, stats["wait_s"])
+
+
+def push_overlaps_training(cfg: Config) -> bool:
+    """Whether a version's push runs while the next step trains (learner.overlap_push).
+
+    Safe only when the push reads a snapshot (the disk backend's saved file; nccl broadcasts the live
+    parameters, which the next step changes), and only in asynchronous mode: with eta = 0 the synchronous
+    baseline is generate, train, push, repeat, and every episode of a batch must come from the newest weights."""
+    if cfg.learner.overlap_push == "auto":
+        return cfg.vllm.weight_sync.backend == "disk" and cfg.buffer.eta >= 1
+    return bool(cfg.learner.overlap_push)
+
+
+async def serve(cfg: Config, model, trainer: Trainer, world: int) -> None:
+    lc, run_dir = cfg.learner, Path(cfg.run.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    metrics = LearnerMetrics()
+    sync = weight_sync_from_config(cfg, run_dir / "weights")
+    push_dtype = served_dtype(cfg.vllm.dtype, cfg.model.path)  # master weights stay fp32; pushes are cast
+    # The servers may hold other weights (a checkpoint we resumed past, an earlier run on a shared server):
+    # give them ours before announcing, so version labels always name the weights that sampled.
+    try:
+        await sync.push(sync.save(serving_state_dict(model, push_dtype), trainer.version), trainer.version)
+    except WeightSyncError as exc:
+        metrics.push_failures.inc()
+        log.error("initial push of version %d failed: %s", trainer.version, exc)
+    metrics.version.set(trainer.version)
+    endpoints = await open_endpoints(cfg, metrics, health=lambda: {"version": trainer.version})
+    log.info("learner: metrics port %d, %d vLLM server(s), %d rank(s), estimator %s", endpoints.port,
+             len(cfg.vllm.urls), world, lc.estimator)
+    await endpoints.pub.send_multipart(encode(VersionAnnouncement(trainer.version)))
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    audit = open_audit(run_dir, "learner")  # None unless TURNSTREAM_AUDIT=1 (tests/fault/)
+    background = [asyncio.create_task(sync.watch())]  # re-syncs servers that missed a push once they answer again
+    if cfg.vllm.urls_file:
+        background.append(asyncio.create_task(watch_urls_file(Path(cfg.vllm.urls_file), sync.set_urls,
+                                                              cfg.vllm.health_interval_s)))
+    publisher = Publisher(sync, endpoints.pub, metrics, (run_dir / "learner.jsonl").open("a"), time.monotonic(),
+                          push_overlaps_training(cfg))
+    log.info("weight pushes %s the next step", "overlap" if publisher.overlap else "precede")
+    try:
+        while not stop.is_set() and not (lc.max_steps and trainer.version >= lc.max_steps):
+            waited = time.monotonic()
+            batch = await next_batch(endpoints.batches, cfg, trainer.version, stop)
+            if batch is None:
+                continue
+            wait_s = time.monotonic() - waited
+            step_started = time.time()
+            stats = await train_on(trainer, batch, world, metrics)
+            if stats is None:
+                continue
+            if audit is not None:  # before the checkpoint, so a checkpointed step always has its line
+                audit.write({"version": trainer.version, "batch_version": batch.learner_version,
+                             "episodes": list(batch.episode_ids),
+                             "tokens": [int(n) for n in batch.episode_offsets[1:] - batch.episode_offsets[:-1]],
+                             "staleness_max": stats["staleness_max"]})
+            path = await asyncio.to_thread(sync.save, serving_state_dict(model, push_dtype), trainer.version)
+            if lc.checkpoint_every and trainer.version % lc.checkpoint_every == 0:
+                stats["checkpoint_s"] = await save_checkpoint(cfg, model, trainer)
+            stats.update(wait_s=wait_s, step_started=step_started)
+            await publisher.submit(path, trainer.version, stats)
+    finally:
+        await publisher.drain()  # the last version still reaches the servers and the buffer
+        for task in background:
+            task.cancel()
+        broadcast(None, 0, world)  # release the other ranks
+        publisher.log_file.close()
+        if audit is not None:
+            audit.close()
+        await endpoints.close()
+
+
+async def next_batch(batches: BatchClient, cfg: Config, version: int, stop: asyncio.Event) -> Batch | None:
+    """The buffer's next batch for the policy `version`; None once stopped, or for an empty answer."""
+    fetch = asyncio.create_task(batches.get(version, cfg.buffer.batch_episodes, cfg.learner.batch_max_tokens))
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait([fetch, stopping], return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        fetch.cancel()
+        return None
+    stopping.cancel()
+    batch = fetch.result()
+    return batch if getattr(batch, "status", "ok") == "ok" and batch.episode_ids else None
+
+
+async def train_on(trainer: Trainer, batch: Batch, world: int, metrics: LearnerMetrics) -> dict | None:
+    """One step on every rank (rank 0 hands the batch over first); None for a batch the model cannot take."""
+    try:
+        return await asyncio.to_thread(trainer.step, broadcast(batch, 0, world))
+    except NothingToTrain as exc:  # every episode dropped: counted, the learner keeps serving
+        metrics.over_budget.inc(exc.over_budget)
+        metrics.bad_tokens.inc(exc.bad_tokens)
+        metrics.rejected_batches.inc()
+        log.error("skipped a batch: %s", exc)
+    except ValueError as exc:  # a batch the model cannot take (e.g. an episode that starts with an action)
+        metrics.rejected_batches.inc()
+        log.error("skipped a batch: %s", exc)
+    return None
+
+
+async def save_checkpoint(cfg: Config, model, trainer: Trainer) -> float:
+    """A checkpoint of the current version; returns the seconds it took."""
+    started = time.monotonic()
+    await asyncio.to_thread(checkpoint.save, Path(cfg.run.run_dir) / "checkpoints", trainer.version, model,
+                            cfg.model.path, trainer.state_dict(), trainer.tracker.state_dict(),
+                            cfg.learner.keep_checkpoints)
+    return time.monotonic() - started
