@@ -14,13 +14,12 @@ from transformers import AutoModelForCausalLM
 from turnstream.core.config import Config
 from turnstream.core.configtools import ConfigError
 from turnstream.learner import checkpoint
-from turnstream.learner.batch_client import BatchClient
 from turnstream.learner.device import attn_implementation, placement
 from turnstream.learner.distributed import broadcast, init_from_env, shutdown
-from turnstream.learner.serve import push_overlaps_training, serve
+from turnstream.learner.serve import serve
 from turnstream.learner.trainer import Trainer
 
-__all__ = ["BatchClient", "build_trainer", "main", "push_overlaps_training", "train"]
+__all__ = ["build_trainer", "main", "train"]
 
 log = logging.getLogger("turnstream.learner")
 

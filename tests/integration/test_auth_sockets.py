@@ -15,7 +15,7 @@ import zmq.asyncio
 
 from turnstream.actors.link import BufferLink
 from turnstream.actors.metrics import ActorMetrics
-from turnstream.learner.main import BatchClient
+from turnstream.learner.batch_client import BatchClient
 from turnstream.protocol import auth
 from turnstream.protocol.codec import decode, encode
 from turnstream.protocol.messages import CreditGrant, CreditRequest, VersionAnnouncement

@@ -7,7 +7,7 @@ import zmq
 import zmq.asyncio
 
 from turnstream.buffer.episodes import flatten
-from turnstream.learner.main import BatchClient
+from turnstream.learner.batch_client import BatchClient
 from turnstream.protocol.codec import decode, encode
 from turnstream.protocol.messages import BatchRequest
 

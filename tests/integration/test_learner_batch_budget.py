@@ -6,7 +6,7 @@ import asyncio
 
 import zmq.asyncio
 
-from turnstream.learner.main import BatchClient
+from turnstream.learner.batch_client import BatchClient
 from turnstream.protocol.chunk_batch import pack
 from tests.helpers import chunk, in_process_buffer
 

@@ -82,25 +82,6 @@ def test_token_gae_skips_observation_tokens():
     assert adv.value_mask.all()
 
 
-# ---- V-trace (turn granularity) ----------------------------------------------------------------------
-
-def test_vtrace_example_is_gae_with_lambda_one_when_ratios_are_truncated_at_one():
-    """V=(0.5,0.6,0.8), r=(0,0,1), ratios (1.5, 0.7, 1.0), rho_bar=c_bar=1 -> PG advantages (0.38, 0.28, 0.20)."""
-    V, r, ratio = np.array(V27), np.array(R27), np.array([1.5, 0.7, 1.0])
-    rho = np.minimum(1.0, ratio)
-    c = np.minimum(1.0, ratio)
-    v_next = np.append(V[1:], 0.0)
-    vs = np.zeros(3)
-    acc = 0.0
-    for s in range(2, -1, -1):
-        delta = rho[s] * (r[s] + v_next[s] - V[s])
-        acc = delta + (c[s] * acc if s < 2 else 0.0)
-        vs[s] = V[s] + acc
-    pg = rho * (r + np.append(vs[1:], 0.0) - V)
-    np.testing.assert_allclose(vs, [0.88, 0.88, 1.00], atol=5e-3)
-    np.testing.assert_allclose(pg, [0.38, 0.28, 0.20], atol=5e-3)
-
-
 # ---- group baselines ---------------------------------------------------------------------------------
 
 def test_grpo_is_group_standardised():

@@ -264,7 +264,7 @@ def test_backend_from_config(tmp_path):
     (["learner.overlap_push=false"], False),
 ])
 def test_push_overlaps_training_only_where_it_is_safe(overrides, overlaps):
-    from turnstream.learner.main import push_overlaps_training
+    from turnstream.learner.serve import push_overlaps_training
     from turnstream.core.config import load_config
 
     cfg = load_config(None, ["vllm.urls=['http://127.0.0.1:9']", *overrides])
