@@ -107,7 +107,7 @@ class LearnerSection(Section):
     weights_dir: str = Field("", description="where pushed weights are written; empty: <run_dir>/weights")
     keep_weight_versions: int = Field(2, ge=1, description="pushed versions kept on disk")
     overlap_push: Literal["auto", True, False] = Field(
-        "auto", description="push version v into the servers while step v+1 trains (learner/main.py): the push's "
+        "auto", description="push version v into the servers while step v+1 trains (learner/serve.py): the push's "
         "time leaves the learner's critical path, and data may be one version staler. auto: with the disk backend "
         "(pushes read a saved snapshot) when buffer.eta >= 1; the synchronous baseline (eta 0) never overlaps")
     checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints under <run_dir>/checkpoints; "

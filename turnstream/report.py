@@ -1,6 +1,6 @@
 """Plots of a run directory's learner.jsonl: `turnstream report RUN_DIR` and the demo's learning curve.
 
-One learner.jsonl line per optimizer step (learner/main.py): return_mean, episodes, tokens, version,
+One learner.jsonl line per optimizer step (learner/serve.py): return_mean, episodes, tokens, version,
 policy_loss, step_kl, approx_kl, entropy, clip_fraction, grad_norm, staleness_hist/_mean/_max, step_s, wait_s, push_s
 (NaN when the push failed), wall_s and time. Plots skip keys a log does not have, so older runs and other
 estimators still get every plot their log supports.

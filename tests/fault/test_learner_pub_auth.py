@@ -3,7 +3,7 @@ subscriber in, refuses a stranger's key and a plaintext peer, and counts each re
 buffer does (turnstream_learner_auth_failures_total{socket="pub", reason}).
 
 No vLLM server is needed: the learner's first weight push to the unreachable URL fails, is counted, and
-the learner serves on (learner/main.py), which is all this test needs of it.
+the learner serves on (learner/serve.py), which is all this test needs of it.
 """
 from __future__ import annotations
 

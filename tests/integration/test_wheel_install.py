@@ -7,15 +7,18 @@ checkout's editable install is invisible there and every `turnstream` import com
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import venv
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 ROLES = ("actors", "buffer", "learner", "protocol", "core", "bench")
 
 IMPORT_EVERYTHING = r"""
@@ -47,8 +50,13 @@ def run(argv: list, cwd: Path) -> str:
 def installed(tmp_path_factory) -> tuple[Path, Path]:
     """(the fresh environment's python, a working directory outside the checkout)."""
     tmp = tmp_path_factory.mktemp("wheel")
+    source = tmp / "source"  # a copy: building writes build/ and *.egg-info next to the sources
+    for folder in PYPROJECT["tool"]["setuptools"]["package-dir"].values():
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp / "dist",
-         ROOT], cwd=tmp)
+         source], cwd=tmp)
     (wheel,) = (tmp / "dist").glob("turnstream-*.whl")
     env_dir = tmp / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
