@@ -185,8 +185,8 @@ async def _send_all(port: int, n: int, obs, arrays, window: int, cpu: CpuClock) 
         t0 = time.perf_counter()
         for i in range(n):
             await link.send(chunk_at(i, obs, arrays))
-        async with link._changed:
-            await link._changed.wait_for(lambda: not link.unacked)
+        async with link._changed:  # a receiver that died leaves chunks unacked: fail, do not hang
+            await asyncio.wait_for(link._changed.wait_for(lambda: not link.unacked), 300)
         elapsed = time.perf_counter() - t0
         used = cpu.stop(n)
         assert link.m.acks.labels("ok")._value.get() == n, "not every chunk was acked ok"

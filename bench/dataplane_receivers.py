@@ -54,7 +54,6 @@ rep.recv()  # stay alive until the parent has read this process's CPU time
 
 ACKER = r"""
 import asyncio, sys, msgpack, zmq
-import numpy as np
 from turnstream.buffer.acks import AckGroup
 from turnstream.protocol.codec import encode
 from turnstream.protocol.loop_socket import LoopSocket
@@ -72,11 +71,10 @@ async def serve():  # as the buffer's ingest loop, minus its work: the same sock
         if await io.readable(acks.wait_s()):
             while (msg := io.recv_now()) is not None:
                 kept.append(msg)
-                peer, header, *arrays = msg
+                peer, header, *_arrays = msg
                 header = msgpack.unpackb(header)  # the header only: no decode
-                if header["t"] == "turn_chunks":  # the seqs are an array frame
-                    seqs = np.frombuffer(arrays[list(header["a"]).index("seq")], np.int64)
-                    acks.add(peer.bytes, [(seq, "ok", "") for seq in seqs.tolist()])
+                if header["t"] == "turn_chunks":
+                    acks.add(peer.bytes, [(seq, "ok", "") for seq in header["f"]["seq"]])
                 elif header["t"] == "credit_request":  # the buffer's answer, without credits
                     io.send_now([peer, *encode(CreditGrant(0, server_id="acker"))])
         if acks.due():

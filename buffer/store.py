@@ -28,7 +28,7 @@ from turnstream.buffer.metrics import BufferMetrics
 from turnstream.buffer.ratelimit import RateLimiter
 from turnstream.buffer.sampling import incomplete_groups, select
 from turnstream.buffer.validate import rejections
-from turnstream.protocol.chunk_batch import BatchError, readable_seqs, unpack
+from turnstream.protocol.chunk_batch import BatchError, unpack
 from turnstream.protocol.codec import encode
 from turnstream.protocol.messages import TurnChunk, TurnChunkBatch
 
@@ -90,10 +90,9 @@ class ReplayStore:
         try:
             chunks = unpack(msg)
         except BatchError as exc:
-            seqs = readable_seqs(msg)
             self.m.rejected.labels(exc.reason).inc()
-            self.m.counts.chunks["rejected"] += len(seqs)
-            return [(seq, "rejected", exc.reason) for seq in seqs]
+            self.m.counts.chunks["rejected"] += len(msg.seq)
+            return [(seq, "rejected", exc.reason) for seq in msg.seq]
         journaled = self.journal is None
         entries = []
         for chunk, reason in zip(chunks, rejections(msg, chunks)):

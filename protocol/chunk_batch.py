@@ -6,14 +6,17 @@ travels as a batch of its own, its arrays sent and kept as they are, without a c
 """
 from __future__ import annotations
 
+from itertools import accumulate
+from operator import attrgetter
+
 import numpy as np
 
 from turnstream.protocol.messages import TurnChunk, TurnChunkBatch
 
-# per-chunk scalar columns and the dtypes they travel in
-COLUMNS = {name: TurnChunkBatch.ARRAYS[name] for name in (
-    "seq", "turn", "agent_id", "reward", "done", "truncated", "temperature", "t_start", "t_end")}
-# concatenated token arrays, and which length column delimits each
+# per-chunk scalars, and the Python type each travels as in the header
+COLUMNS = {"seq": int, "turn": int, "agent_id": int, "reward": float, "done": bool, "truncated": bool,
+           "temperature": float, "t_start": float, "t_end": float}
+# concatenated token arrays, and which length list delimits each
 TOKEN_ARRAYS = {"obs_tokens": "obs_len", "gen_tokens": "gen_len", "gen_logprobs": "gen_len",
                 "gen_versions": "gen_len", "allowed_tokens": "allowed_len"}
 LENGTHS = {"obs_len": "obs_tokens", "gen_len": "gen_tokens", "allowed_len": "allowed_tokens"}
@@ -35,51 +38,44 @@ def pack(chunks: list[TurnChunk]) -> TurnChunkBatch:
     first = chunks[0]
     if any(c.actor_id != first.actor_id or c.epoch != first.epoch for c in chunks):
         raise ValueError("a batch carries chunks of one actor epoch only")
-    n = len(chunks)
-    columns = {name: np.fromiter((getattr(c, name) for c in chunks), dtype, n) for name, dtype in COLUMNS.items()}
-    lengths = {name: np.fromiter((getattr(c, array).size for c in chunks), np.int64, n)
-               for name, array in LENGTHS.items()}
-    arrays = {name: _joined([getattr(c, name) for c in chunks], np.dtype(TurnChunkBatch.ARRAYS[name]))
-              for name in TOKEN_ARRAYS}
-    return TurnChunkBatch(actor_id=first.actor_id, epoch=first.epoch,
+    rows = zip(*map(_column_values, chunks))  # one tuple per column
+    columns = {name: list(map(kind, values)) for (name, kind), values in zip(COLUMNS.items(), rows)}
+    lengths = {name: [getattr(c, array).size for c in chunks] for name, array in LENGTHS.items()}
+    arrays = {name: _joined([getattr(c, name) for c in chunks], _WIRE_DTYPES[name]) for name in TOKEN_ARRAYS}
+    return TurnChunkBatch(actor_id=first.actor_id, epoch=int(first.epoch),
                           episode_ids=[c.episode_id for c in chunks], prompt_keys=[c.prompt_key for c in chunks],
                           **columns, **lengths, **arrays)
+
+
+_column_values = attrgetter(*COLUMNS)
+_WIRE_DTYPES = {name: np.dtype(TurnChunkBatch.ARRAYS[name]) for name in TOKEN_ARRAYS}
 
 
 def _joined(parts: list, dtype: np.dtype) -> np.ndarray:
     """The parts end to end, in `dtype`. Signed token ids become unsigned as a view of the same bytes: a
     negative id arrives as one no vocabulary holds, which the learner refuses. One part is not copied."""
-    wire = []
-    for part in parts:
-        part = np.asarray(part)
-        same_size_ints = part.dtype.kind in "iu" and dtype.kind in "iu" and part.dtype.itemsize == dtype.itemsize
-        wire.append(part.view(dtype) if same_size_ints else part.astype(dtype, copy=False))
-    return wire[0] if len(wire) == 1 else np.concatenate(wire)
-
-
-def readable_seqs(batch: TurnChunkBatch) -> list[int]:
-    """The seqs a malformed batch can still be acked by (empty if even they are unusable)."""
-    return batch.seq.tolist() if batch.seq.ndim == 1 else []
+    joined = np.asarray(parts[0]) if len(parts) == 1 else np.concatenate(parts)
+    if joined.dtype.kind in "iu" and dtype.kind in "iu" and joined.dtype.itemsize == dtype.itemsize:
+        return joined.view(dtype)
+    return joined.astype(dtype, copy=False)
 
 
 def unpack(batch: TurnChunkBatch) -> list[TurnChunk]:
-    """The batch's chunks. Raises BatchError if the columns disagree with each other. Where the batch holds
+    """The batch's chunks. Raises BatchError if its columns disagree with each other. Where the batch holds
     several chunks each gets its own copy of its arrays: a kept chunk must not pin the whole message."""
-    n = batch.seq.size
+    n = len(batch.seq)
     if n == 0:
         raise BatchError("bad_batch", "empty batch")
-    if any(getattr(batch, name).shape != (n,) for name in (*COLUMNS, *LENGTHS)):
+    if any(len(getattr(batch, name)) != n for name in (*COLUMNS, *LENGTHS, "episode_ids", "prompt_keys")):
         raise BatchError("bad_batch", "per-chunk columns differ in length")
-    if len(batch.episode_ids) != n or len(batch.prompt_keys) != n:
-        raise BatchError("bad_batch", "episode_ids/prompt_keys do not match the chunk count")
     if any(getattr(batch, name).ndim != 1 for name in TOKEN_ARRAYS):
         raise BatchError("bad_batch", "token arrays must be 1-D")
     offsets = {}
     for length_name, array_name in LENGTHS.items():
         lengths = getattr(batch, length_name)
-        if lengths.min() < 0 or int(lengths.sum()) != getattr(batch, array_name).size:
+        if min(lengths) < 0 or sum(lengths) != getattr(batch, array_name).size:
             raise BatchError("bad_batch", f"{length_name} does not add up to {array_name}")
-        offsets[length_name] = np.concatenate(([0], np.cumsum(lengths))).tolist()
+        offsets[length_name] = [0, *accumulate(lengths)]
     if not batch.gen_tokens.shape == batch.gen_logprobs.shape == batch.gen_versions.shape:
         raise BatchError("bad_batch", "gen_tokens, gen_logprobs and gen_versions differ in length")
     if n == 1:
@@ -87,7 +83,7 @@ def unpack(batch: TurnChunkBatch) -> list[TurnChunk]:
     else:
         parts = [{name: getattr(batch, name)[offsets[length][i]:offsets[length][i + 1]].copy()
                   for name, length in TOKEN_ARRAYS.items()} for i in range(n)]
-    columns = {name: getattr(batch, name).tolist() for name in COLUMNS}
+    columns = {name: getattr(batch, name) for name in COLUMNS}
     return [TurnChunk(actor_id=batch.actor_id, epoch=batch.epoch, episode_id=batch.episode_ids[i],
                       prompt_key=batch.prompt_keys[i], **{name: values[i] for name, values in columns.items()},
                       **parts[i])

@@ -127,10 +127,15 @@ def _is_float(v) -> bool:
     return type(v) is float or type(v) is int  # an integer-valued float may travel as an int
 
 
+def _list_of(*types: type) -> Callable[[Any], bool]:
+    allowed = frozenset(types)
+    return lambda v: type(v) is list and allowed.issuperset(map(type, v))
+
+
 _SCALAR_CHECKS: dict[str, Callable[[Any], bool]] = {
     "str": _is(str), "int": _is(int), "bool": _is(bool), "float": _is_float,
-    "list[str]": lambda v: type(v) is list and all(type(x) is str for x in v),
-    "list[float]": lambda v: type(v) is list and all(_is_float(x) for x in v),
+    "list[str]": _list_of(str), "list[int]": _list_of(int), "list[bool]": _list_of(bool),
+    "list[float]": _list_of(float, int),
     "list[list[int]]": lambda v: type(v) is list and all(type(x) is list and all(type(y) is int for y in x)
                                                          for x in v),
 }

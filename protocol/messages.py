@@ -53,34 +53,31 @@ class TurnChunk:
 
 @dataclass
 class TurnChunkBatch(Message):
-    """The wire form of turn chunks: one or more chunks of one actor epoch, column-wise (per-chunk scalars as
-    arrays, token arrays concatenated and split by the `*_len` columns). Token ids are unsigned, as they are
-    by nature, so a receiver has no sign to check."""
+    """The wire form of turn chunks: one or more chunks of one actor epoch, column-wise. Per-chunk scalars are
+    lists in the header; token arrays are concatenated, each chunk's share given by the `*_len` lists. Token
+    ids are unsigned, as they are by nature, so a receiver has no sign to check."""
 
     TYPE: ClassVar[str] = "turn_chunks"
     ARRAYS: ClassVar[dict[str, str]] = {
-        "seq": "int64", "turn": "int32", "agent_id": "int32", "reward": "float64", "done": "bool",
-        "truncated": "bool", "temperature": "float64", "t_start": "float64", "t_end": "float64",
-        "obs_len": "int64", "gen_len": "int64", "allowed_len": "int64",
         "obs_tokens": "uint32", "gen_tokens": "uint32", "gen_logprobs": "float32", "gen_versions": "int32",
         "allowed_tokens": "uint32",
     }
     actor_id: str
     epoch: int
+    seq: list[int]
     episode_ids: list[str]
     prompt_keys: list[str]
-    seq: np.ndarray
-    turn: np.ndarray
-    agent_id: np.ndarray
-    reward: np.ndarray
-    done: np.ndarray
-    truncated: np.ndarray
-    temperature: np.ndarray
-    t_start: np.ndarray
-    t_end: np.ndarray
-    obs_len: np.ndarray
-    gen_len: np.ndarray
-    allowed_len: np.ndarray
+    turn: list[int]
+    agent_id: list[int]
+    reward: list[float]
+    done: list[bool]
+    truncated: list[bool]
+    temperature: list[float]
+    t_start: list[float]
+    t_end: list[float]
+    obs_len: list[int]
+    gen_len: list[int]
+    allowed_len: list[int]
     obs_tokens: np.ndarray
     gen_tokens: np.ndarray
     gen_logprobs: np.ndarray

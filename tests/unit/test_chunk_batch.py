@@ -56,7 +56,7 @@ def test_chunks_of_two_actor_epochs_are_not_packed_together():
 @pytest.mark.parametrize("corrupt, detail", [
     (lambda b: b.gen_len.__setitem__(0, b.gen_len[0] + 1), "gen_len"),
     (lambda b: setattr(b, "turn", b.turn[:-1]), "columns"),
-    (lambda b: setattr(b, "episode_ids", b.episode_ids[:-1]), "episode_ids"),
+    (lambda b: setattr(b, "episode_ids", b.episode_ids[:-1]), "columns"),
     (lambda b: setattr(b, "gen_logprobs", b.gen_logprobs[:-1]), "differ in length"),
     (lambda b: setattr(b, "seq", b.seq[:0]), "empty"),
 ])

@@ -114,11 +114,11 @@ def test_token_ids_travel_as_uint32():
 
 def test_encode_casts_arrays_to_the_declared_dtype():
     msg = sample_turn_chunks()
-    msg.seq = msg.seq.astype(np.int32)
+    msg.gen_versions = msg.gen_versions.astype(np.int64)
     msg.gen_logprobs = msg.gen_logprobs.astype(np.float64)
     out = decode(encode(msg))
-    assert out.seq.dtype == np.int64 and out.gen_logprobs.dtype == np.float32
-    np.testing.assert_array_equal(out.seq, [17, 18])
+    assert out.gen_versions.dtype == np.int32 and out.gen_logprobs.dtype == np.float32
+    np.testing.assert_array_equal(out.gen_versions, [3, 4, 4])
     np.testing.assert_array_equal(out.gen_logprobs, np.array([-0.25, -1.5, -0.5], np.float32))
 
 
