@@ -1,15 +1,10 @@
 """Prometheus metrics of the buffer role, on a registry of its own (tests run several in one process)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 
 from turnstream.core.build_info import register_build_info
-
-if TYPE_CHECKING:
-    from turnstream.buffer.store import ReplayStore
 
 
 class BufferMetrics:
@@ -64,10 +59,10 @@ class BufferMetrics:
         self.counts = IngestCounts()
         r.register(self.counts)
 
-    def watch(self, store: "ReplayStore") -> None:
-        """The state gauges read the store when scraped, instead of being set on every change, on the path
-        every message takes. Scrapes run on the buffer's event loop (protocol/http_metrics.py), the thread
-        that changes the store."""
+    def watch(self, store) -> None:
+        """The state gauges read `store` (a buffer.store.ReplayStore) when scraped, instead of being set on every
+        change, on the path every message takes. Scrapes run on the buffer's event loop (protocol/http_metrics.py),
+        the thread that changes the store."""
         self.ready_episodes.set_function(lambda: len(store.ready))
         self.running_episodes.set_function(lambda: store.running)
         self.items.labels("ready").set_function(lambda: len(store.ready))
