@@ -69,7 +69,7 @@ def _dispatch(args) -> int:
         import importlib
 
         aliases = {"async": "async_vs_sync"}  # `async` is a Python keyword
-        module_name = f"bench.{aliases.get(args.name, args.name.replace('-', '_'))}"
+        module_name = f"turnstream.bench.{aliases.get(args.name, args.name.replace('-', '_'))}"
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:

@@ -97,7 +97,7 @@ def _specs(role: str, registry: CollectorRegistry) -> list[MetricSpec]:
     specs = []
     for collector in list(registry._collector_to_names):  # noqa: SLF001
         name, kind = getattr(collector, "_name", None), getattr(collector, "_type", None)
-        if name is None or kind is None:  # a custom collector (buffer.metrics.PageFaults): what it describes
+        if name is None or kind is None:  # a custom collector (buffer.metrics.IngestCounts): what it describes
             described = [(f.name, f.type, sorted({k for s in f.samples for k in s.labels}), f.documentation)
                          for f in collector.describe()]
         else:
