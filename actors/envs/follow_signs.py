@@ -22,10 +22,12 @@ from turnstream.actors.environment import Environment, Reset, Step, register
 class FollowSigns(Environment):
     action_tokens = ["L", "R"]
     max_action_tokens = 1
+    name = "follow_signs"  # prompt_key's prefix
 
     def __init__(self, junctions: list[int] | None = None):
         self.junctions = junctions or [2, 3, 4]
         self.signs = ""
+        self.plan: list[str | None] = []  # per turn: the sign to follow, or None for a turn without one
         self.turn = 0
         self.all_followed = True
 
@@ -33,16 +35,29 @@ class FollowSigns(Environment):
         rng = random.Random(seed)
         k = rng.choice(self.junctions)
         self.signs = "".join(rng.choice("LR") for _ in range(k))
+        self.plan = self._plan(rng)
         self.turn, self.all_followed = 0, True
-        return Reset(observation=self._observation(), prompt_key=f"follow_signs/{self.signs}")
+        return Reset(observation=self._observation(), prompt_key=f"{self.name}/{self.signs}")
+
+    def _plan(self, rng: random.Random) -> list[str | None]:
+        return list(self.signs)
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.plan)
 
     def _observation(self) -> str:
-        return f"junction {self.turn + 1} sign {self.signs[self.turn]}"
+        sign = self.plan[self.turn]
+        if sign is None:
+            return f"corridor {self.turn + 1} no sign"
+        return f"junction {self.turn + 1} sign {sign}"
 
     async def step(self, action: str) -> Step:
-        self.all_followed &= action.strip() == self.signs[self.turn]
+        sign = self.plan[self.turn]
+        if sign is not None:
+            self.all_followed &= action.strip() == sign
         self.turn += 1
-        if self.turn == len(self.signs):
+        if self.turn == len(self.plan):
             success = self.all_followed
             return Step(observation="end", reward=1.0 if success else 0.0, done=True, info={"success": success})
         return Step(observation=self._observation(), reward=0.0, done=False)

@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 import random
 
-from turnstream.actors.environment import Environment, Reset, Step, register
+from turnstream.actors.environment import register
+from turnstream.actors.envs.follow_signs import FollowSigns
 
 
 def corridor_length(rng: random.Random, scale: float, alpha: float, cap: int) -> int:
@@ -35,49 +36,20 @@ def corridor_length(rng: random.Random, scale: float, alpha: float, cap: int) ->
 
 
 @register("follow_signs_longtail")
-class FollowSignsLongtail(Environment):
-    action_tokens = ["L", "R"]
-    max_action_tokens = 1
+class FollowSignsLongtail(FollowSigns):
+    name = "follow_signs_longtail"
 
     def __init__(self, junctions: list[int] | None = None, corridor_scale: float = 0.5,
                  corridor_alpha: float = 1.0, max_corridor: int = 24):
         if corridor_scale <= 0 or corridor_alpha <= 0 or max_corridor < 0:
             raise ValueError("corridor_scale and corridor_alpha must be > 0, max_corridor >= 0")
-        self.junctions = junctions or [2, 3, 4]
+        super().__init__(junctions)
         self.corridor_scale, self.corridor_alpha, self.max_corridor = corridor_scale, corridor_alpha, max_corridor
-        self.plan: list[str | None] = []  # per turn: the sign to follow, or None for a corridor turn
-        self.signs = ""
-        self.turn = 0
-        self.all_followed = True
 
-    async def reset(self, seed: int) -> Reset:
-        rng = random.Random(seed)
-        k = rng.choice(self.junctions)
-        self.signs = "".join(rng.choice("LR") for _ in range(k))
+    def _plan(self, rng: random.Random) -> list[str | None]:
+        k = len(self.signs)
         c = corridor_length(rng, self.corridor_scale, self.corridor_alpha, self.max_corridor)
         # the last turn is always a junction, so the reward arrives on a turn that mattered
         corridor_at = set(rng.sample(range(k + c - 1), c))
         signs = iter(self.signs)
-        self.plan = [None if t in corridor_at else next(signs) for t in range(k + c)]
-        self.turn, self.all_followed = 0, True
-        return Reset(observation=self._observation(), prompt_key=f"follow_signs_longtail/{self.signs}")
-
-    @property
-    def num_turns(self) -> int:
-        return len(self.plan)
-
-    def _observation(self) -> str:
-        sign = self.plan[self.turn]
-        if sign is None:
-            return f"corridor {self.turn + 1} no sign"
-        return f"junction {self.turn + 1} sign {sign}"
-
-    async def step(self, action: str) -> Step:
-        sign = self.plan[self.turn]
-        if sign is not None:
-            self.all_followed &= action.strip() == sign
-        self.turn += 1
-        if self.turn == len(self.plan):
-            success = self.all_followed
-            return Step(observation="end", reward=1.0 if success else 0.0, done=True, info={"success": success})
-        return Step(observation=self._observation(), reward=0.0, done=False)
+        return [None if t in corridor_at else next(signs) for t in range(k + c)]
