@@ -9,6 +9,11 @@ Several agents: an environment with `num_agents > 1` says in every `Reset`/`Step
 runner streams one token stream per agent (agent id on every chunk); all agents sample from the same
 policy server fleet (a shared policy).
 
+Tasks: an environment may enumerate its tasks (`num_tasks`, a class or instance attribute); then the actor's
+task source (actors/tasks.py) may reset it to a chosen one, `reset(seed, task=i)` with i in [0, num_tasks).
+One that does not (num_tasks None) is only ever reset with a seed, `reset(seed)`, and the seed names the task:
+two resets with the same seed give the same task instance.
+
 Names are looked up in actors/registry.py (these built-ins, then the entry points of other packages).
 """
 from __future__ import annotations
@@ -41,8 +46,10 @@ class Environment:
     action_tokens: list[str] | None = None  # restrict sampling to these single-token strings
     max_action_tokens: int = 16
     num_agents: int = 1
+    num_tasks: int | None = None  # tasks reset(seed, task) can name; None: the environment does not enumerate
 
-    async def reset(self, seed: int) -> Reset:
+    async def reset(self, seed: int, task: int | None = None) -> Reset:
+        """Start an episode; `task` (only given when num_tasks is set) picks the task, `seed` the rest."""
         raise NotImplementedError
 
     async def step(self, action: str) -> Step:

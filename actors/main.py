@@ -24,6 +24,7 @@ async def serve(cfg: Config, actor_index: int) -> None:
     from turnstream.actors.link import BufferLink
     from turnstream.actors.metrics import ActorMetrics
     from turnstream.actors.runner import EpisodeRunner, Sampling
+    from turnstream.actors.tasks import TaskSource, make_order
     from turnstream.protocol.auth import keys_for
     from turnstream.protocol.http_metrics import start_metrics_server
     from turnstream.protocol.sockets import bind_address
@@ -55,13 +56,20 @@ async def serve(cfg: Config, actor_index: int) -> None:
                             health_interval_s=v.health_interval_s, wait_for_server_s=v.wait_for_server_s,
                             max_staleness=cfg.buffer.max_staleness, learner_version=lambda: 0,
                             metrics=metrics) if a.frozen_agents else None
+
+    def env_factory():
+        return make_env(cfg.env.name, **env_args)
+
+    order = make_order(cfg.tasks.order, env_factory=env_factory,
+                       actor_seed=hash((cfg.run.seed, actor_index, epoch)) % 2**31, run_seed=cfg.run.seed,
+                       epochs=cfg.tasks.epochs, shard=actor_index, num_shards=a.num_processes)
     async with fleet as client, (frozen or contextlib.nullcontext()) as frozen_client:
-        runner = EpisodeRunner(actor_id=actor_id, epoch=epoch, env_factory=lambda: make_env(cfg.env.name, **env_args),
-                               chat=chat, client=client, link=link,
+        runner = EpisodeRunner(actor_id=actor_id, epoch=epoch, env_factory=env_factory, chat=chat, client=client,
+                               link=link,
                                sampling=Sampling(a.temperature, a.max_new_tokens, v.max_model_len, a.max_turns),
-                               metrics=metrics, seed=hash((cfg.run.seed, actor_index, epoch)) % 2**31,
+                               metrics=metrics, tasks=TaskSource(order, cfg.tasks.group_size),
                                frozen_clients={agent: frozen_client for agent in a.frozen_agents})
-        tasks = [asyncio.create_task(link.run()), asyncio.create_task(runner.run(a.concurrent_episodes))]
+        tasks = [asyncio.create_task(link.run()), asyncio.create_task(_play_then_idle(runner, a.concurrent_episodes))]
         if v.urls_file:
             tasks.append(asyncio.create_task(watch_urls_file(Path(v.urls_file), fleet.set_urls,
                                                              v.health_interval_s)))
@@ -75,6 +83,14 @@ async def serve(cfg: Config, actor_index: int) -> None:
     for t in done:
         if t is not stopper and not t.cancelled() and t.exception():
             raise t.exception()  # type: ignore[misc]
+
+
+async def _play_then_idle(runner, concurrent_episodes: int) -> None:
+    """Play until the task source runs out (tasks.epochs), then keep the process (and its link, which still
+    delivers the last chunks) up until it is stopped."""
+    await runner.run(concurrent_episodes)
+    log.info("%s: the task source ran out (tasks.epochs); no more episodes", runner.actor_id)
+    await asyncio.Event().wait()
 
 
 def main(cfg: Config, actor_index: int) -> None:

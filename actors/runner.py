@@ -23,6 +23,7 @@ from turnstream.actors.chat import ChatTokens
 from turnstream.actors.environment import EnvError, Environment, Step
 from turnstream.actors.inference import Generation, InferenceError
 from turnstream.actors.metrics import ActorMetrics
+from turnstream.actors.tasks import TaskSource
 from turnstream.protocol.messages import TurnChunk
 
 log = logging.getLogger("turnstream.actor")
@@ -51,15 +52,16 @@ class _Stream:
 
 class EpisodeRunner:
     def __init__(self, *, actor_id: str, epoch: int, env_factory, chat: ChatTokens, client, link,
-                 sampling: Sampling, metrics: ActorMetrics, seed: int, frozen_clients: dict | None = None):
+                 sampling: Sampling, metrics: ActorMetrics, tasks: TaskSource, frozen_clients: dict | None = None):
         self.actor_id, self.epoch = actor_id, epoch
         self.env_factory, self.chat, self.client, self.link = env_factory, chat, client, link
         self.frozen_clients = frozen_clients or {}  # agent id -> client of the fixed policy it plays
         self.sampling, self.m = sampling, metrics
         self._episode_counter = itertools.count()
-        self.seed = seed
+        self.tasks = tasks  # what each new episode plays (actors/tasks.py)
 
     async def run(self, concurrent_episodes: int) -> None:
+        """Play until the task source runs out (never, for an unlimited order)."""
         await asyncio.gather(*(self._slot() for _ in range(concurrent_episodes)))
 
     async def _slot(self) -> None:
@@ -67,24 +69,30 @@ class EpisodeRunner:
             waiting_since = time.monotonic()
             granted_by = await self.link.acquire_credit()
             self.m.credit_wait_seconds.inc(time.monotonic() - waiting_since)
+            # drawn after the credit, so that consecutive episodes (a group) start together
+            assignment = self.tasks.next()
+            if assignment is None:
+                await self.link.return_credit(granted_by)
+                return
             n = next(self._episode_counter)
             streams: dict[int, _Stream] = {}
             self.m.running.inc()
             try:
-                outcome = await self.play(f"{self.actor_id}-{self.epoch}-{n}", seed=self.seed * 1_000_003 + n,
-                                          streams=streams)
+                outcome = await self.play(f"{self.actor_id}-{self.epoch}-{n}", seed=assignment.seed,
+                                          task=assignment.task, streams=streams)
             finally:
                 self.m.running.dec()
             if not any(s.turn for s in streams.values()):  # nothing streamed: the buffer never saw it start
                 await self.link.return_credit(granted_by)
             self.m.episodes.labels(outcome).inc()
 
-    async def play(self, episode_id: str, seed: int, streams: dict[int, "_Stream"] | None = None) -> str:
-        """Play one episode; `streams` (agent id -> stream) is filled as agents act, for the caller to see
-        what was streamed."""
+    async def play(self, episode_id: str, seed: int, task: int | None = None,
+                   streams: dict[int, "_Stream"] | None = None) -> str:
+        """Play one episode of `task` (None: the seed is the task); `streams` (agent id -> stream) is filled as
+        agents act, for the caller to see what was streamed."""
         env: Environment = self.env_factory()
         try:
-            return await self._play(env, episode_id, seed, {} if streams is None else streams)
+            return await self._play(env, episode_id, seed, task, {} if streams is None else streams)
         except InferenceError as exc:
             # The buffer expires the partial episode after its timeout and counts it as abandoned.
             self.m.inference_errors.inc()
@@ -104,8 +112,10 @@ class EpisodeRunner:
             except Exception as exc:  # closing a dead remote environment must not fail the slot
                 log.warning("episode %s: environment close failed: %r", episode_id, exc)
 
-    async def _play(self, env: Environment, episode_id: str, seed: int, streams: dict[int, _Stream]) -> str:
-        reset = await env.reset(seed)
+    async def _play(self, env: Environment, episode_id: str, seed: int, task: int | None,
+                    streams: dict[int, _Stream]) -> str:
+        # an environment that does not enumerate its tasks is never given one (its reset may not take it)
+        reset = await (env.reset(seed) if task is None else env.reset(seed, task=task))
         # read after reset: a remote environment learns its action tokens when it is created
         allowed = [self.chat.single_token_id(a) for a in env.action_tokens] if env.action_tokens else []
         max_tokens = min(self.sampling.max_new_tokens, env.max_action_tokens)

@@ -27,7 +27,8 @@ async def serve(cfg: Config) -> None:
     store = ReplayStore(batch_episodes=b.batch_episodes, eta=b.eta, max_staleness=b.max_staleness,
                         max_running=b.max_running, max_items=b.max_items, episode_timeout_s=b.episode_timeout_s,
                         actor_timeout_s=b.actor_timeout_s, metrics=metrics, policy=b.sampling,
-                        group_size=b.group_size, limiter=limiter, group_timeout_s=b.group_timeout_s)
+                        group_size=cfg.tasks.group_size, limiter=limiter, group_timeout_s=b.group_timeout_s,
+                        drop_uniform_groups=b.drop_uniform_groups)
     journal = open_journal(cfg, store, metrics) if b.wal else None
     journal = attach_audit(cfg.run.run_dir, store, journal)  # a no-op unless TURNSTREAM_AUDIT=1
     version_addr = bind_address(net.learner_address, net.learner_pub_port) if net.learner_pub_port else None

@@ -36,6 +36,9 @@ class BufferMetrics:
         self.items = Gauge("turnstream_buffer_items", "Episodes held, by state (memory bound: max_items)",
                            ["state"], registry=r)
         self.samples = Counter("turnstream_buffer_samples_total", "Episodes handed to the learner", registry=r)
+        self.groups_served = Counter("turnstream_buffer_groups_served_total",
+                                     "Complete groups of tasks.group_size episodes handed to the learner "
+                                     "(buffer.sampling = group)", registry=r)
         self.insert_blocked = Counter("turnstream_buffer_insert_blocked_seconds_total",
                                       "Seconds actors wanted credit but admission, memory or the rate limiter "
                                       "said no", registry=r)

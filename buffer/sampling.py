@@ -7,7 +7,9 @@ A batch is ready when the next unit does not fit (or `max_episodes` is reached);
 run out first, the request keeps waiting. A single unit larger than the whole token budget is served
 alone rather than never (it is not dropped). A group still incomplete `buffer.group_timeout_s` after one of
 its members completed (a sibling was abandoned) is dropped by ReplayStore.expire (`incomplete_groups`),
-counted as `group_timeout`, instead of holding admission room until it goes stale.
+counted as `group_timeout`, instead of holding admission room until it goes stale. With
+`buffer.drop_uniform_groups`, a complete group whose members all got the same return (`uniform_groups`) is
+dropped before serving, counted as `uniform_group`: a group baseline gives it zero advantage everywhere.
 """
 from __future__ import annotations
 
@@ -77,3 +79,12 @@ def incomplete_groups(ready: "OrderedDict[str, Episode]", group_size: int, cutof
         if tail and tail[0].last_seen < cutoff:
             orphans.extend(ep.episode_id for ep in tail)
     return orphans
+
+
+def uniform_groups(ready: "OrderedDict[str, Episode]", group_size: int) -> list[str]:
+    """Episodes of complete groups whose members all got the same return (zero variance)."""
+    ids = []
+    for group in _complete_groups(ready.values(), group_size):
+        if len({ep.episode_return for ep in group}) == 1:
+            ids.extend(ep.episode_id for ep in group)
+    return ids

@@ -11,7 +11,7 @@ Invariants:
 - an episode reaches the learner only when complete, at most once, and only if
   learner_version - min(token versions) <= max_staleness at the moment it is served;
 - memory is bounded by max_items episodes: beyond it no credit is granted, so actors wait;
-- episodes leave only by being served or by a counted drop (stale, abandoned, group_timeout).
+- episodes leave only by being served or by a counted drop (stale, abandoned, group_timeout, uniform_group).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from turnstream.buffer.dedup import SeqDeduper
 from turnstream.buffer.episodes import Episode
 from turnstream.buffer.metrics import BufferMetrics
 from turnstream.buffer.ratelimit import RateLimiter
-from turnstream.buffer.sampling import incomplete_groups, select
+from turnstream.buffer.sampling import incomplete_groups, select, uniform_groups
 from turnstream.buffer.validate import rejections
 from turnstream.protocol.chunk_batch import BatchError, unpack
 from turnstream.protocol.codec import encode
@@ -48,10 +48,11 @@ class ReplayStore:
     def __init__(self, *, batch_episodes: int, eta: int, max_staleness: int, max_running: int,
                  max_items: int, episode_timeout_s: float, actor_timeout_s: float, metrics: BufferMetrics,
                  policy: str = "fifo", group_size: int = 1, limiter: RateLimiter | None = None,
-                 group_timeout_s: float = float("inf")):
+                 group_timeout_s: float = float("inf"), drop_uniform_groups: bool = False):
         self.max_staleness = max_staleness
         self.episode_timeout_s = episode_timeout_s
         self.policy, self.group_size, self.group_timeout_s = policy, group_size, group_timeout_s
+        self.drop_uniform_groups = drop_uniform_groups and policy == "group"
         self.limiter = limiter or RateLimiter()
         self.m = metrics
         self.admission = Admission(batch_episodes=batch_episodes, eta=eta, max_running=max_running,
@@ -184,6 +185,10 @@ class ReplayStore:
     def take_batch(self, learner_version: int, n: int, max_tokens: int = 0) -> tuple[list[Episode], int] | None:
         """A batch by the sampling policy (at most n episodes, at most max_tokens), or None if not yet."""
         self.set_learner_version(learner_version)
+        if self.drop_uniform_groups:
+            uniform = uniform_groups(self.ready, self.group_size)
+            if uniform:
+                self._drop_ready(uniform, "uniform_group")
         while True:
             batch = select(self.policy, self.ready, max_episodes=n, max_tokens=max_tokens,
                            group_size=self.group_size)
@@ -207,6 +212,8 @@ class ReplayStore:
         self.m.max_staleness_served.set(self.max_served_staleness)
         self.m.counts.episodes["served"] += len(batch)
         self.m.samples.inc(len(batch))
+        if self.policy == "group":
+            self.m.groups_served.inc(len(batch) // self.group_size)
         dropped, self.dropped_since_batch = self.dropped_since_batch, 0
         return batch, dropped
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from turnstream.core.config_buffer import BufferSection
 from turnstream.core.config_fields import Section
@@ -18,7 +18,8 @@ from turnstream.core.config_inference import (ActorSection, DiskWeightSyncConfig
                                               VllmSection)
 from turnstream.core.config_learner import CriticSection, LearnerSection, SpoSection
 from turnstream.core.config_network import NetworkSection
-from turnstream.core.configtools import ConfigError, apply_override, dump_toml, from_dict, load_toml
+from turnstream.core.config_tasks import TasksSection
+from turnstream.core.configtools import ConfigError, apply_override, dump_toml, from_dict, load_toml, require
 
 TINY_MODEL_PATH = "runs/tiny-model"  # where the default model.path names the tiny model; built there when missing
 
@@ -51,8 +52,16 @@ class Config(Section):
     env: EnvSection = Field(default_factory=EnvSection)
     network: NetworkSection = Field(default_factory=NetworkSection)
     actor: ActorSection = Field(default_factory=ActorSection)
+    tasks: TasksSection = Field(default_factory=TasksSection)
     buffer: BufferSection = Field(default_factory=BufferSection)
     learner: LearnerSection = Field(default_factory=LearnerSection)
+
+    @model_validator(mode="after")
+    def _cross_table_rules(self) -> Config:
+        require(self.buffer.sampling != "group" or self.tasks.group_size <= self.buffer.batch_episodes,
+                "tasks.group_size", f"must be <= buffer.batch_episodes ({self.buffer.batch_episodes}) with "
+                "buffer.sampling = group, or no group fits in a batch (deadlock)")
+        return self
 
     @property
     def run_dir(self) -> Path:
@@ -71,4 +80,4 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 __all__ = ["ActorSection", "BufferSection", "Config", "ConfigError", "CriticSection", "DiskWeightSyncConfig",
            "EnvSection", "LearnerSection", "ModelSection", "NcclWeightSyncConfig", "NetworkSection", "RunSection",
-           "SpoSection", "TINY_MODEL_PATH", "VllmSection", "load_config"]
+           "SpoSection", "TINY_MODEL_PATH", "TasksSection", "VllmSection", "load_config"]

@@ -1,5 +1,8 @@
 """The [buffer] table: admission, sampling, the rate limiter and the write-ahead log.
 
+The group size of group sampling is the actors' (`tasks.group_size`, core/config_tasks.py); the rule that a
+group fits in a batch spans both tables, so it is the Config's (core/config.py).
+
 The rate limiter's deadlock rule reads buffer/ratelimit.py, so it runs in the pre-flight
 (turnstream/preflight.py), not here.
 """
@@ -26,10 +29,13 @@ class BufferSection(Section):
     metrics_port: Port = Field(0, description="/metrics port; 0: the launcher picks one")
     sampling: Literal["fifo", "freshest", "group"] = Field(
         "fifo", description="which complete episodes make a batch: fifo (completion order), freshest (newest "
-        "behaviour version first) or group (all group_size episodes of one prompt_key together, for group baselines)")
-    group_size: int = Field(1, ge=1, description="episodes per group (sampling = group); <= batch_episodes")
-    group_timeout_s: float = Field(120.0, gt=0, description="a group still short of group_size this long after a "
-                                   "member completed is dropped")
+        "behaviour version first) or group (all tasks.group_size episodes of one prompt_key together, for group "
+        "baselines)")
+    group_timeout_s: float = Field(120.0, gt=0, description="a group still short of tasks.group_size this long "
+                                   "after a member completed is dropped (counted as group_timeout)")
+    drop_uniform_groups: bool = Field(False, description="sampling = group: drop a complete group whose members "
+                                      "all got the same return (zero variance: no signal for a group baseline, "
+                                      "DAPO's dynamic sampling), counted as uniform_group")
     samples_per_insert: float = Field(1.0, gt=0, description="Reverb-style rate limiter: samples per inserted "
                                       "episode; the slower side waits, nothing is dropped")
     min_size_to_sample: int = Field(1, ge=1, description="complete episodes held before the first batch is served")
@@ -53,6 +59,4 @@ class BufferSection(Section):
         require(self.max_staleness >= self.eta, "max_staleness",
                 f"must be >= eta ({self.eta}), or admitted episodes would be dropped as stale")
         require(self.max_items >= self.batch_episodes, "max_items", "must be >= batch_episodes")
-        require(self.sampling != "group" or self.group_size <= self.batch_episodes, "group_size",
-                f"must be <= batch_episodes ({self.batch_episodes}), or no group fits in a batch (deadlock)")
         return self

@@ -27,7 +27,7 @@ UNITS = {
     "chunks": "chunks", "turns": "turns", "steps": "steps", "batches": "batches", "acks": "acks",
     "messages": "messages", "credits": "credits", "actors": "actors", "requests": "requests",
     "processes": "processes", "resends": "chunks", "failures": "events", "errors": "events",
-    "retries": "events", "starts": "events",
+    "retries": "events", "starts": "events", "groups": "groups",
 }
 # Non-base units (Prometheus wants seconds, bytes and 0-1 ratios) and abbreviations such as `push_s`.
 NON_BASE_UNITS = {"s", "sec", "secs", "ms", "millis", "milliseconds", "us", "usec", "microseconds", "ns",

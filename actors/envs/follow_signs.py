@@ -10,6 +10,10 @@ the policy gradient at a near-uniform start points toward that constant policy (
 of per-turn probabilities, so consistency pays before conditioning does). Here the signs are drawn
 independently per turn, so any observation-blind policy succeeds with probability exactly 2^-k and the
 only way up is to read the observation.
+
+Its tasks are the sign sequences: every string of L and R of each length in `junctions`, shortest first
+(`num_tasks` of them), so a sequential task order visits each once per epoch. Without a task, the seed draws
+the length and the signs, as always.
 """
 from __future__ import annotations
 
@@ -31,10 +35,30 @@ class FollowSigns(Environment):
         self.turn = 0
         self.all_followed = True
 
-    async def reset(self, seed: int) -> Reset:
+    @property
+    def num_tasks(self) -> int:
+        return sum(2 ** k for k in self._lengths())
+
+    def _lengths(self) -> list[int]:
+        return sorted(set(self.junctions))
+
+    def task_signs(self, task: int) -> str:
+        """The sign sequence of task `task`: within one length, task i's signs spell i in binary (L = 0)."""
+        if not 0 <= task < self.num_tasks:
+            raise ValueError(f"task {task} out of range [0, {self.num_tasks})")
+        for k in self._lengths():
+            if task < 2 ** k:
+                return format(task, f"0{k}b").replace("0", "L").replace("1", "R")
+            task -= 2 ** k
+        raise AssertionError("unreachable")
+
+    async def reset(self, seed: int, task: int | None = None) -> Reset:
         rng = random.Random(seed)
-        k = rng.choice(self.junctions)
-        self.signs = "".join(rng.choice("LR") for _ in range(k))
+        if task is None:
+            k = rng.choice(self.junctions)
+            self.signs = "".join(rng.choice("LR") for _ in range(k))
+        else:
+            self.signs = self.task_signs(task)
         self.plan = self._plan(rng)
         self.turn, self.all_followed = 0, True
         return Reset(observation=self._observation(), prompt_key=f"{self.name}/{self.signs}")

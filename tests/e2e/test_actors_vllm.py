@@ -17,6 +17,7 @@ from turnstream.actors.registry import make_env
 from turnstream.actors.fleet import InferenceFleet
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.runner import EpisodeRunner, Sampling
+from turnstream.actors.tasks import RandomOrder, TaskSource
 from turnstream.buffer.episodes import Episode, flatten
 from turnstream.learner.batching import action_logprobs, to_tensors
 
@@ -75,7 +76,8 @@ def _model(path):
 async def _play(fleet, model_dir, factory, n, temperature=1.0, seed0=0):
     link, metrics = CollectingLink(), ActorMetrics()
     runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=factory, chat=ChatTokens(model_dir), client=fleet,
-                           link=link, sampling=Sampling(temperature, 8, 512), metrics=metrics, seed=0)
+                           link=link, sampling=Sampling(temperature, 8, 512), metrics=metrics,
+                           tasks=TaskSource(RandomOrder(0)))
     outcomes = await asyncio.gather(*(runner.play(f"e{seed0 + i}", seed=seed0 + i) for i in range(n)))
     return link.chunks, outcomes, metrics
 
@@ -127,7 +129,8 @@ def test_a_frozen_opponent_samples_from_its_own_server_and_stays_out_of_training
             link, metrics = CollectingLink(), ActorMetrics()
             runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=lambda: make_env("tictactoe"),
                                    chat=ChatTokens(tiny_model), client=trained, link=link,
-                                   sampling=Sampling(1.0, 8, 512), metrics=metrics, seed=0, frozen_clients={1: frozen})
+                                   sampling=Sampling(1.0, 8, 512), metrics=metrics,
+                                   tasks=TaskSource(RandomOrder(0)), frozen_clients={1: frozen})
             await asyncio.gather(*(runner.play(f"g{i}", seed=i) for i in range(6)))
         return trained.record, frozen.record, link.chunks
 
@@ -177,7 +180,8 @@ def test_fleet_survives_one_of_two_servers_killed_mid_run(vllm_url, tiny_model, 
                 link = CollectingLink()
                 runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=lambda: make_env("follow_signs"),
                                        chat=ChatTokens(tiny_model), client=fleet, link=link,
-                                       sampling=Sampling(1.0, 1, 512), metrics=metrics, seed=0)
+                                       sampling=Sampling(1.0, 1, 512), metrics=metrics,
+                                       tasks=TaskSource(RandomOrder(0)))
                 tasks = [asyncio.create_task(runner.play(f"e{i}", seed=i)) for i in range(96)]
                 while len(link.chunks) < 40:  # the run is well under way on both servers
                     await asyncio.sleep(0.005)

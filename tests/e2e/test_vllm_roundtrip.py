@@ -12,6 +12,7 @@ from turnstream.actors.registry import make_env
 from turnstream.actors.fleet import InferenceFleet
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.runner import EpisodeRunner, Sampling
+from turnstream.actors.tasks import RandomOrder, TaskSource
 from turnstream.buffer.episodes import Episode, flatten
 from turnstream.learner.batching import action_logprobs, to_tensors
 from turnstream.learner.weight_sync import DiskWeightSync
@@ -89,7 +90,7 @@ def test_exactness_full_vocabulary_multi_token(vllm_url, tiny_model):
         async with InferenceFleet([vllm_url]) as client:
             runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=FreeText, chat=ChatTokens(tiny_model),
                                    client=client, link=link, sampling=Sampling(0.8, 8, 512),
-                                   metrics=ActorMetrics(), seed=0)
+                                   metrics=ActorMetrics(), tasks=TaskSource(RandomOrder(0)))
             await asyncio.gather(*(runner.play(f"f{i}", seed=i) for i in range(8)))
         return link.chunks
 

@@ -10,13 +10,15 @@ from turnstream.actors.environment import EnvError, Environment, Reset, Step
 from turnstream.actors.registry import make_env
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.runner import EpisodeRunner, Sampling
+from turnstream.actors.tasks import RandomOrder, TaskSource
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 
 
 def _runner(tiny_model, factory, client=None, link=None, max_turns=0, metrics=None):
     return EpisodeRunner(actor_id="a", epoch=1, env_factory=factory, chat=ChatTokens(tiny_model),
                          client=client or ScriptedClient(), link=link or CollectingLink(),
-                         sampling=Sampling(1.0, 16, 512, max_turns), metrics=metrics or ActorMetrics(), seed=0)
+                         sampling=Sampling(1.0, 16, 512, max_turns), metrics=metrics or ActorMetrics(),
+                         tasks=TaskSource(RandomOrder(0)))
 
 
 def _counter(metrics, name, **labels) -> float:
@@ -65,7 +67,7 @@ async def test_a_frozen_agent_plays_from_its_own_servers_and_is_never_streamed(t
     trained, fixed, link, metrics = ScriptedClient(seed=3), ScriptedClient(seed=4), CollectingLink(), ActorMetrics()
     runner = EpisodeRunner(actor_id="a", epoch=1, env_factory=lambda: make_env("tictactoe"),
                            chat=ChatTokens(tiny_model), client=trained, link=link, sampling=Sampling(1.0, 16, 512),
-                           metrics=metrics, seed=0, frozen_clients={1: fixed})
+                           metrics=metrics, tasks=TaskSource(RandomOrder(0)), frozen_clients={1: fixed})
     for i in range(10):
         await runner.play(f"ep{i}", seed=i)
     assert trained.calls and fixed.calls  # both sides moved, each from its own policy's servers

@@ -12,6 +12,7 @@ from turnstream.actors.environment import EnvError
 from turnstream.actors.registry import make_env
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.runner import EpisodeRunner, Sampling
+from turnstream.actors.tasks import RandomOrder, TaskSource
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 
 LOWERCASE = "abcdefghijklmnopqrstuvwxyz"
@@ -149,7 +150,7 @@ async def test_runner_plays_frozenlake_and_survives_a_raising_environment(tiny_m
     metrics, link = ActorMetrics(), CollectingLink()
     runner = EpisodeRunner(actor_id="a", epoch=1, env_factory=factory, chat=ChatTokens(tiny_model),
                            client=ScriptedClient(seed=0, free_tokens=explode[0]), link=link,
-                           sampling=Sampling(1.0, 8, 4096), metrics=metrics, seed=0)
+                           sampling=Sampling(1.0, 8, 4096), metrics=metrics, tasks=TaskSource(RandomOrder(0)))
     outcomes = [await runner.play(f"ep{i}", seed=i) for i in range(3)]
     assert outcomes[1] == "env_error" and set(outcomes[::2]) <= {"success", "done", "truncated"}
     assert metrics.registry.get_sample_value("turnstream_actor_env_errors_total", {"kind": "library"}) == 1

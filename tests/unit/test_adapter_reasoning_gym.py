@@ -12,6 +12,7 @@ from turnstream.actors.environment import EnvError
 from turnstream.actors.registry import make_env
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.runner import EpisodeRunner, Sampling
+from turnstream.actors.tasks import RandomOrder, TaskSource
 from reasoning_gym.dataset import ProceduralDataset
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 
@@ -118,7 +119,7 @@ async def test_runner_scores_episodes_and_survives_a_broken_scorer(tiny_model):
     runner = EpisodeRunner(actor_id="a", epoch=1,
                            env_factory=lambda: make_env("reasoning_gym", dataset=next(names), max_attempts=2),
                            chat=ChatTokens(tiny_model), client=ScriptedClient(seed=0), link=link,
-                           sampling=Sampling(1.0, 4, 4096), metrics=metrics, seed=0)
+                           sampling=Sampling(1.0, 4, 4096), metrics=metrics, tasks=TaskSource(RandomOrder(0)))
     outcomes = [await runner.play(f"ep{i}", seed=i) for i in range(3)]
     assert outcomes == ["done", "env_error", "done"]  # gibberish answers are scored 0, twice each
     assert metrics.registry.get_sample_value("turnstream_actor_env_errors_total", {"kind": "library"}) == 1

@@ -12,6 +12,7 @@ from turnstream.actors.environment import EnvError
 from turnstream.actors.registry import make_env
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.runner import EpisodeRunner, Sampling
+from turnstream.actors.tasks import RandomOrder, TaskSource
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 
 DIGITS = [str(i) for i in range(9)]
@@ -126,7 +127,7 @@ async def test_runner_streams_both_players_and_survives_a_crashing_game(tiny_mod
 
     runner = EpisodeRunner(actor_id="a", epoch=1, env_factory=factory, chat=ChatTokens(tiny_model),
                            client=ScriptedClient(seed=2), link=link, sampling=Sampling(1.0, 4, 4096),
-                           metrics=metrics, seed=0)
+                           metrics=metrics, tasks=TaskSource(RandomOrder(0)))
     outcomes = [await runner.play(f"ep{i}", seed=i) for i in range(3)]
     assert outcomes[0] in ("success", "done") and outcomes[2] in ("success", "done")
     assert outcomes[1] == "env_error"

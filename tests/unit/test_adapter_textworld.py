@@ -12,6 +12,7 @@ from turnstream.actors.environment import EnvError
 from turnstream.actors.registry import make_env
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.runner import EpisodeRunner, Sampling
+from turnstream.actors.tasks import RandomOrder, TaskSource
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 
 RECIPE = {"challenge": "tw-coin_collector", "settings": {"level": 1}, "seeds": [0]}
@@ -106,7 +107,7 @@ async def test_runner_plays_on_after_a_broken_game(game_file, tmp_path, tiny_mod
     runner = EpisodeRunner(actor_id="a", epoch=1, env_factory=lambda: make_env(
                                "textworld", game_file=str(next(files)), max_steps=3, max_action_tokens=4),
                            chat=ChatTokens(tiny_model), client=ScriptedClient(seed=0), link=link,
-                           sampling=Sampling(1.0, 4, 4096), metrics=metrics, seed=0)
+                           sampling=Sampling(1.0, 4, 4096), metrics=metrics, tasks=TaskSource(RandomOrder(0)))
     outcomes = [await runner.play(f"ep{i}", seed=i) for i in range(3)]
     assert outcomes == ["truncated", "env_error", "truncated"]  # scripted gibberish never finds the coin
     assert metrics.registry.get_sample_value("turnstream_actor_env_errors_total", {"kind": "library"}) == 1

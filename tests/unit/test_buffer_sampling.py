@@ -65,6 +65,36 @@ def test_a_group_left_incomplete_is_dropped_after_group_timeout_and_counted():
                                              {"reason": "group_timeout"}) == 2
 
 
+def test_groups_served_are_counted():
+    store = make_store(eta=9, max_staleness=9, policy="group", group_size=2, batch_episodes=4, max_items=100)
+    fill(store, [("a1", "a", 0, 1), ("b1", "b", 0, 1), ("a2", "a", 0, 1), ("b2", "b", 0, 1), ("c1", "c", 0, 1)])
+    assert len(ids(store.take_batch(0, 4))) == 4
+    assert metric(store, "turnstream_buffer_groups_served_total") == 2
+    assert metric(store, "turnstream_buffer_samples_total") == 4
+
+
+def fill_rewarded(store, specs, first_seq=0):
+    """specs: (episode_id, prompt_key, reward) -> one-turn complete episodes with that return."""
+    for seq, (ep, prompt, reward) in enumerate(specs, first_seq):
+        assert ingest(store, ID, chunk(seq=seq, ep=ep, prompt=prompt, done=True, reward=reward)) == ("ok", "")
+
+
+@pytest.mark.parametrize("drop_uniform", [False, True])
+def test_groups_whose_members_all_got_the_same_return_are_dropped_only_when_asked(drop_uniform):
+    store = make_store(eta=9, max_staleness=9, policy="group", group_size=2, batch_episodes=2, max_items=100,
+                       drop_uniform_groups=drop_uniform)
+    fill_rewarded(store, [("a1", "a", 1.0), ("a2", "a", 1.0), ("b1", "b", 0.0), ("b2", "b", 1.0), ("c1", "c", 0.0)])
+    accepted = store.admission.accepted
+    got = ids(store.take_batch(0, 2))
+    dropped = metric(store, "turnstream_buffer_dropped_episodes_total", reason="uniform_group")
+    if drop_uniform:
+        assert got == ["b1", "b2"] and dropped == 2  # a: no variance, no signal for a group baseline
+        assert store.admission.accepted == accepted - 2  # the dropped group's admission room is free again
+    else:
+        assert got == ["a1", "a2"] and dropped == 0
+    assert list(store.ready) == (["c1"] if drop_uniform else ["b1", "b2", "c1"])  # an incomplete group waits
+
+
 def test_group_batch_takes_only_as_many_whole_groups_as_fit():
     store = make_store(eta=9, max_staleness=9, policy="group", group_size=2, batch_episodes=4, max_items=100)
     fill(store, [("a1", "a", 0, 1), ("a2", "a", 0, 1), ("b1", "b", 0, 1), ("b2", "b", 0, 1)])
@@ -168,8 +198,13 @@ def test_config_load_refuses_bad_buffer_settings_in_one_line(override, field):
 
 
 def test_config_group_size_must_fit_a_batch():
-    with pytest.raises(ConfigError, match="^buffer.group_size"):
-        load_config(None, ["buffer.sampling=group", "buffer.group_size=200", "buffer.batch_episodes=8"])
+    with pytest.raises(ConfigError, match="^tasks.group_size"):
+        load_config(None, ["buffer.sampling=group", "tasks.group_size=200", "buffer.batch_episodes=8"])
+
+
+def test_group_size_has_one_home_the_tasks_table():
+    with pytest.raises(ConfigError, match="^buffer.group_size: unknown field"):
+        load_config(None, ["buffer.group_size=4"])
 
 
 # ---- gate: blocking, unblocking, timeout, cancel ---------------------------------------------------------

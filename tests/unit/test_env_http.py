@@ -16,6 +16,7 @@ from turnstream.actors.envs.http_env import close_sessions
 from turnstream.actors.envs.http_server import make_app
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.runner import EpisodeRunner, Sampling
+from turnstream.actors.tasks import RandomOrder, TaskSource
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 from turnstream.processes import ProcessGroup, free_port
 
@@ -40,7 +41,7 @@ async def server(request):
 def _runner(tiny_model, factory, link, metrics):
     return EpisodeRunner(actor_id="a", epoch=1, env_factory=factory, chat=ChatTokens(tiny_model),
                          client=ScriptedClient(), link=link, sampling=Sampling(1.0, 16, 512),
-                         metrics=metrics, seed=0)
+                         metrics=metrics, tasks=TaskSource(RandomOrder(0)))
 
 
 async def test_remote_sokoban_plays_like_the_local_one(server):
@@ -148,7 +149,8 @@ async def test_server_dying_mid_episode_abandons_it_and_counts(tmp_path, tiny_mo
     link, metrics = CollectingLink(), ActorMetrics()
     runner = EpisodeRunner(actor_id="a", epoch=1, env_factory=lambda: make_env(
         "http", url=url, name="follow_signs", args={"junctions": [3]}, timeout_s=5.0), chat=ChatTokens(tiny_model),
-        client=KillingClient(), link=link, sampling=Sampling(1.0, 16, 512), metrics=metrics, seed=0)
+        client=KillingClient(), link=link, sampling=Sampling(1.0, 16, 512), metrics=metrics,
+        tasks=TaskSource(RandomOrder(0)))
     try:
         outcomes = [await runner.play(f"e{i}", seed=i) for i in range(4)]
     finally:

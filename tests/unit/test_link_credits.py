@@ -13,6 +13,7 @@ from turnstream.actors.inference import InferenceError
 from turnstream.actors.link import BufferLink
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.runner import EpisodeRunner, Sampling
+from turnstream.actors.tasks import RandomOrder, TaskSource
 from turnstream.protocol.codec import decode, encode
 from turnstream.protocol.messages import CreditGrant, CreditRequest
 from tests.helpers import link_to_router
@@ -45,7 +46,7 @@ async def test_failed_first_turns_do_not_leak_credits(tiny_model):
     client = FailingClient()
     runner = EpisodeRunner(actor_id="actor-c", epoch=1, env_factory=lambda: make_env("trivial"),
                            chat=ChatTokens(tiny_model), client=client, link=link,
-                           sampling=Sampling(1.0, 8, 512), metrics=metrics, seed=0)
+                           sampling=Sampling(1.0, 8, 512), metrics=metrics, tasks=TaskSource(RandomOrder(0)))
     tasks = [asyncio.create_task(c) for c in (_serve_grants(router, 2, "buffer-1"), link.run(), runner.run(2))]
     try:
         deadline = asyncio.get_running_loop().time() + 30.0  # returns as soon as 50 episodes were tried

@@ -1,0 +1,111 @@
+"""Which task each new episode of an actor plays: the task source, configured by the [tasks] table.
+
+A draw is an `Assignment`: the reset seed and, for an environment that enumerates its tasks
+(`Environment.num_tasks`), the task index. For an environment that does not, the seed is the task: two
+episodes reset with the same seed play the same task instance.
+
+An order makes distinct draws; `TaskSource` hands each draw to `group_size` consecutive episodes, so that an
+actor alone completes whole groups (same seed and task, hence the same prompt_key) for the buffer's group
+sampling. Orders:
+- `RandomOrder`: draw i is seed `actor_seed * 1_000_003 + i`, no task index: a fresh random task each time
+  (with group_size 1, exactly the seeds the actor played before task sources existed);
+- `SequentialOrder`: epochs over the task list, each shuffled with the run's seed, its positions split between
+  the actor processes (actor k of N takes positions k, k + N, ...); ends after `epochs` passes (0: never).
+Another order (e.g. one that picks tasks by a per-task score) is a class with `draw()`, and a case of
+`make_order`.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from turnstream.core.configtools import ConfigError
+
+
+@dataclass(frozen=True)
+class Assignment:
+    seed: int  # passed to Environment.reset
+    task: int | None = None  # index in [0, num_tasks) for an enumerating environment; None: the seed is the task
+
+
+class TaskOrder(Protocol):
+    def draw(self) -> Assignment | None:
+        """The next distinct task, or None when the order has run out."""
+
+
+class RandomOrder:
+    def __init__(self, actor_seed: int):
+        self.actor_seed, self.draws = actor_seed, 0
+
+    def draw(self) -> Assignment:
+        seed = self.actor_seed * 1_000_003 + self.draws
+        self.draws += 1
+        return Assignment(seed)
+
+
+class SequentialOrder:
+    def __init__(self, num_tasks: int, *, run_seed: int, epochs: int = 0, shard: int = 0, num_shards: int = 1):
+        if num_tasks < 1:
+            raise ValueError(f"a sequential order needs at least one task, got {num_tasks}")
+        self.num_tasks, self.run_seed, self.epochs = num_tasks, run_seed, epochs
+        self.shard, self.num_shards = shard, num_shards
+        self.epoch, self.position = 0, shard  # position in the current epoch's permutation
+        self.order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        order = list(range(self.num_tasks))
+        random.Random(f"{self.run_seed}/{epoch}").shuffle(order)  # the same for every actor of the run
+        return order
+
+    def draw(self) -> Assignment | None:
+        while self.position >= self.num_tasks:  # this shard's part of the epoch is done
+            self.epoch += 1
+            self.position -= self.num_tasks
+            self.order = self._permutation(self.epoch)
+        if self.epochs and self.epoch >= self.epochs:
+            return None
+        task = self.order[self.position]
+        self.position += self.num_shards
+        # the seed is the task's place in the run, so a stochastic task differs between epochs
+        return Assignment(seed=self.epoch * self.num_tasks + task, task=task)
+
+
+class TaskSource:
+    """Hands each draw of `order` to `group_size` consecutive episodes."""
+
+    def __init__(self, order: TaskOrder, group_size: int = 1):
+        self.order, self.group_size = order, group_size
+        self.current: Assignment | None = None
+        self.handed = 0  # episodes given the current draw
+
+    def next(self) -> Assignment | None:
+        """The next episode's assignment, or None when the order has run out."""
+        if self.current is None or self.handed == self.group_size:
+            self.current, self.handed = self.order.draw(), 0
+            if self.current is None:
+                return None
+        self.handed += 1
+        return self.current
+
+
+def num_tasks_of(env) -> int | None:
+    """The environment's task count, or None when it does not enumerate its tasks."""
+    n = getattr(env, "num_tasks", None)
+    return None if n is None else int(n)
+
+
+def make_order(order: str, *, env_factory: Callable[[], object], actor_seed: int, run_seed: int, epochs: int = 0,
+               shard: int = 0, num_shards: int = 1) -> TaskOrder:
+    """The order named by `tasks.order`; `env_factory` makes an instance of the run's environment, asked for its
+    task count by the orders that need it."""
+    if order == "random":
+        return RandomOrder(actor_seed)
+    if order == "sequential":
+        env = env_factory()
+        n = num_tasks_of(env)
+        if not n:
+            raise ConfigError(f"tasks.order: sequential needs an environment that enumerates its tasks "
+                              f"(num_tasks); {type(env).__name__} does not, use order = \"random\"")
+        return SequentialOrder(n, run_seed=run_seed, epochs=epochs, shard=shard, num_shards=num_shards)
+    raise ConfigError(f"tasks.order: unknown order {order!r}")

@@ -1,0 +1,30 @@
+"""The [tasks] table: which task each new episode of an actor plays, and how many episodes play it.
+
+The actor's task source (actors/tasks.py) reads it; the buffer's group sampling reads `group_size` from
+here too, so that the n episodes an actor plays of one task are the n the buffer waits for.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from turnstream.core.config_fields import Section
+from turnstream.core.configtools import require
+
+
+class TasksSection(Section):
+    order: Literal["random", "sequential"] = Field(
+        "random", description="random: every draw a fresh random task (the reset seed names it); sequential: "
+        "epochs over the environment's task list (it must enumerate its tasks), shuffled per epoch with "
+        "run.seed and split between the actor processes")
+    group_size: int = Field(1, ge=1, description="n: each drawn task is played by n consecutive episodes of one "
+                            "actor (same seed and task, so the same prompt_key); buffer.sampling = group serves "
+                            "those n together")
+    epochs: int = Field(0, ge=0, description="order = sequential: passes over the task list before the actors "
+                        "stop playing; 0: unlimited")
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> TasksSection:
+        require(self.epochs == 0 or self.order == "sequential", "epochs", "only order = sequential has epochs")
+        return self
