@@ -225,3 +225,28 @@ class BufferProcess:
 
     def metric(self, key):
         return scrape(self.metrics_url).get(key, 0.0)
+
+
+def session_server_config(url: str, tiny_model, tmp_path: Path) -> Config:
+    """A run of separately started roles on the session's vLLM server (`url`), with free ports of its own."""
+    cfg = Config()
+    cfg.run.run_dir = str(tmp_path / "run")
+    cfg.model.path = str(tiny_model)
+    cfg.vllm.urls = [url]
+    cfg.vllm.max_model_len = 512  # within the session server's
+    for name in ("buffer_ingest_port", "buffer_serve_port", "learner_pub_port"):
+        setattr(cfg.network, name, free_port())
+    return cfg
+
+
+def restore_served_weights(url, tiny_model, tmp_path):
+    """A learner pushed into the session's vLLM server: put the original weights and version 0 back."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from turnstream.learner.weight_sync import DiskWeightSync
+
+    sync = DiskWeightSync([url], tmp_path / "restore", tiny_model)
+    state = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()
+    asyncio.run(sync.push(sync.save(state, 1), 1))
+    asyncio.run(sync.set_version(0))

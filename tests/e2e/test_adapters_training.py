@@ -3,13 +3,12 @@ Gymnasium) samples from the session's real vLLM server and streams into one real
 batches a real learner process trains on and pushes back into the server, for a few steps."""
 from __future__ import annotations
 
-import asyncio
 import sys
 import time
 
 import pytest
 
-from tests.helpers import scrape
+from tests.helpers import restore_served_weights, scrape, session_server_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
@@ -33,36 +32,16 @@ def _try(fn, *args):
         return repr(exc)
 
 
-def _restore(url, tiny_model, tmp_path):
-    """The learner pushed into the session's server: put the original weights and version 0 back."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from turnstream.learner.weight_sync import DiskWeightSync
-
-    sync = DiskWeightSync([url], tmp_path / "restore", tiny_model)
-    state = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()
-    asyncio.run(sync.push(sync.save(state, 1), 1))
-    asyncio.run(sync.set_version(0))
-
-
 def test_every_adapter_feeds_the_buffer_and_the_learner(vllm_url, tiny_model, tmp_path):
-    from turnstream.core.config import Config
     from turnstream.processes import ProcessGroup, free_port, tail
 
-    cfg = Config()
-    cfg.run.run_dir = str(tmp_path / "run")
-    cfg.model.path = str(tiny_model)
-    cfg.vllm.urls = [vllm_url]
-    cfg.vllm.max_model_len = 512  # within the session server's
+    cfg = session_server_config(vllm_url, tiny_model, tmp_path)
     cfg.actor.concurrent_episodes = 4
     cfg.actor.max_new_tokens = 4
     cfg.buffer.batch_episodes = 8
     # Admission room well above the 16 slots: the buffer grants credits to actors in the order they first
     # asked, so when capacity binds, the fast actors (Gymnasium, TextArena) can starve one that started late.
     cfg.buffer.eta, cfg.buffer.max_staleness = 32, 32
-    for name in ("buffer_ingest_port", "buffer_serve_port", "learner_pub_port"):
-        setattr(cfg.network, name, free_port())
     cfg.actor.metrics_port = free_port()  # actor i serves on metrics_port + i
     base = tmp_path / "base.toml"
     base.write_text(cfg.dumps())
@@ -118,4 +97,4 @@ def test_every_adapter_feeds_the_buffer_and_the_learner(vllm_url, tiny_model, tm
         assert all(c.proc.poll() is None for c in procs.children), logs()
     finally:
         procs.stop_all()
-        _restore(vllm_url, tiny_model, tmp_path)
+        restore_served_weights(vllm_url, tiny_model, tmp_path)
