@@ -5,6 +5,7 @@ hands each batch to the other ranks, which step on it alongside (learner/distrib
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from pathlib import Path
 
@@ -54,18 +55,26 @@ async def train(cfg: Config) -> None:
     torch.set_num_threads(lc.torch_threads)
     torch.manual_seed(cfg.run.seed)
     rank, world = init_from_env(lc.device)
-    model, trainer, _ = build_trainer(cfg)
     try:
-        if rank == 0:
-            await serve(cfg, model, trainer, world)
-        else:
-            while (batch := broadcast(None, rank, world)) is not None:
-                try:
-                    trainer.step(batch)
-                except ValueError as exc:  # rank 0 skips the same batch for the same reason
-                    log.error("rank %d skipped a batch: %s", rank, exc)
+        await _train_rank(cfg, rank, world)
     finally:
+        # The trainer (gone with _train_rank's frame) must be freed before the process group is destroyed:
+        # DDP's reducer holds the group, and its last reference dropped later runs gloo's destructor with the
+        # GIL held while gloo's worker thread waits for the GIL to free its last work, a deadlock at exit.
+        gc.collect()
         shutdown(world)
+
+
+async def _train_rank(cfg: Config, rank: int, world: int) -> None:
+    model, trainer, _ = build_trainer(cfg)
+    if rank == 0:
+        await serve(cfg, model, trainer, world)
+        return
+    while (batch := broadcast(None, rank, world)) is not None:
+        try:
+            trainer.step(batch)
+        except ValueError as exc:  # rank 0 skips the same batch for the same reason
+            log.error("rank %d skipped a batch: %s", rank, exc)
 
 
 def main(cfg: Config) -> None:
