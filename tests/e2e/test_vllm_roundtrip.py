@@ -44,7 +44,8 @@ async def _play(url, model_dir, env_name, n, temperature, max_new_tokens=16, env
     async with InferenceFleet([url]) as client:
         runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=lambda: make_env(env_name, **(env_args or {})),
                                chat=ChatTokens(model_dir), client=client, link=link,
-                               sampling=Sampling(temperature, max_new_tokens, 512), metrics=ActorMetrics(), seed=3)
+                               sampling=Sampling(temperature, max_new_tokens, 512), metrics=ActorMetrics(),
+                               tasks=TaskSource(RandomOrder(3)))
         await asyncio.gather(*(runner.play(f"e{i}", seed=i) for i in range(n)))
     return link.chunks
 
