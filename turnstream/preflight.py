@@ -18,33 +18,33 @@ log = logging.getLogger("turnstream.preflight")
 
 def preflight(cfg: Config) -> Config:
     """Raise ConfigError for the first problem; return `cfg` unchanged."""
-    _check_env(cfg)
-    _check_task_order(cfg)
+    env = _check_env(cfg)
+    _check_task_order(cfg, env)
     _check_rate_limiter(cfg)
     _check_curve_keys(cfg)
     return cfg
 
 
-def _check_env(cfg: Config) -> None:
+def _check_env(cfg: Config):
+    """The run's environment, built once: the name and arguments are right if it builds."""
     from turnstream.actors.registry import known_envs, make_env
 
     if cfg.env.name not in known_envs():
         raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}; known: {', '.join(known_envs())}")
     try:
-        make_env(cfg.env.name, **cfg.env.args)
+        return make_env(cfg.env.name, **cfg.env.args)
     except ConfigError:
         raise  # an adapter's own message already names the field
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"env.args: {exc}") from None
 
 
-def _check_task_order(cfg: Config) -> None:
+def _check_task_order(cfg: Config, env) -> None:
     """The order the actors will build (a sequential one needs an environment that enumerates its tasks)."""
-    from turnstream.actors.registry import make_env
     from turnstream.actors.tasks import make_order
 
-    make_order(cfg.tasks.order, env_factory=lambda: make_env(cfg.env.name, **cfg.env.args), actor_seed=0,
-               run_seed=cfg.run.seed, epochs=cfg.tasks.epochs)
+    make_order(cfg.tasks.order, env_factory=lambda: env, actor_seed=0, run_seed=cfg.run.seed,
+               epochs=cfg.tasks.epochs)
 
 
 def _check_rate_limiter(cfg: Config) -> None:
