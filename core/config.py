@@ -58,6 +58,8 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _cross_table_rules(self) -> Config:
+        require(self.tasks.order != "spo" or self.learner.estimator == "spo", "tasks.order",
+                "spo reads the SPO tracker's values, which only learner.estimator = spo keeps")
         require(self.buffer.sampling != "group" or self.tasks.group_size <= self.buffer.batch_episodes,
                 "tasks.group_size", f"must be <= buffer.batch_episodes ({self.buffer.batch_episodes}) with "
                 "buffer.sampling = group, or no group fits in a batch (deadlock)")

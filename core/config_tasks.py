@@ -14,10 +14,13 @@ from turnstream.core.configtools import require
 
 
 class TasksSection(Section):
-    order: Literal["random", "sequential"] = Field(
+    order: Literal["random", "sequential", "spo"] = Field(
         "random", description="random: every draw a fresh random task (the reset seed names it); sequential: "
         "epochs over the environment's task list (it must enumerate its tasks), shuffled per epoch with "
-        "run.seed and split between the actor processes")
+        "run.seed and split between the actor processes; spo: SPO's curriculum, task x drawn with probability "
+        "proportional to sqrt(v(1 - v)) + spo_epsilon, v the learner's tracker value of its prompt "
+        "(learner.estimator = spo, an enumerating environment)")
+    spo_epsilon: float = Field(0.05, gt=0, description="order = spo: the weight floor of solved and hopeless tasks")
     group_size: int = Field(1, ge=1, description="n: each drawn task is played by n consecutive episodes of one "
                             "actor (same seed and task, so the same prompt_key); buffer.sampling = group serves "
                             "those n together")
