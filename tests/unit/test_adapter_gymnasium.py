@@ -1,6 +1,6 @@
 """The `gymnasium` adapter against the real Gymnasium: built-in mappings for FrozenLake, Taxi and Blackjack,
 a text-observation environment, a user's mapping by dotted path, invalid replies, the time limit, an
-environment that raises, and bad configurations."""
+environment that raises, bad configurations, and seeded starting states as the task list."""
 from __future__ import annotations
 
 import gymnasium
@@ -14,6 +14,7 @@ from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.runner import EpisodeRunner, Sampling
 from turnstream.actors.tasks import RandomOrder, TaskSource
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
+from tests.unit.test_adapter_registry import sequential_epochs
 
 LOWERCASE = "abcdefghijklmnopqrstuvwxyz"
 
@@ -71,6 +72,22 @@ async def test_frozenlake_is_played_with_letters_to_the_goal_and_into_a_hole():
     hole = await env.step("down")  # the action's name works too
     hole = await env.step("R")
     assert hole.done and hole.reward == 0.0 and not hole.info["success"]
+
+
+async def test_tasks_are_seeded_starts_and_the_episode_seed_draws_the_rest():
+    env = make_env("gymnasium", env_id="Taxi-v4", tasks=5)
+    assert env.num_tasks == 5
+    resets = await sequential_epochs(env)
+    assert len({r.observation for r in resets.values()}) == 5 and resets[3].prompt_key == "gymnasium/Taxi-v4/3"
+    untasked = await env.reset(3)  # task i starts where seed i does; without a task, one key as before
+    assert untasked.observation == resets[3].observation and untasked.prompt_key == "gymnasium/Taxi-v4"
+    assert make_env("gymnasium", env_id="Taxi-v4").num_tasks is None
+    blackjack = make_env("gymnasium", env_id="Blackjack-v1", tasks=1)  # the task is the deal, the seed the hit
+    deals, hits = set(), set()
+    for seed in range(6):
+        deals.add((await blackjack.reset(seed, task=0)).observation)
+        hits.add((await blackjack.step("hit")).observation)
+    assert len(deals) == 1 and len(hits) > 1
 
 
 async def test_invalid_replies_are_not_sent_and_end_the_episode_after_a_few():
@@ -135,6 +152,8 @@ def test_bad_configurations_fail_when_the_environment_is_made():
         make_env("gymnasium", env_id="FrozenLake-v1", mapping="tests.unit.test_adapter_gymnasium:Missing")
     with pytest.raises(ValueError, match="neither built in"):
         make_env("gymnasium", env_id="FrozenLake-v1", mapping="frozen")
+    with pytest.raises(ValueError, match="tasks must be >= 0"):
+        make_env("gymnasium", tasks=-2)
     with pytest.raises(ValueError, match="no built-in text mapping fits Pendulum-v1"):
         make_env("gymnasium", env_id="Pendulum-v1")  # continuous actions need a user's mapping
 

@@ -1,5 +1,6 @@
 """The `reasoning_gym` adapter against the real reasoning-gym: the dataset's own scorer as the reward,
-single-turn and multi-turn with retries, tagged answers, a scorer that raises, and bad configurations."""
+single-turn and multi-turn with retries, tagged answers, a scorer that raises, bad configurations, and the
+dataset's questions as the task list."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from turnstream.actors.runner import EpisodeRunner, Sampling
 from turnstream.actors.tasks import RandomOrder, TaskSource
 from reasoning_gym.dataset import ProceduralDataset
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
+from tests.unit.test_adapter_registry import sequential_epochs
 
 
 @dataclass
@@ -60,6 +62,18 @@ async def test_the_same_question_under_the_same_key_in_every_process():
     reasoning_gym_env._DATASETS.clear()  # as a fresh actor process would
     again = await make_env("reasoning_gym", dataset="basic_arithmetic").reset(3)
     assert first == again
+
+
+async def test_the_datasets_questions_are_the_tasks():
+    env = make_env("reasoning_gym", dataset="basic_arithmetic", config={"size": 5, "seed": 4})
+    assert env.num_tasks == 5
+    resets = await sequential_epochs(env)
+    assert [resets[i].prompt_key for i in range(5)] == [f"reasoning_gym/basic_arithmetic/{i}" for i in range(5)]
+    assert resets[3].observation.startswith(env.dataset[3]["question"])
+    assert await env.reset(8) == resets[3]  # without a task the seed picks the question, seed % size
+    await env.reset(0, task=3)
+    assert (await env.step(env.dataset[3]["answer"])).reward == 1.0
+    assert make_env("reasoning_gym", dataset="basic_arithmetic").num_tasks == 500  # reasoning-gym's default size
 
 
 async def test_multi_turn_retry_with_the_scorers_verdict():

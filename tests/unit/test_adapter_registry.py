@@ -1,6 +1,7 @@
 """The library adapters in the registry: `turnstream envs` lists each with a description, a missing
 library is named with its install command and fails clearly when used (never breaking the listing or
-other environments), and the shipped adapter configs pass the config loader."""
+other environments), the shipped adapter configs pass the config loader, and every adapter's task list
+(`sequential_epochs`, used by each adapter's tests)."""
 from __future__ import annotations
 
 import sys
@@ -8,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from turnstream.actors.environment import Reset
 from turnstream.actors.registry import describe, known_envs, make_env
+from turnstream.actors.tasks import make_order
 from turnstream.actors.envs.adapters.common import LibraryNotInstalled
 from turnstream.cli import main as cli_main
 from turnstream.core.config import load_config
@@ -20,6 +23,10 @@ ADAPTERS = {"textarena": ("textarena", "textarena"), "textworld": ("textworld", 
             "reasoning_gym": ("reasoning_gym", "reasoning-gym"), "gymnasium": ("gymnasium", "gymnasium")}
 CONFIGS = {"textarena_tictactoe.toml": "textarena", "textworld.toml": "textworld",
            "reasoning_gym.toml": "reasoning_gym", "gymnasium_frozenlake.toml": "gymnasium"}
+# arguments that give each adapter three tasks
+THREE_TASKS = {"textarena": {"game": "GuessTheNumber-v0", "num_players": 1, "tasks": 3},
+               "textworld": {"seeds": [4, 5, 6]}, "reasoning_gym": {"config": {"size": 3}},
+               "gymnasium": {"env_id": "Taxi-v4", "tasks": 3}}
 
 
 def test_turnstream_envs_lists_every_adapter_with_a_description(capsys):
@@ -69,3 +76,29 @@ def test_shipped_adapter_configs_load(config, tmp_path):
     assert cfg.env.name == CONFIGS[config]
     assert cfg.vllm.max_model_len <= 1024  # the tiny model's positions
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTERS))
+async def test_every_adapter_enumerates_its_tasks_and_refuses_others(name):
+    env = make_env(name, **THREE_TASKS[name])
+    assert env.num_tasks == 3
+    for task in (-1, 3):  # refused before any game is made or generated
+        with pytest.raises(ValueError, match=rf"task {task} out of range \[0, 3\)"):
+            await env.reset(0, task=task)
+
+
+async def sequential_epochs(env, epochs: int = 2) -> dict[int, Reset]:
+    """Plays `epochs` epochs of a sequential order over `env` and checks what an enumerating adapter promises:
+    each epoch names each task once; a task resets to the same instance whatever the episode seed (every epoch
+    gives it another); different tasks have different prompt keys. Returns each task's reset."""
+    n = env.num_tasks
+    draws = list(iter(make_order("sequential", env_factory=lambda: env, actor_seed=0, run_seed=0,
+                                 epochs=epochs).draw, None))
+    assert [sorted(a.task for a in draws[e * n:(e + 1) * n]) for e in range(epochs)] == [list(range(n))] * epochs
+    resets: dict[int, Reset] = {}
+    for a in draws:
+        reset = await env.reset(a.seed, task=a.task)
+        assert resets.setdefault(a.task, reset) == reset, f"task {a.task} changed with the seed"
+    await env.close()
+    assert len({r.prompt_key for r in resets.values()}) == n
+    return resets

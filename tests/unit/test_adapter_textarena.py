@@ -1,7 +1,9 @@
 """The `textarena` adapter against the real TextArena: scripted games, invalid moves as the game rules them,
-a game that raises, bad configurations, and the episode runner carrying on after a crash."""
+a game that raises, bad configurations, the episode runner carrying on after a crash, and seeded setups as
+the task list."""
 from __future__ import annotations
 
+import random
 import re
 
 import pytest
@@ -12,8 +14,10 @@ from turnstream.actors.environment import EnvError
 from turnstream.actors.registry import make_env
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import RandomOrder, TaskSource
+from turnstream.actors.tasks import RandomOrder, TaskSource, make_order
+from turnstream.core.configtools import ConfigError
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
+from tests.unit.test_adapter_registry import sequential_epochs
 
 DIGITS = [str(i) for i in range(9)]
 
@@ -54,6 +58,22 @@ async def test_tictactoe_self_play_every_player_is_an_agent_with_the_games_rewar
     win = await env.step("2")
     assert win.done and not win.truncated
     assert win.rewards == {0: 1.0, 1: -1.0} and win.reward == 1.0 and win.info["success"]
+
+
+async def test_tasks_are_seeded_setups_and_the_episode_seed_draws_the_rest():
+    env = make_env("textarena", game="FifteenPuzzle-v0", num_players=1, tasks=4)
+    assert env.num_tasks == 4
+    resets = await sequential_epochs(env)
+    assert len({r.observation for r in resets.values()}) == 4  # four shuffled boards
+    assert resets[2].prompt_key == "textarena/FifteenPuzzle-v0/2"
+    untasked = await env.reset(2)  # task i is the setup seed i draws; without a task, one key as before
+    assert untasked.observation == resets[2].observation and untasked.prompt_key == "textarena/FifteenPuzzle-v0"
+    await env.reset(11, task=0)
+    assert random.random() == random.Random(11).random()  # later draws follow the episode seed
+    # TicTacToe's setup ignores the seed: one task; by default no task list, so no sequential order
+    assert (await sequential_epochs(make_env("textarena", tasks=1)))[0].prompt_key == "textarena/TicTacToe-v0/0"
+    with pytest.raises(ConfigError, match="sequential needs an environment that enumerates"):
+        make_order("sequential", env_factory=lambda: make_env("textarena"), actor_seed=0, run_seed=0)
 
 
 async def test_invalid_move_is_retried_then_lost_as_the_game_rules():
@@ -110,6 +130,8 @@ def test_bad_configurations_fail_when_the_environment_is_made():
         make_env("textarena", game="TicTacToe-v0", num_players=3)
     with pytest.raises(ValueError, match="observation"):
         make_env("textarena", game="TicTacToe-v0", observation="everything")
+    with pytest.raises(ValueError, match="tasks must be >= 0"):
+        make_env("textarena", tasks=-1)
     # TextArena 0.7.4's ReverseTicTacToe does not even import (a SyntaxError in the game's module)
     with pytest.raises(ValueError, match="ReverseTicTacToe-v0 .* cannot start"):
         make_env("textarena", game="ReverseTicTacToe-v0")

@@ -1,5 +1,6 @@
 """The `textworld` adapter against the real TextWorld: a game generated locally from a recipe (as tw-make
-does) played by script, the score as reward, max_steps truncation, a corrupt game file and bad recipes."""
+does) played by script, the score as reward, max_steps truncation, a corrupt game file, bad recipes, and
+the recipe's games as the task list."""
 from __future__ import annotations
 
 import os
@@ -14,6 +15,7 @@ from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.runner import EpisodeRunner, Sampling
 from turnstream.actors.tasks import RandomOrder, TaskSource
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
+from tests.unit.test_adapter_registry import sequential_epochs
 
 RECIPE = {"challenge": "tw-coin_collector", "settings": {"level": 1}, "seeds": [0]}
 
@@ -49,6 +51,27 @@ async def test_recipe_game_is_played_to_a_win_with_the_score_as_reward(game_file
     assert win.done and not win.truncated and win.reward == 1.0
     assert win.info == {"success": True, "score": 1, "max_score": 1, "steps": 2}
     await env.close()
+
+
+async def test_the_recipes_games_are_the_tasks(game_file, tmp_path):
+    """Task i plays the game of seeds[i]. The generator is tested by the fixture, once: here each seed's game
+    is a copy of that one, put where the recipe keeps it, so only the task-to-game mapping is tested."""
+    from turnstream.actors.envs.adapters.textworld_games import GAME_FILE, recipe_dir
+
+    seeds = [0, 3, 9]
+    env = make_env("textworld", games_dir=str(tmp_path), **{**RECIPE, "seeds": seeds})
+    dirs = [recipe_dir(tmp_path, RECIPE["challenge"], env.settings, seed) for seed in seeds]
+    for d in dirs:
+        d.mkdir()
+        shutil.copy(game_file, d / GAME_FILE)
+    assert env.num_tasks == 3
+    resets = await sequential_epochs(env)
+    assert [resets[i].prompt_key for i in range(3)] == [f"textworld/{d.name}" for d in dirs]
+    assert await env.reset(4) == resets[1]  # without a task the seed picks the game, seeds[4 % 3]
+    await env.close()
+    single = make_env("textworld", game_file=str(game_file))  # a game file is one task
+    assert single.num_tasks == 1 and await single.reset(5, task=0) == await single.reset(8)
+    await single.close()
 
 
 async def test_game_file_with_max_steps_truncation(game_file):
@@ -95,6 +118,8 @@ def test_bad_recipes_fail_when_the_environment_is_made(tmp_path):
         make_env("textworld", challenge="tw-simple", settings={"rewards": "lots", "goal": "brief"})
     with pytest.raises(ValueError, match="required"):
         make_env("textworld", challenge="tw-coin_collector", settings={})
+    with pytest.raises(ValueError, match="seeds must be distinct"):  # two tasks would be one game
+        make_env("textworld", seeds=[1, 2, 1])
     with pytest.raises(ValueError, match="does not exist"):
         make_env("textworld", game_file=str(tmp_path / "missing.z8"))
 

@@ -52,3 +52,11 @@ def library_errors(library: str, what: str) -> Iterator[None]:
         raise
     except Exception as exc:
         raise EnvError(f"{library}: {what} failed: {type(exc).__name__}: {exc}", LIBRARY_ERROR) from exc
+
+
+def check_task(library: str, task: int, num_tasks: int | None) -> int:
+    """`task`, if the adapter enumerates it: the task source only names tasks in [0, num_tasks), so any other
+    is a caller's bug, not a failed episode."""
+    if not num_tasks or not 0 <= task < num_tasks:
+        raise ValueError(f"{library}: task {task} out of range [0, {num_tasks or 0})")
+    return task

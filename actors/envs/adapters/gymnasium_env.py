@@ -6,14 +6,21 @@ that names no valid action is not sent to the environment: the agent is told so,
 actions, and gets `invalid_action_reward`; after `max_invalid_actions` such replies in one episode it ends
 as truncated with `info["reason"] = "invalid_actions"`. An exception from the environment abandons the
 episode as an `EnvError` of kind `library`. `success` is a termination with a positive reward, or the
-environment's own `info["is_success"]`. See docs/adapters/gymnasium.md.
+environment's own `info["is_success"]`.
+
+Tasks: `tasks = n` enumerates n starting states: task i starts where `reset(seed=i)` does (Taxi's taxi,
+passenger and destination, Blackjack's deal), prompt_key `gymnasium/<env_id>/<i>`, and the episode seed then
+reseeds the environment's generator for what is random after the start (a slippery lake's slides, the cards
+drawn). An environment with one start (FrozenLake on a fixed map) has exactly one task, `tasks = 1`. With
+`tasks = 0` (the default) it does not enumerate: the episode seed draws the start and every episode shares
+the key `gymnasium/<env_id>`. See docs/adapters/gymnasium.md.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from turnstream.actors.environment import EnvError, Environment, Reset, Step
-from turnstream.actors.envs.adapters.common import describe, library_errors, require
+from turnstream.actors.envs.adapters.common import check_task, describe, library_errors, require
 from turnstream.actors.envs.adapters.gymnasium_mappings import default_mapping_name, load_mapping
 
 LIBRARY, EXTRA = "gymnasium", "gymnasium"
@@ -30,12 +37,15 @@ class GymnasiumArgs:
     restrict_actions: bool = True  # sample only the mapping's action tokens when it declares them
     max_invalid_actions: int = 3
     invalid_action_reward: float = 0.0
+    tasks: int = 0  # starts to enumerate, task i as reset(seed=i) (1 for an environment with one start); 0: none
 
     def validate(self) -> None:
         if self.max_invalid_actions < 1:
             raise ValueError(f"gymnasium: max_invalid_actions must be >= 1, got {self.max_invalid_actions}")
         if self.max_episode_steps is not None and self.max_episode_steps < 1:
             raise ValueError("gymnasium: max_episode_steps must be >= 1")
+        if self.tasks < 0:
+            raise ValueError(f"gymnasium: tasks must be >= 0, got {self.tasks}")
 
 
 class GymnasiumEnv(Environment):
@@ -49,6 +59,7 @@ class GymnasiumEnv(Environment):
             raise ValueError(f"gymnasium: {self.args.env_id}: {exc}") from None
         self.mapping = load_mapping(self.args.mapping or self._default_mapping(), self.args.mapping_args)
         self._take_sampling_limits()
+        self.num_tasks = self.args.tasks or None
         self.env = None
         self.invalid = 0
         self.last_text = ""
@@ -84,14 +95,18 @@ class GymnasiumEnv(Environment):
             kwargs["max_episode_steps"] = self.args.max_episode_steps
         return self.gym.make(self.args.env_id, **kwargs)
 
-    async def reset(self, seed: int) -> Reset:
+    async def reset(self, seed: int, task: int | None = None) -> Reset:
         await self.close()
+        start = seed if task is None else check_task(LIBRARY, task, self.num_tasks)
         with library_errors(LIBRARY, f"{self.args.env_id} reset"):
             self.env = self._make()
-            observation, info = self.env.reset(seed=seed)
+            observation, info = self.env.reset(seed=start)
+            if task is not None:  # the task fixed the start; the episode seed draws what comes after it
+                self.env.unwrapped.np_random = self.gym.utils.seeding.np_random(seed)[0]
             self.last_text = self.mapping.observation_text(observation, info, self.env)
         self.invalid = 0
-        return Reset(self.last_text, prompt_key=f"gymnasium/{self.args.env_id}")
+        key = f"gymnasium/{self.args.env_id}" + ("" if task is None else f"/{task}")
+        return Reset(self.last_text, prompt_key=key)
 
     def _valid(self, action) -> bool:
         try:

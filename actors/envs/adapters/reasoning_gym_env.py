@@ -1,15 +1,17 @@
 """`reasoning_gym`: any reasoning-gym dataset as a single-turn or multi-turn task.
 
-The episode seed picks the question (`dataset[seed % len(dataset)]`); the observation is its `question`
-(plus `instructions`, if set); the reply, or the part between `<answer>` tags when `answer_format =
-"tagged"` (read with reasoning-gym's own `extract_answer`), is scored by the dataset's own `score_answer`,
-and that score is the reward. With `max_attempts > 1` a reply that scores below `success_score` is answered
-with the scorer's verdict and the model tries again; the episode's reward is the score of its last
-attempt, given on the turn that ends it (earlier turns get 0). Running out of attempts is an ordinary end
-(`done`), not a truncation: the task was attempted and scored. Each question has its own `prompt_key`, so
-per-prompt baselines (SPO) track every question; the config's `seed` defaults to 0 (reasoning-gym would
-draw a random one) so that every actor process asks the same question under the same key. An exception
-from the dataset or its scorer abandons the episode as an `EnvError` of kind `library`.
+Its tasks are the dataset's questions (`num_tasks` is its length, the config's `size`): `reset(seed,
+task=i)` asks question i; without a task the episode seed picks the question (`dataset[seed %
+len(dataset)]`). The observation is the question's `question` (plus `instructions`, if set); the reply, or
+the part between `<answer>` tags when `answer_format = "tagged"` (read with reasoning-gym's own
+`extract_answer`), is scored by the dataset's own `score_answer`, and that score is the reward. With
+`max_attempts > 1` a reply that scores below `success_score` is answered with the scorer's verdict and the
+model tries again; the episode's reward is the score of its last attempt, given on the turn that ends it
+(earlier turns get 0). Running out of attempts is an ordinary end (`done`), not a truncation: the task was
+attempted and scored. Each question has its own `prompt_key`, so per-prompt baselines (SPO) track every
+question; the config's `seed` defaults to 0 (reasoning-gym would draw a random one) so that every actor
+process asks the same question under the same key. An exception from the dataset or its scorer abandons the
+episode as an `EnvError` of kind `library`.
 See docs/adapters/reasoning_gym.md.
 """
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from turnstream.actors.environment import EnvError, Environment, Reset, Step
-from turnstream.actors.envs.adapters.common import describe, library_errors, require
+from turnstream.actors.envs.adapters.common import check_task, describe, library_errors, require
 
 LIBRARY, EXTRA = "reasoning_gym", "reasoning-gym"
 TAGGED_INSTRUCTIONS = "Give only the final answer between <answer> and </answer>."
@@ -72,6 +74,7 @@ class ReasoningGymEnv(Environment):
         self.args.validate()
         self.rg = require(LIBRARY, EXTRA)
         self.dataset = load_dataset(self.rg, self.args.dataset, self.args.config)
+        self.num_tasks = len(self.dataset)  # question i is task i
         self.max_action_tokens = self.args.max_action_tokens
         self.entry: dict | None = None
         self.attempts = 0
@@ -93,8 +96,8 @@ class ReasoningGymEnv(Environment):
             return extract_answer(reply)
         return reply.strip()
 
-    async def reset(self, seed: int) -> Reset:
-        index = seed % len(self.dataset)
+    async def reset(self, seed: int, task: int | None = None) -> Reset:
+        index = seed % len(self.dataset) if task is None else check_task(LIBRARY, task, self.num_tasks)
         with library_errors(LIBRARY, f"{self.args.dataset}[{index}]"):
             self.entry = self.dataset[index]
         self.attempts = 0

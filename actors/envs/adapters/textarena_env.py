@@ -12,15 +12,23 @@ observation wrappers and shows each player only the messages it received since i
 conversation already holds everything before (TextArena's own LLM wrappers repeat the whole history every
 turn, which would grow the context quadratically). Action wrappers registered for the game (e.g. the one
 that adds the `[...]` brackets) still apply. `observation = "wrapped"` uses the game exactly as
-`textarena.make` builds it and shows what its wrappers return. See docs/adapters/textarena.md.
+`textarena.make` builds it and shows what its wrappers return.
+
+Tasks: a game's setup (the secret number, the shuffled board, the deal) is drawn in `reset` from the seed,
+so `tasks = n` enumerates n setups: task i is the game reset with seed i (prompt_key `textarena/<game>/<i>`),
+and the episode seed then reseeds the generator the rest of the game draws from. A game whose setup ignores
+the seed (TicTacToe: an empty board, player 0 first) has exactly one task, `tasks = 1`; more would be copies
+under different keys. With `tasks = 0` (the default) the adapter does not enumerate: the episode seed draws
+the setup and every episode shares the key `textarena/<game>`. See docs/adapters/textarena.md.
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from turnstream.actors.environment import Environment, Reset, Step
-from turnstream.actors.envs.adapters.common import describe, library_errors, require
+from turnstream.actors.envs.adapters.common import check_task, describe, library_errors, require
 
 LIBRARY, EXTRA = "textarena", "textarena"
 
@@ -33,6 +41,7 @@ class TextArenaArgs:
     observation: Literal["new_messages", "wrapped"] = "new_messages"
     max_action_tokens: int = 16
     action_tokens: list[str] | None = None  # e.g. ["0", ..., "8"] for TicTacToe with the bracket wrapper
+    tasks: int = 0  # setups to enumerate, task i reset with seed i (1 for a game without a random setup); 0: none
 
     def validate(self) -> None:
         if self.observation not in ("new_messages", "wrapped"):
@@ -41,6 +50,8 @@ class TextArenaArgs:
             raise ValueError(f"textarena: num_players must be >= 1, got {self.num_players}")
         if self.max_action_tokens < 1:
             raise ValueError("textarena: max_action_tokens must be >= 1")
+        if self.tasks < 0:
+            raise ValueError(f"textarena: tasks must be >= 0, got {self.tasks}")
 
 
 # (game, num_players, kwargs, observation) built and reset once in this process, so a bad configuration
@@ -89,6 +100,7 @@ class TextArenaEnv(Environment):
         self.num_agents = self.args.num_players
         self.max_action_tokens = self.args.max_action_tokens
         self.action_tokens = self.args.action_tokens
+        self.num_tasks = self.args.tasks or None
         self._check_once()
         self.game = None
         self.player = 0
@@ -119,12 +131,18 @@ class TextArenaEnv(Environment):
         player, messages = self.game.get_observation()
         return int(player), render_messages(int(player), messages, self._roles())
 
-    async def reset(self, seed: int) -> Reset:
+    async def reset(self, seed: int, task: int | None = None) -> Reset:
+        setup = seed if task is None else check_task(LIBRARY, task, self.num_tasks)
         with library_errors(LIBRARY, f"{self.args.game} reset"):
             self.game = build_game(self.ta, self.args)
-            self.game.reset(num_players=self.args.num_players, seed=seed)
+            self.game.reset(num_players=self.args.num_players, seed=setup)
+            if task is not None:
+                # TextArena seeded the global generator with the task; later draws (dice, redeals) follow the
+                # episode seed instead, as they do without a task
+                random.seed(seed)
             self.player, observation = self._observe()
-        return Reset(observation=observation, prompt_key=f"textarena/{self.args.game}", agent=self.player)
+        key = f"textarena/{self.args.game}" + ("" if task is None else f"/{task}")
+        return Reset(observation=observation, prompt_key=key, agent=self.player)
 
     async def step(self, action: str) -> Step:
         mover = self.player

@@ -9,7 +9,12 @@ increase of the game's score on that step, so an episode's rewards add up to the
 carries `score` and `max_score`. `done` when the game is won or lost; truncated after `max_steps`
 commands. Each game runs in a child process (textworld_process.py: the interpreter may exit its process);
 a game that fails to load, an interpreter that raises or dies abandons the episode as an `EnvError` of
-kind `library`, one that hangs for `step_timeout_s` as kind `timeout`. See docs/adapters/textworld.md.
+kind `library`, one that hangs for `step_timeout_s` as kind `timeout`.
+
+Its tasks are its games: a game file is one task; a recipe has one per seed in `seeds` (`num_tasks =
+len(seeds)`), task i the game generated from `seeds[i]`, and without a task the episode seed s plays
+`seeds[s % len(seeds)]`. A game is deterministic, so the seed does nothing else; the prompt_key names the
+game's file (the recipe's directory: challenge, settings digest and seed). See docs/adapters/textworld.md.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from turnstream.actors.environment import EnvError, Environment, Reset, Step
-from turnstream.actors.envs.adapters.common import describe, library_errors, require
+from turnstream.actors.envs.adapters.common import check_task, describe, library_errors, require
 from turnstream.actors.envs.adapters.textworld_games import challenge_settings, default_games_dir, game_for
 from turnstream.actors.envs.adapters.textworld_process import GameProcess
 
@@ -29,7 +34,7 @@ class TextWorldArgs:
     game_file: str = ""  # a compiled game (.z8, from tw-make); when empty the recipe below is used
     challenge: str = "tw-coin_collector"  # a TextWorld challenge: tw-coin_collector, tw-simple, tw-cooking, ...
     settings: dict = field(default_factory=lambda: {"level": 1})  # the challenge's tw-make options
-    seeds: list[int] = field(default_factory=lambda: [0])  # one game per seed; episode seed s plays seeds[s % n]
+    seeds: list[int] = field(default_factory=lambda: [0])  # one game (task) per seed; episode seed s plays seeds[s % n]
     games_dir: str = ""  # where generated games are kept and reused; empty: a directory in the system temp dir
     max_steps: int = 50
     admissible_commands: bool = True  # list the commands the game accepts after every observation
@@ -43,6 +48,8 @@ class TextWorldArgs:
             raise ValueError(f"textworld: max_steps must be >= 1, got {self.max_steps}")
         if not self.game_file and not self.seeds:
             raise ValueError("textworld: seeds must name at least one game seed")
+        if not self.game_file and len(set(self.seeds)) < len(self.seeds):  # two tasks would be one game
+            raise ValueError(f"textworld: seeds must be distinct, got {self.seeds}")
         if self.game_file and not Path(self.game_file).is_file():
             raise ValueError(f"textworld: game_file {self.game_file!r} does not exist")
 
@@ -69,6 +76,7 @@ class TextWorldEnv(Environment):
         self.settings = {} if self.args.game_file else \
             challenge_settings(self.tw, self.args.challenge, self.args.settings)
         self.max_action_tokens = self.args.max_action_tokens
+        self.num_tasks = 1 if self.args.game_file else len(self.args.seeds)
         self.game = None
         self.steps = 0
         self.score = 0
@@ -79,10 +87,10 @@ class TextWorldEnv(Environment):
         return describe("TextWorld text adventures from a game file or a challenge recipe, score as reward",
                         LIBRARY, EXTRA)
 
-    async def _game_file(self, seed: int) -> tuple[Path, str]:
+    async def _game_file(self, task: int) -> tuple[Path, str]:
         if self.args.game_file:
             return Path(self.args.game_file), f"textworld/{Path(self.args.game_file).name}"
-        game_seed = self.args.seeds[seed % len(self.args.seeds)]
+        game_seed = self.args.seeds[task]
         games_dir = Path(self.args.games_dir) if self.args.games_dir else default_games_dir()
         with library_errors(LIBRARY, f"generating {self.args.challenge} seed {game_seed}"):
             path = await game_for(self.tw, self.args.challenge, self.settings, game_seed, games_dir)
@@ -94,9 +102,10 @@ class TextWorldEnv(Environment):
         commands = state.get("admissible_commands") or []
         return f"{text}\n\nAdmissible commands: {', '.join(commands)}"
 
-    async def reset(self, seed: int) -> Reset:
+    async def reset(self, seed: int, task: int | None = None) -> Reset:
         await self.close()
-        path, self.key = await self._game_file(seed)
+        task = seed % self.num_tasks if task is None else check_task(LIBRARY, task, self.num_tasks)
+        path, self.key = await self._game_file(task)
         infos = dict(admissible_commands=self.args.admissible_commands, objective=True, description=True,
                      max_score=True, score=True, won=True, lost=True)
         self.game = GameProcess(str(path), infos, self.args.step_timeout_s)
