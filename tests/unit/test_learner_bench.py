@@ -71,3 +71,37 @@ def test_mfu_flops_formula():
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size) == (28, 1536, 151936)
     # dense + LM head at action positions + causal attention over each packed episode
     assert step_flops(cfg, 10, 100, 7, 50) == 6 * 10 * 100 + 6 * 151936 * 1536 * 7 + 6 * 28 * 12 * 128 * 50
+
+
+def test_bench_learning_trains_group_estimators_on_groups_and_the_curriculum_variant_with_the_spo_order(tmp_path):
+    args = learning._parse(["--out", str(tmp_path)])
+    grpo = learning.run_config("follow_signs6", "grpo", 0, "http://127.0.0.1:1", args)
+    assert (grpo.learner.estimator, grpo.tasks.group_size, grpo.buffer.sampling) == ("grpo", 8, "group")
+    spo = learning.run_config("reasoning_gym", "spo+curriculum", 0, "http://127.0.0.1:1", args)
+    assert (spo.learner.estimator, spo.tasks.order, spo.tasks.group_size) == ("spo", "spo", 1)
+    assert spo.env.name == "reasoning_gym" and spo.env.args["config"]["size"] == 500
+    plain = learning.run_config("follow_signs6", "grpo", 0, "http://127.0.0.1:1",
+                                learning._parse(["--group-size", "1", "--out", str(tmp_path)]))
+    assert (plain.tasks.group_size, plain.buffer.sampling) == (1, "fifo")
+
+
+def test_bench_groups_reads_the_buffers_group_counters():
+    from prometheus_client import start_http_server
+
+    from turnstream.bench.groups import buffer_counters
+    from turnstream.buffer.metrics import BufferMetrics
+    from turnstream.processes import free_port
+
+    metrics = BufferMetrics()
+    metrics.groups_served.inc(3)
+    metrics.samples.inc(24)
+    metrics.dropped.labels("group_timeout").inc(5)
+    metrics.dropped.labels("stale").inc(7)  # another reason: not counted as a short group
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=metrics.registry)
+    try:
+        assert buffer_counters(port) == {"groups": 3, "episodes_served": 24, "dropped_group_timeout": 5,
+                                         "dropped_uniform_group": 0}
+    finally:
+        server.shutdown()
+        thread.join()
