@@ -21,6 +21,7 @@ async def serve(cfg: Config, actor_index: int) -> None:
     from turnstream.actors.registry import make_env
     from turnstream.actors.envs.http_env import close_sessions
     from turnstream.actors.fleet import InferenceFleet
+    from turnstream.actors.evaluation import evaluator_for
     from turnstream.actors.link import BufferLink
     from turnstream.actors.metrics import ActorMetrics
     from turnstream.actors.runner import EpisodeRunner, Sampling
@@ -62,7 +63,8 @@ async def serve(cfg: Config, actor_index: int) -> None:
 
     order = make_order(cfg.tasks.order, env_factory=env_factory,
                        actor_seed=hash((cfg.run.seed, actor_index, epoch)) % 2**31, run_seed=cfg.run.seed,
-                       epochs=cfg.tasks.epochs, shard=actor_index, num_shards=a.num_processes)
+                       epochs=cfg.tasks.epochs, shard=actor_index, num_shards=a.num_processes,
+                       eval_split=cfg.tasks.eval_split)
     async with fleet as client, (frozen or contextlib.nullcontext()) as frozen_client:
         runner = EpisodeRunner(actor_id=actor_id, epoch=epoch, env_factory=env_factory, chat=chat, client=client,
                                link=link,
@@ -70,6 +72,8 @@ async def serve(cfg: Config, actor_index: int) -> None:
                                metrics=metrics, tasks=TaskSource(order, cfg.tasks.group_size),
                                frozen_clients={agent: frozen_client for agent in a.frozen_agents})
         tasks = [asyncio.create_task(link.run()), asyncio.create_task(_play_then_idle(runner, a.concurrent_episodes))]
+        if cfg.tasks.eval_split:  # held-out tasks, played every tasks.eval_every versions, never streamed
+            tasks.append(asyncio.create_task(evaluator_for(cfg, runner, env_factory(), actor_index).run()))
         if v.urls_file:
             tasks.append(asyncio.create_task(watch_urls_file(Path(v.urls_file), fleet.set_urls,
                                                              v.health_interval_s)))

@@ -50,3 +50,12 @@ class ActorMetrics:
         self.generate_seconds = Histogram("turnstream_actor_generate_seconds", "Latency of one generate call",
                                           buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
                                           registry=r)
+        # held-out evaluation (tasks.eval_split; actors/evaluation.py): played, never streamed
+        self.eval_episodes = Counter("turnstream_actor_eval_episodes_total",
+                                     "Evaluation episodes (held-out tasks, never streamed) finished, by outcome",
+                                     ["outcome"], registry=r)
+        self.eval_success = Gauge("turnstream_actor_eval_success_ratio",
+                                  "Success rate of this actor's part of the last evaluation round", registry=r)
+        self.eval_version = Gauge("turnstream_actor_eval_learner_version",
+                                  "Learner version of the last evaluation round (a multiple of tasks.eval_every)",
+                                  registry=r)

@@ -8,18 +8,21 @@ An order makes distinct draws; `TaskSource` hands each draw to `group_size` cons
 actor alone completes whole groups (same seed and task, hence the same prompt_key) for the buffer's group
 sampling. Orders:
 - `RandomOrder`: draw i is seed `actor_seed * 1_000_003 + i`, no task index: a fresh random task each time
-  (with group_size 1, exactly the seeds the actor played before task sources existed);
-- `SequentialOrder`: epochs over the task list, each shuffled with the run's seed, its positions split between
-  the actor processes (actor k of N takes positions k, k + N, ...); ends after `epochs` passes (0: never).
+  (with group_size 1, exactly the seeds the actor played before task sources existed); with tasks held out
+  for evaluation (`tasks.eval_split`, actors/evaluation.py) a training task drawn uniformly, with that seed;
+- `SequentialOrder`: epochs over the training task list, each shuffled with the run's seed, its positions split
+  between the actor processes (actor k of N takes positions k, k + N, ...); ends after `epochs` passes (0: never).
 Another order (e.g. one that picks tasks by a per-task score) is a class with `draw()`, and a case of
-`make_order`.
+`make_order`, which hands the orders that enumerate the training task list: every task but those
+`tasks.eval_split` holds out for evaluation, which no training order may draw.
 """
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
+from turnstream.actors.evaluation import split_tasks
 from turnstream.core.configtools import ConfigError
 
 
@@ -35,26 +38,33 @@ class TaskOrder(Protocol):
 
 
 class RandomOrder:
-    def __init__(self, actor_seed: int):
+    def __init__(self, actor_seed: int, tasks: Sequence[int] | None = None):
+        """`tasks`: the task indices to draw from; None: no task index, the seed is the task."""
         self.actor_seed, self.draws = actor_seed, 0
+        self.tasks = None if tasks is None else list(tasks)
+        self.rng = random.Random(actor_seed)
 
     def draw(self) -> Assignment:
         seed = self.actor_seed * 1_000_003 + self.draws
         self.draws += 1
-        return Assignment(seed)
+        return Assignment(seed) if self.tasks is None else Assignment(seed, task=self.rng.choice(self.tasks))
 
 
 class SequentialOrder:
-    def __init__(self, num_tasks: int, *, run_seed: int, epochs: int = 0, shard: int = 0, num_shards: int = 1):
-        if num_tasks < 1:
-            raise ValueError(f"a sequential order needs at least one task, got {num_tasks}")
-        self.num_tasks, self.run_seed, self.epochs = num_tasks, run_seed, epochs
+    def __init__(self, tasks: int | Sequence[int], *, run_seed: int, epochs: int = 0, shard: int = 0,
+                 num_shards: int = 1):
+        """`tasks`: the task indices an epoch visits (n: every task of range(n))."""
+        self.tasks = list(range(tasks)) if isinstance(tasks, int) else [int(t) for t in tasks]
+        if not self.tasks:
+            raise ValueError(f"a sequential order needs at least one task, got {tasks}")
+        self.num_tasks, self.run_seed, self.epochs = len(self.tasks), run_seed, epochs
+        self.span = max(self.tasks) + 1  # seed epoch * span + task: distinct over the run
         self.shard, self.num_shards = shard, num_shards
         self.epoch, self.position = 0, shard  # position in the current epoch's permutation
         self.order = self._permutation(0)
 
     def _permutation(self, epoch: int) -> list[int]:
-        order = list(range(self.num_tasks))
+        order = list(self.tasks)
         random.Random(f"{self.run_seed}/{epoch}").shuffle(order)  # the same for every actor of the run
         return order
 
@@ -68,7 +78,7 @@ class SequentialOrder:
         task = self.order[self.position]
         self.position += self.num_shards
         # the seed is the task's place in the run, so a stochastic task differs between epochs
-        return Assignment(seed=self.epoch * self.num_tasks + task, task=task)
+        return Assignment(seed=self.epoch * self.span + task, task=task)
 
 
 class TaskSource:
@@ -96,16 +106,23 @@ def num_tasks_of(env) -> int | None:
 
 
 def make_order(order: str, *, env_factory: Callable[[], object], actor_seed: int, run_seed: int, epochs: int = 0,
-               shard: int = 0, num_shards: int = 1) -> TaskOrder:
+               shard: int = 0, num_shards: int = 1, eval_split: float = 0.0) -> TaskOrder:
     """The order named by `tasks.order`; `env_factory` makes an instance of the run's environment, asked for its
-    task count by the orders that need it."""
-    if order == "random":
+    task count by the orders that need it; `eval_split`: the fraction of the tasks held out for evaluation, which
+    the order never draws."""
+    if order not in ("random", "sequential"):
+        raise ConfigError(f"tasks.order: unknown order {order!r}")
+    if order == "random" and not eval_split:
         return RandomOrder(actor_seed)
-    if order == "sequential":
-        env = env_factory()
-        n = num_tasks_of(env)
-        if not n:
-            raise ConfigError(f"tasks.order: sequential needs an environment that enumerates its tasks "
-                              f"(num_tasks); {type(env).__name__} does not, use order = \"random\"")
-        return SequentialOrder(n, run_seed=run_seed, epochs=epochs, shard=shard, num_shards=num_shards)
-    raise ConfigError(f"tasks.order: unknown order {order!r}")
+    env = env_factory()
+    n = num_tasks_of(env)
+    if not n and order != "random":
+        raise ConfigError(f"tasks.order: {order} needs an environment that enumerates its tasks "
+                          f"(num_tasks); {type(env).__name__} does not, use order = \"random\"")
+    if not n:
+        raise ConfigError(f"tasks.eval_split: holding out evaluation tasks needs an environment that enumerates "
+                          f"its tasks (num_tasks); {type(env).__name__} does not, set eval_split = 0")
+    train, _ = split_tasks(n, eval_split, run_seed)  # every task when eval_split is 0
+    if order == "random":
+        return RandomOrder(actor_seed, train)
+    return SequentialOrder(train, run_seed=run_seed, epochs=epochs, shard=shard, num_shards=num_shards)

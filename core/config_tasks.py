@@ -26,8 +26,19 @@ class TasksSection(Section):
                             "those n together")
     epochs: int = Field(0, ge=0, description="order = sequential: passes over the task list before the actors "
                         "stop playing; 0: unlimited")
+    eval_split: float = Field(0.0, ge=0, lt=1, description="fraction of the environment's tasks held out for "
+                              "evaluation (it must enumerate its tasks): chosen with run.seed, never drawn by the "
+                              "training order, played every eval_every learner versions and never streamed to the "
+                              "buffer; 0: no evaluation")
+    eval_every: int = Field(10, ge=1, le=1_000_000, description="eval_split > 0: learner versions between "
+                            "evaluation rounds (a round at version 0, then each time the version passes a multiple)")
+    eval_episodes: int = Field(0, ge=0, le=1_000_000, description="eval_split > 0: episodes per evaluation round, "
+                               "over all actor processes (the held-out tasks in turn, each the same seed every "
+                               "round); 0: each held-out task once")
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> TasksSection:
         require(self.epochs == 0 or self.order == "sequential", "epochs", "only order = sequential has epochs")
+        require(self.eval_episodes == 0 or self.eval_split > 0, "eval_episodes",
+                "only with eval_split > 0 (no task is held out for evaluation)")
         return self

@@ -250,3 +250,25 @@ def restore_served_weights(url, tiny_model, tmp_path):
     state = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()
     asyncio.run(sync.push(sync.save(state, 1), 1))
     asyncio.run(sync.set_version(0))
+
+
+def start_run(procs: ProcessGroup, config: Path, *, actors: int = 1, learner_env: dict | None = None) -> None:
+    """Start a buffer, a learner (`learner_env` added to its environment) and `actors` actors on `config`."""
+    role = [sys.executable, "-m", "turnstream.cli"]
+    procs.start("buffer", [*role, "buffer", "--config", str(config)])
+    procs.start("learner", [*role, "learner", "--config", str(config)], env=learner_env)
+    for i in range(actors):
+        procs.start(f"actor-{i}", [*role, "actor", "--config", str(config), "--index", str(i)])
+
+
+def roles_log(procs: ProcessGroup, lines: int = 15) -> str:
+    return "\n".join(f"--- {c.name}\n{tail(c.log_path, lines)}" for c in procs.children)
+
+
+def run_until(procs: ProcessGroup, done, progress, timeout_s: float) -> None:
+    """Poll `done()` every second while every role lives; fail with `progress()` and the logs after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert all(c.proc.poll() is None for c in procs.children), f"a role died\n{roles_log(procs)}"
+        assert time.monotonic() < deadline, f"{progress()} within {timeout_s} s\n{roles_log(procs)}"
+        time.sleep(1)

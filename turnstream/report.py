@@ -4,6 +4,11 @@ One learner.jsonl line per optimizer step (learner/serve.py): return_mean, episo
 policy_loss, step_kl, approx_kl, entropy, clip_fraction, grad_norm, staleness_hist/_mean/_max, step_s, wait_s, push_s
 (NaN when the push failed), wall_s and time. Plots skip keys a log does not have, so older runs and other
 estimators still get every plot their log supports.
+
+With held-out evaluation (`tasks.eval_split`, actors/evaluation.py) the actors append one eval.jsonl line per
+round and actor ({"version", "success", "episodes", "time", "actor"}); the success plots then get a second
+panel: evaluation success against learner version (the actors' lines of one version pooled), next to the
+training batches' mean return at the same versions.
 """
 from __future__ import annotations
 
@@ -20,16 +25,34 @@ LOSS_KEYS = ("policy_loss", "value_loss", "step_kl", "approx_kl", "entropy", "cl
 
 
 def read_steps(run_dir: str | Path) -> list[dict]:
-    path = Path(run_dir) / "learner.jsonl"
+    return _read_jsonl(Path(run_dir) / "learner.jsonl")
+
+
+def read_evals(run_dir: str | Path) -> list[dict]:
+    """The eval.jsonl lines of a run (none without held-out evaluation)."""
+    return _read_jsonl(Path(run_dir) / "eval.jsonl")
+
+
+def _read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []
-    steps = []
+    records = []
     for line in path.read_text().splitlines():
         try:
-            steps.append(json.loads(line))
+            records.append(json.loads(line))
         except json.JSONDecodeError:
             break  # a line being written right now
-    return steps
+    return records
+
+
+def pooled_evals(evals: list[dict]) -> list[tuple[int, float, int]]:
+    """(version, success, episodes) per evaluation round, the actors' parts pooled, by version."""
+    pooled: dict[int, list[float]] = {}
+    for e in evals:
+        totals = pooled.setdefault(int(e["version"]), [0.0, 0])
+        totals[0] += e["success"] * e["episodes"]
+        totals[1] += e["episodes"]
+    return [(v, won / n, int(n)) for v, (won, n) in sorted(pooled.items()) if n]
 
 
 def rolling_success(steps: list[dict], window_episodes: int) -> float:
@@ -49,11 +72,9 @@ def _start(steps: list[dict], t0: float | None) -> float:
 
 def plot_learning_curve(run_dir: str | Path, out: str | Path | None = None, t0: float | None = None) -> Path:
     plt = pyplot()
-    steps = read_steps(run_dir)
     out = Path(out or Path(run_dir) / "learning_curve.png")
-    fig, ax = plt.subplots(figsize=(7, 4))
-    _success_axes(ax, steps, t0)
-    ax.set_title(f"turnstream: {Path(run_dir).name}")
+    fig = _success_figure(plt, run_dir, t0)
+    fig.suptitle(f"turnstream: {Path(run_dir).name}")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
@@ -74,6 +95,25 @@ def _success_axes(ax, steps: list[dict], t0: float | None, window: int = 256) ->
     ax.set_ylabel("success rate (mean return)")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
+
+
+def _success_figure(plt, run_dir: str | Path, t0: float | None):
+    """The training curve, and beside it the evaluation curve when the run has eval.jsonl."""
+    steps, evals = read_steps(run_dir), pooled_evals(read_evals(run_dir))
+    if not evals:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        _success_axes(ax, steps, t0)
+        return fig
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    _success_axes(left, steps, t0)
+    right.plot([s["version"] for s in steps], [s["return_mean"] for s in steps], alpha=0.4,
+               label="training batches (mean return)")
+    right.plot([e[0] for e in evals], [e[1] for e in evals], marker="o", color="tab:red",
+               label=f"held-out tasks ({evals[-1][2]} episodes per round)")
+    right.set(xlabel="learner version", ylabel="success rate", ylim=(0, 1.02), title="evaluation")
+    right.legend(loc="lower right")
+    right.grid(alpha=0.3)
+    return fig
 
 
 def _no_data(ax) -> None:
@@ -127,9 +167,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, t0: flo
         plt.close(fig)
         paths.append(path)
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    _success_axes(ax, steps, t0)
-    save(fig, "success.png", "success and reward")
+    save(_success_figure(plt, run_dir, t0), "success.png", "success and reward")
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     totals = staleness_totals(steps)
