@@ -172,7 +172,7 @@ async def serve(cfg: Config, model, trainer: Trainer, world: int) -> None:
                 continue
             if audit is not None:  # before the checkpoint, so a checkpointed step always has its line
                 audit.write({"version": trainer.version, "batch_version": batch.learner_version,
-                             "episodes": list(batch.episode_ids),
+                             "episodes": list(batch.episode_ids), "prompt_keys": list(batch.prompt_keys),
                              "tokens": [int(n) for n in batch.episode_offsets[1:] - batch.episode_offsets[:-1]],
                              "staleness_max": stats["staleness_max"]})
             path = await asyncio.to_thread(sync.save, serving_state_dict(model, push_dtype), trainer.version)
