@@ -25,10 +25,11 @@ async def serve(cfg: Config, actor_index: int) -> None:
     from turnstream.actors.link import BufferLink
     from turnstream.actors.metrics import ActorMetrics
     from turnstream.actors.runner import EpisodeRunner, Sampling
+    from turnstream.actors.curriculum import TrackerValues, follow_announcements
     from turnstream.actors.tasks import TaskSource, make_order
     from turnstream.protocol.auth import keys_for
     from turnstream.protocol.http_metrics import start_metrics_server
-    from turnstream.protocol.sockets import bind_address
+    from turnstream.protocol.sockets import bind_address, subscriber
 
     a, net = cfg.actor, cfg.network
     actor_id = f"actor-{actor_index}"
@@ -61,10 +62,11 @@ async def serve(cfg: Config, actor_index: int) -> None:
     def env_factory():
         return make_env(cfg.env.name, **env_args)
 
+    values = TrackerValues()  # the learner's SPO tracker, for tasks.order = spo
     order = make_order(cfg.tasks.order, env_factory=env_factory,
                        actor_seed=hash((cfg.run.seed, actor_index, epoch)) % 2**31, run_seed=cfg.run.seed,
-                       epochs=cfg.tasks.epochs, shard=actor_index, num_shards=a.num_processes,
-                       eval_split=cfg.tasks.eval_split)
+                       epochs=cfg.tasks.epochs, shard=actor_index, num_shards=a.num_processes, values=values,
+                       spo_epsilon=cfg.tasks.spo_epsilon, eval_split=cfg.tasks.eval_split)
     async with fleet as client, (frozen or contextlib.nullcontext()) as frozen_client:
         runner = EpisodeRunner(actor_id=actor_id, epoch=epoch, env_factory=env_factory, chat=chat, client=client,
                                link=link,
@@ -72,6 +74,10 @@ async def serve(cfg: Config, actor_index: int) -> None:
                                metrics=metrics, tasks=TaskSource(order, cfg.tasks.group_size),
                                frozen_clients={agent: frozen_client for agent in a.frozen_agents})
         tasks = [asyncio.create_task(link.run()), asyncio.create_task(_play_then_idle(runner, a.concurrent_episodes))]
+        if cfg.tasks.order == "spo":
+            announcements = subscriber(ctx, bind_address(net.learner_address, net.learner_pub_port), keys_for(net))
+            tasks.append(asyncio.create_task(follow_announcements(announcements, values, metrics,
+                                                                  net.max_message_bytes)))
         if cfg.tasks.eval_split:  # held-out tasks, played every tasks.eval_every versions, never streamed
             tasks.append(asyncio.create_task(evaluator_for(cfg, runner, env_factory(), actor_index).run()))
         if v.urls_file:
@@ -105,6 +111,11 @@ def main(cfg: Config, actor_index: int) -> None:
         if not urls:
             raise ConfigError("vllm.urls: an actor needs at least one vLLM server URL (or a vllm.urls_file naming one)")
         cfg.vllm.urls = urls
+    if cfg.tasks.order == "spo" and not cfg.network.learner_pub_port:
+        from turnstream.core.configtools import ConfigError
+
+        raise ConfigError("network.learner_pub_port: tasks.order = spo reads the learner's version announcements; "
+                          "name the learner's PUB port (turnstream up picks one)")
     if cfg.actor.frozen_agents and not cfg.vllm.frozen_urls:
         from turnstream.core.configtools import ConfigError
 

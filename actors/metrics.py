@@ -47,6 +47,9 @@ class ActorMetrics:
         self.credit_wait_seconds = Counter("turnstream_actor_credit_wait_seconds",
                                            "Seconds episode slots spent waiting for a credit, summed over slots",
                                            registry=r)
+        self.tracker_values = Gauge("turnstream_actor_curriculum_values",
+                                    "Prompt keys with a value of the learner's SPO tracker (tasks.order = spo)",
+                                    registry=r)
         self.generate_seconds = Histogram("turnstream_actor_generate_seconds", "Latency of one generate call",
                                           buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
                                           registry=r)

@@ -82,6 +82,7 @@ class EpisodeRunner:
                                           task=assignment.task, streams=streams)
             finally:
                 self.m.running.dec()
+            self.tasks.played(assignment, [s.prompt_key for s in streams.values()])
             if not any(s.turn for s in streams.values()):  # nothing streamed: the buffer never saw it start
                 await self.link.return_credit(granted_by)
             self.m.episodes.labels(outcome).inc()

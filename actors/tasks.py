@@ -11,9 +11,10 @@ sampling. Orders:
   (with group_size 1, exactly the seeds the actor played before task sources existed); with tasks held out
   for evaluation (`tasks.eval_split`, actors/evaluation.py) a training task drawn uniformly, with that seed;
 - `SequentialOrder`: epochs over the training task list, each shuffled with the run's seed, its positions split
-  between the actor processes (actor k of N takes positions k, k + N, ...); ends after `epochs` passes (0: never).
-Another order (e.g. one that picks tasks by a per-task score) is a class with `draw()`, and a case of
-`make_order`, which hands the orders that enumerate the training task list: every task but those
+  between the actor processes (actor k of N takes positions k, k + N, ...); ends after `epochs` passes (0: never);
+- `SpoOrder`: SPO's curriculum (actors/curriculum.py), tasks weighed by the learner's tracker values.
+Another order is a class with `draw()` (and `played()` if it learns from what episodes produced), and a case
+of `make_order`, which hands the orders that enumerate the training task list: every task but those
 `tasks.eval_split` holds out for evaluation, which no training order may draw.
 """
 from __future__ import annotations
@@ -22,6 +23,9 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
+import numpy as np
+
+from turnstream.actors.curriculum import PRIOR_VALUE, TrackerValues, spo_weight
 from turnstream.actors.evaluation import split_tasks
 from turnstream.core.configtools import ConfigError
 
@@ -81,6 +85,44 @@ class SequentialOrder:
         return Assignment(seed=self.epoch * self.span + task, task=task)
 
 
+class SpoOrder:
+    """Draws from `tasks` (task indices of an enumerating environment) with SPO's curriculum weights."""
+
+    def __init__(self, tasks: Sequence[int], values: TrackerValues, *, epsilon: float, actor_seed: int):
+        if not tasks:
+            raise ValueError("the spo order needs at least one task")
+        self.tasks, self.values, self.epsilon = np.asarray(tasks, np.int64), values, epsilon
+        self.actor_seed, self.draws = actor_seed, 0
+        self.rng = np.random.default_rng(actor_seed)
+        self.position = {int(t): i for i, t in enumerate(self.tasks)}
+        self.keys: dict[int, tuple[str, ...]] = {}  # task -> the prompt keys its episodes produced
+        self.weights = np.full(len(self.tasks), spo_weight(PRIOR_VALUE, epsilon))
+        self.weighed_at = -1  # values.changes when the weights were last computed
+
+    def played(self, task: int | None, prompt_keys: Sequence[str]) -> None:
+        if task is not None and prompt_keys and task in self.position:
+            self.keys[task] = tuple(prompt_keys)
+            self.weighed_at = -1
+
+    def task_value(self, task: int) -> float:
+        known = [self.values.values[k] for k in self.keys.get(task, ()) if k in self.values.values]
+        return sum(known) / len(known) if known else PRIOR_VALUE
+
+    def _reweigh(self) -> None:
+        for task in self.keys:  # tasks never played keep the prior's weight
+            self.weights[self.position[task]] = spo_weight(self.task_value(task), self.epsilon)
+        self.weighed_at = self.values.changes
+
+    def draw(self) -> Assignment:
+        if self.weighed_at != self.values.changes:
+            self._reweigh()
+        i = int(self.rng.choice(len(self.tasks), p=self.weights / self.weights.sum()))
+        # a fresh seed per draw: the task is fixed by its index, the seed varies what the environment randomises
+        seed = self.actor_seed * 1_000_003 + self.draws
+        self.draws += 1
+        return Assignment(seed=seed, task=int(self.tasks[i]))
+
+
 class TaskSource:
     """Hands each draw of `order` to `group_size` consecutive episodes."""
 
@@ -98,6 +140,12 @@ class TaskSource:
         self.handed += 1
         return self.current
 
+    def played(self, assignment: Assignment, prompt_keys: Sequence[str]) -> None:
+        """An episode of `assignment` produced `prompt_keys` (an order that weighs tasks by them learns them)."""
+        played = getattr(self.order, "played", None)
+        if played is not None:
+            played(assignment.task, prompt_keys)
+
 
 def num_tasks_of(env) -> int | None:
     """The environment's task count, or None when it does not enumerate its tasks."""
@@ -106,11 +154,12 @@ def num_tasks_of(env) -> int | None:
 
 
 def make_order(order: str, *, env_factory: Callable[[], object], actor_seed: int, run_seed: int, epochs: int = 0,
-               shard: int = 0, num_shards: int = 1, eval_split: float = 0.0) -> TaskOrder:
+               shard: int = 0, num_shards: int = 1, values: TrackerValues | None = None,
+               spo_epsilon: float = 0.05, eval_split: float = 0.0) -> TaskOrder:
     """The order named by `tasks.order`; `env_factory` makes an instance of the run's environment, asked for its
-    task count by the orders that need it; `eval_split`: the fraction of the tasks held out for evaluation, which
-    the order never draws."""
-    if order not in ("random", "sequential"):
+    task count by the orders that need it; `values`: the learner's tracker values the spo order weighs by;
+    `eval_split`: the fraction of the tasks held out for evaluation, which the order never draws."""
+    if order not in ("random", "sequential", "spo"):
         raise ConfigError(f"tasks.order: unknown order {order!r}")
     if order == "random" and not eval_split:
         return RandomOrder(actor_seed)
@@ -125,4 +174,6 @@ def make_order(order: str, *, env_factory: Callable[[], object], actor_seed: int
     train, _ = split_tasks(n, eval_split, run_seed)  # every task when eval_split is 0
     if order == "random":
         return RandomOrder(actor_seed, train)
-    return SequentialOrder(train, run_seed=run_seed, epochs=epochs, shard=shard, num_shards=num_shards)
+    if order == "sequential":
+        return SequentialOrder(train, run_seed=run_seed, epochs=epochs, shard=shard, num_shards=num_shards)
+    return SpoOrder(train, values or TrackerValues(), epsilon=spo_epsilon, actor_seed=actor_seed)

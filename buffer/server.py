@@ -26,7 +26,7 @@ from turnstream.protocol import auth
 from turnstream.protocol.codec import DecodeError, decode, encode
 from turnstream.protocol.loop_socket import LoopSocket
 from turnstream.protocol.messages import BatchRequest, CreditGrant, CreditRequest, TurnChunkBatch, VersionAnnouncement
-from turnstream.protocol.sockets import configure
+from turnstream.protocol.sockets import configure, subscriber
 
 log = logging.getLogger("turnstream.buffer")
 
@@ -55,11 +55,7 @@ class BufferServer:
         self.serve_port = _bind(self.serve, serve_addr)
         self.versions = None
         if version_addr:
-            self.versions = configure(self.ctx.socket(zmq.SUB))
-            self.versions.setsockopt(zmq.SUBSCRIBE, b"")
-            if curve is not None:
-                auth.make_client(self.versions, curve)
-            self.versions.connect(version_addr)
+            self.versions = subscriber(self.ctx, version_addr, curve)
         self.max_message_bytes, self.drain_max, self.housekeeping_s = max_message_bytes, drain_max, housekeeping_s
         self.acks = AckGroup(ack_delay_s)
         self.gate = Gate()

@@ -84,9 +84,10 @@ class Publisher:
     overlap: bool
     publishing: asyncio.Task | None = None
 
-    async def submit(self, path, version: int, stats: dict) -> None:
+    async def submit(self, path, version: int, stats: dict, values: dict[str, float]) -> None:
+        """`values`: the SPO tracker values this step changed, announced with the version."""
         await self.drain()
-        self.publishing = asyncio.create_task(self._publish(path, version, stats))
+        self.publishing = asyncio.create_task(self._publish(path, version, stats, values))
         if not self.overlap:
             await self.publishing
 
@@ -94,7 +95,7 @@ class Publisher:
         if self.publishing is not None:
             await self.publishing
 
-    async def _publish(self, path, version: int, stats: dict) -> None:
+    async def _publish(self, path, version: int, stats: dict, values: dict[str, float]) -> None:
         push_started = time.time()
         try:
             push_s = await self.sync.push(path, version)
@@ -105,7 +106,8 @@ class Publisher:
             log.error("weight push of version %d failed: %s", version, exc)
             push_s = float("nan")
         # announced only once the servers hold it: a version label always names the weights that sampled
-        await self.pub.send_multipart(encode(VersionAnnouncement(version, str(path))))
+        await self.pub.send_multipart(encode(VersionAnnouncement(version, str(path), prompt_keys=list(values),
+                                                                 prompt_values=list(values.values()))))
         # push_started and step_started (wall clock) show in the log whether a push overlapped the next step
         stats.update(push_s=push_s, push_started=push_started, wall_s=time.monotonic() - self.started, time=time.time())
         self.metrics.record(stats)
@@ -179,7 +181,7 @@ async def serve(cfg: Config, model, trainer: Trainer, world: int) -> None:
             if lc.checkpoint_every and trainer.version % lc.checkpoint_every == 0:
                 stats["checkpoint_s"] = await save_checkpoint(cfg, model, trainer)
             stats.update(wait_s=wait_s, step_started=step_started)
-            await publisher.submit(path, trainer.version, stats)
+            await publisher.submit(path, trainer.version, stats, changed_values(trainer, batch))
     finally:
         await publisher.drain()  # the last version still reaches the servers and the buffer
         for task in background:
@@ -189,6 +191,13 @@ async def serve(cfg: Config, model, trainer: Trainer, world: int) -> None:
         if audit is not None:
             audit.close()
         await endpoints.close()
+
+
+def changed_values(trainer: Trainer, batch: Batch) -> dict[str, float]:
+    """The SPO tracker's values of the batch's prompts, which this step folded in (none for other estimators)."""
+    if trainer.cfg.estimator != "spo":
+        return {}
+    return {key: trainer.tracker.value(key) for key in dict.fromkeys(batch.prompt_keys)}
 
 
 async def next_batch(batches: BatchClient, cfg: Config, version: int, stop: asyncio.Event) -> Batch | None:

@@ -166,6 +166,11 @@ class VersionAnnouncement(Message):
     TYPE: ClassVar[str] = "version"
     version: int
     weights_path: str = ""
+    # SPO tracker values v of the prompt keys this version's step folded in (parallel lists): the actors'
+    # curriculum (tasks.order = spo) reads them; only what changed travels, so a late subscriber fills up as
+    # tasks are trained again
+    prompt_keys: list[str] = field(default_factory=list)
+    prompt_values: list[float] = field(default_factory=list)
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {

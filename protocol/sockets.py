@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import zmq
 
+from turnstream.protocol import auth
 from turnstream.protocol.codec import DEFAULT_MAX_MESSAGE_BYTES
 
 
@@ -21,3 +22,13 @@ def configure(sock: zmq.Socket, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, h
 
 def bind_address(host: str, port: int) -> str:
     return f"tcp://{host}:{port}"
+
+
+def subscriber(ctx: zmq.Context, address: str, curve: auth.CurveKeys | None = None) -> zmq.Socket:
+    """A SUB socket on every topic of the PUB at `address` (the learner's version announcements)."""
+    sock = configure(ctx.socket(zmq.SUB))
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    if curve is not None:
+        auth.make_client(sock, curve)
+    sock.connect(address)
+    return sock

@@ -46,7 +46,7 @@ def _order(name, **kw):
                       eval_split=0.25, **kw)
 
 
-@pytest.mark.parametrize("name", ["random", "sequential"])
+@pytest.mark.parametrize("name", ["random", "sequential", "spo"])
 def test_training_orders_never_draw_a_held_out_task(name):
     train, _ = split_tasks(N, 0.25, run_seed=3)
     order = _order(name)
