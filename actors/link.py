@@ -97,6 +97,12 @@ class BufferLink:
         self._outbox.append(chunk)
         self._outbox_ready.set()
 
+    async def delivered(self, seq: int) -> None:
+        """Return once chunk `seq` is acked: the buffer holds it durably."""
+        if seq in self.unacked:
+            async with self._changed:
+                await self._changed.wait_for(lambda: seq not in self.unacked)
+
     async def _send_loop(self) -> None:
         while True:
             await self._outbox_ready.wait()

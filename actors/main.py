@@ -26,6 +26,7 @@ async def serve(cfg: Config, actor_index: int) -> None:
     from turnstream.actors.metrics import ActorMetrics
     from turnstream.actors.runner import EpisodeRunner, Sampling
     from turnstream.actors.curriculum import TrackerValues, follow_announcements
+    from turnstream.actors.task_position import keep_saving, position_path, restore_position, save_position
     from turnstream.actors.tasks import TaskSource, make_order
     from turnstream.protocol.auth import keys_for
     from turnstream.protocol.http_metrics import start_metrics_server
@@ -67,11 +68,15 @@ async def serve(cfg: Config, actor_index: int) -> None:
                        actor_seed=hash((cfg.run.seed, actor_index, epoch)) % 2**31, run_seed=cfg.run.seed,
                        epochs=cfg.tasks.epochs, shard=actor_index, num_shards=a.num_processes, values=values,
                        spo_epsilon=cfg.tasks.spo_epsilon, eval_split=cfg.tasks.eval_split)
+    source = TaskSource(order, cfg.tasks.group_size)
+    position = position_path(cfg.run.run_dir, actor_index) if cfg.tasks.order == "sequential" else None
+    if position is not None and (at := restore_position(position, source)) is not None:
+        log.info("%s: the task source goes on at draw %d (%s)", actor_id, at, position)
     async with fleet as client, (frozen or contextlib.nullcontext()) as frozen_client:
         runner = EpisodeRunner(actor_id=actor_id, epoch=epoch, env_factory=env_factory, chat=chat, client=client,
                                link=link,
                                sampling=Sampling(a.temperature, a.max_new_tokens, v.max_model_len, a.max_turns),
-                               metrics=metrics, tasks=TaskSource(order, cfg.tasks.group_size),
+                               metrics=metrics, tasks=source,
                                frozen_clients={agent: frozen_client for agent in a.frozen_agents})
         tasks = [asyncio.create_task(link.run()), asyncio.create_task(_play_then_idle(runner, a.concurrent_episodes))]
         if cfg.tasks.order == "spo":
@@ -80,6 +85,8 @@ async def serve(cfg: Config, actor_index: int) -> None:
                                                                   net.max_message_bytes)))
         if cfg.tasks.eval_split:  # held-out tasks, played every tasks.eval_every versions, never streamed
             tasks.append(asyncio.create_task(evaluator_for(cfg, runner, env_factory(), actor_index).run()))
+        if position is not None:
+            tasks.append(asyncio.create_task(keep_saving(position, source)))
         if v.urls_file:
             tasks.append(asyncio.create_task(watch_urls_file(Path(v.urls_file), fleet.set_urls,
                                                              v.health_interval_s)))
@@ -87,6 +94,8 @@ async def serve(cfg: Config, actor_index: int) -> None:
         done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
         for t in [*tasks, stopper]:
             t.cancel()
+        if position is not None:  # the episodes in flight are not played: the next incarnation plays them
+            save_position(position, source)
     await close_sessions()
     ctx.destroy(linger=0)
     await runner_http.cleanup()

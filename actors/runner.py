@@ -47,6 +47,7 @@ class _Stream:
     context: list[int] = field(default_factory=list)
     last_gen: list[int] | None = None  # None until the agent has acted once
     turn: int = 0  # chunks sent on this stream
+    last_seq: int = -1  # the link's sequence number of the last chunk sent
     pending_reward: float = 0.0  # rewards given to this agent since its last chunk
 
 
@@ -82,6 +83,9 @@ class EpisodeRunner:
                                           task=assignment.task, streams=streams)
             finally:
                 self.m.running.dec()
+            # the task source counts a draw as played once the buffer holds its episodes: a draw whose chunks
+            # die with this process is played again by the next one (actors/task_position.py)
+            await self.link.delivered(max((s.last_seq for s in streams.values()), default=-1))
             self.tasks.played(assignment, [s.prompt_key for s in streams.values()])
             if not any(s.turn for s in streams.values()):  # nothing streamed: the buffer never saw it start
                 await self.link.return_credit(granted_by)
@@ -197,3 +201,4 @@ class EpisodeRunner:
         )
         s.turn += 1
         await self.link.send(chunk)
+        s.last_seq = chunk.seq

@@ -20,7 +20,8 @@ of `make_order`, which hands the orders that enumerate the training task list: e
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -34,9 +35,12 @@ from turnstream.core.configtools import ConfigError
 class Assignment:
     seed: int  # passed to Environment.reset
     task: int | None = None  # index in [0, num_tasks) for an enumerating environment; None: the seed is the task
+    draw: int = field(default=-1, compare=False)  # the order's draw number (TaskSource sets it)
 
 
 class TaskOrder(Protocol):
+    draws: int  # draws made so far; setting it makes a deterministic order go on from there
+
     def draw(self) -> Assignment | None:
         """The next distinct task, or None when the order has run out."""
 
@@ -64,8 +68,8 @@ class SequentialOrder:
         self.num_tasks, self.run_seed, self.epochs = len(self.tasks), run_seed, epochs
         self.span = max(self.tasks) + 1  # seed epoch * span + task: distinct over the run
         self.shard, self.num_shards = shard, num_shards
-        self.epoch, self.position = 0, shard  # position in the current epoch's permutation
-        self.order = self._permutation(0)
+        self.draws = 0
+        self.epoch, self.order = 0, self._permutation(0)
 
     def _permutation(self, epoch: int) -> list[int]:
         order = list(self.tasks)
@@ -73,16 +77,16 @@ class SequentialOrder:
         return order
 
     def draw(self) -> Assignment | None:
-        while self.position >= self.num_tasks:  # this shard's part of the epoch is done
-            self.epoch += 1
-            self.position -= self.num_tasks
-            self.order = self._permutation(self.epoch)
-        if self.epochs and self.epoch >= self.epochs:
+        # draw n of shard k is place k + n * num_shards of the run's sequence of epochs
+        epoch, position = divmod(self.shard + self.draws * self.num_shards, self.num_tasks)
+        if self.epochs and epoch >= self.epochs:
             return None
-        task = self.order[self.position]
-        self.position += self.num_shards
+        if epoch != self.epoch:
+            self.epoch, self.order = epoch, self._permutation(epoch)
+        self.draws += 1
+        task = self.order[position]
         # the seed is the task's place in the run, so a stochastic task differs between epochs
-        return Assignment(seed=self.epoch * self.span + task, task=task)
+        return Assignment(seed=epoch * self.span + task, task=task)
 
 
 class SpoOrder:
@@ -124,27 +128,44 @@ class SpoOrder:
 
 
 class TaskSource:
-    """Hands each draw of `order` to `group_size` consecutive episodes."""
+    """Hands each draw of `order` to `group_size` consecutive episodes, and knows which draws are finished."""
 
     def __init__(self, order: TaskOrder, group_size: int = 1):
         self.order, self.group_size = order, group_size
         self.current: Assignment | None = None
         self.handed = 0  # episodes given the current draw
+        self.unfinished: Counter[int] = Counter()  # draw number -> its episodes handed out and not yet played
 
     def next(self) -> Assignment | None:
         """The next episode's assignment, or None when the order has run out."""
         if self.current is None or self.handed == self.group_size:
-            self.current, self.handed = self.order.draw(), 0
+            number = self.order.draws
+            drawn, self.handed = self.order.draw(), 0
+            self.current = None if drawn is None else replace(drawn, draw=number)
             if self.current is None:
                 return None
         self.handed += 1
+        self.unfinished[self.current.draw] += 1
         return self.current
 
     def played(self, assignment: Assignment, prompt_keys: Sequence[str]) -> None:
-        """An episode of `assignment` produced `prompt_keys` (an order that weighs tasks by them learns them)."""
+        """An episode of `assignment` has ended (however it ended), with `prompt_keys`; an order that weighs
+        tasks by them learns them."""
+        self.unfinished[assignment.draw] -= 1
+        if self.unfinished[assignment.draw] <= 0:
+            del self.unfinished[assignment.draw]
         played = getattr(self.order, "played", None)
         if played is not None:
             played(assignment.task, prompt_keys)
+
+    def resume_point(self) -> int:
+        """The first draw not yet played in full: a restart that goes on from here re-plays the draws that
+        were in flight (and those after them that had finished) rather than skipping them."""
+        partial = [self.current.draw] if self.current is not None and self.handed < self.group_size else []
+        return min([*self.unfinished, *partial], default=self.order.draws)
+
+    def resume(self, draws: int) -> None:
+        self.order.draws, self.current, self.handed = draws, None, 0
 
 
 def num_tasks_of(env) -> int | None:
