@@ -128,6 +128,15 @@ def _gae_table(name: str, bootstrap_from_last: bool = False):
     return p, rows
 
 
+def test_spo_curriculum():
+    from turnstream.actors.curriculum import spo_weight
+
+    params, rows = EXAMPLES["spo_curriculum"]
+    weights = [spo_weight(v, params["epsilon"]) for v in column(rows, "v")]
+    close(weights, column(rows, "w"))
+    close(np.array(weights) / sum(weights), column(rows, "P"))
+
+
 def test_turn_gae():
     _gae_table("turn_gae")
 
