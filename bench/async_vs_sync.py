@@ -1,6 +1,7 @@
 """`turnstream bench async`: wall-clock to a target success, synchronous (eta=0) against asynchronous.
 
-Grid: envs x eta x seeds (`--envs follow_signs --etas 0,2 --seeds 0` for a subset). Every setting runs the
+Grid: envs x eta x seeds (`--envs follow_signs --etas 0,2 --seeds 0` for a subset), every run with one
+estimator (`--estimator`, default the built-in one). Every setting runs the
 same code path (buffer admission with eta, decoupled PPO, in-flight weight pushes); eta=0 is generate a
 batch, train, push, repeat. One vLLM server is shared by all runs: before each run the bench serves the
 initial weights as version 0 and clears the prefix cache (cache salts name versions, which repeat across
@@ -58,6 +59,7 @@ def _parse(argv):
     p.add_argument("--window", type=int, default=128, help="episodes in the rolling success")
     p.add_argument("--concurrent", type=int, default=64, help="episodes in flight in the actor")
     p.add_argument("--lr", type=float, default=1e-3, help="learner learning rate")
+    p.add_argument("--estimator", default="", help="learner.estimator for every run (default: the built-in one)")
     p.add_argument("--microbatch-tokens", type=int, default=2048,
                    help="learner padded-token budget per micro-batch (episodes sorted by length, so a long-tail "
                         "batch does not pad every episode to its longest)")
@@ -66,7 +68,12 @@ def _parse(argv):
     p.add_argument("--url", default="", help="a running vLLM server (started with --max-model-len >= 1024)")
     p.add_argument("--pin", action="store_true",
                    help="generation (vLLM server, actor, buffer) on CPU 0, the learner on CPU 1")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.estimator:
+        from turnstream.core.config import load_config
+
+        load_config(None, [f"learner.estimator={args.estimator}"])  # an unknown one: the config's one-line error
+    return args
 
 
 # ---- counters from the roles' /metrics ---------------------------------------------------------------
@@ -121,6 +128,8 @@ def run_config(env: str, eta: int, seed: int, url: str, args):
     cfg.buffer.max_staleness = eta + 2
     cfg.actor.concurrent_episodes = args.concurrent
     cfg.learner.lr = args.lr
+    if args.estimator:
+        cfg.learner.estimator = args.estimator
     cfg.learner.max_tokens_per_microbatch = args.microbatch_tokens
     cfg.run.rolling_episodes = args.window
     cfg.run.seed = seed
@@ -270,5 +279,6 @@ def main(argv: list[str]) -> int:
         procs.stop_all()
     rows = settings(records)
     print(format_table(rows), flush=True)
-    print(json.dumps(headline(rows, args.target, args.cap)), flush=True)
+    print(json.dumps({**headline(rows, args.target, args.cap), "estimator": args.estimator or
+                      Config().learner.estimator}), flush=True)
     return 0

@@ -152,3 +152,15 @@ def test_progress_line_names_the_run():
 
     p = Progress(128, label="follow_signs eta=2 seed=0")
     assert p.line([], 3.0) == "follow_signs eta=2 seed=0: waiting for the first learner step (3s)"
+
+
+def test_the_estimator_is_one_setting_for_every_run():
+    from turnstream.core.config import ConfigError
+
+    args = async_vs_sync._parse(["--estimator", "turn_gae"])
+    assert {async_vs_sync.run_config(env, eta, 0, "http://h:1", args).learner.estimator
+            for env in async_vs_sync.ENVS for eta in (0, 4)} == {"turn_gae"}
+    assert async_vs_sync.run_config("follow_signs", 0, 0, "http://h:1", async_vs_sync._parse([])).learner.estimator \
+        == "spo"  # the built-in default
+    with pytest.raises(ConfigError, match="^learner.estimator"):
+        async_vs_sync._parse(["--estimator", "nope"])
