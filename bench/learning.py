@@ -41,6 +41,9 @@ TASKS = {  # bench name -> (registered environment, its args)
     "reasoning_gym": ("reasoning_gym", {
         "dataset": "basic_arithmetic", "max_attempts": 2, "answer_format": "plain", "max_action_tokens": 4,
         "config": {"size": 500, "seed": 1, "min_terms": 2, "max_terms": 2, "max_digits": 1, "operators": ["+", "-"]}}),
+    # 50 markers, a sign each, 60 turns at most; reward along the way and a terminal bonus (issue 25's task)
+    "trail": ("trail", {}),
+    "trail_longtail": ("trail_longtail", {}),  # most episodes 10-12 turns, 6 of the 64 tasks 50-60
 }
 # bench name -> (learner.estimator, other settings); "+curriculum": SPO's task order (an enumerating task only)
 ESTIMATORS = {"spo": ("spo", []), "spo+curriculum": ("spo", ["tasks.order=spo"]), "turn_gae": ("turn_gae", []),
