@@ -63,6 +63,9 @@ class Config(Section):
         require(self.buffer.sampling != "group" or self.tasks.group_size <= self.buffer.batch_episodes,
                 "tasks.group_size", f"must be <= buffer.batch_episodes ({self.buffer.batch_episodes}) with "
                 "buffer.sampling = group, or no group fits in a batch (deadlock)")
+        require(self.learner.estimator != "gigpo" or (self.buffer.sampling == "group" and self.tasks.group_size >= 2),
+                "learner.estimator", "gigpo compares the episodes of one task, step by step: it needs "
+                "buffer.sampling = group and tasks.group_size >= 2")
         return self
 
     @property

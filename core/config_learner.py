@@ -1,4 +1,4 @@
-"""The [learner] table and its [learner.spo] and [learner.critic] subtables."""
+"""The [learner] table and its [learner.spo], [learner.critic] and [learner.gigpo] subtables."""
 from __future__ import annotations
 
 from typing import Literal
@@ -31,7 +31,7 @@ class SpoSection(Section):
 
 
 class CriticSection(Section):
-    """Value function for turn_gae / token_gae (unused by spo, grpo, rloo)."""
+    """Value function for turn_gae / token_gae (unused by spo, grpo, rloo, gigpo)."""
 
     mode: Literal["shared", "separate"] = Field(
         "shared", description="value head on the policy backbone, or a model of its own")
@@ -51,8 +51,24 @@ class CriticSection(Section):
         "batch (the batch is one micro-batch: max_tokens_per_microbatch = 0, one optimizer step per batch), else batch")
 
 
+class GigpoSection(Section):
+    """GiGPO (Feng et al. 2025): a GRPO episode term plus a step term over turns that act from the same
+    observation in the episodes of one prompt (docs/estimators.md, "GiGPO")."""
+
+    omega: float = Field(1.0, ge=0, description="weight of the step term: A = A_episode + omega * A_step (the "
+                         "paper's and verl-agent's 1)")
+    gamma: float = Field(0.95, ge=0, le=1, description="discount of the return-to-go a turn's step term compares "
+                         "(verl-agent's 0.95); the episode term reads the undiscounted return")
+    normalize: Literal["mean", "std"] = Field(
+        "mean", description="mean: both terms are x - group mean (verl-agent's mode mean_norm); std: divided by the "
+        "group's unbiased std + 1e-6 as well, as grpo (mean_std_norm), which blows a step group's differences of "
+        "discounting alone up to the size of success against failure")
+
+
 class LearnerSection(Section):
-    estimator: Literal["spo", "turn_gae", "token_gae", "grpo", "rloo"] = Field("spo", description="advantage estimator")
+    estimator: Literal["spo", "turn_gae", "token_gae", "grpo", "rloo", "gigpo"] = Field(
+        "spo", description="advantage estimator; grpo, rloo and gigpo compare the episodes of one prompt in a batch "
+        "(gigpo needs them served together: buffer.sampling = group, tasks.group_size >= 2)")
     lr: float = Field(3e-4, gt=0, description="learning rate")
     warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear learning-rate warm-up")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
@@ -118,6 +134,7 @@ class LearnerSection(Section):
     spo: SpoSection = Field(default_factory=SpoSection, description="the spo estimator")
     critic: CriticSection = Field(default_factory=CriticSection, description="the value function of turn_gae and "
                                   "token_gae")
+    gigpo: GigpoSection = Field(default_factory=GigpoSection, description="the gigpo estimator")
 
     def values_in_step(self) -> bool:
         """Whether a value-based step reads the critic in its training forward (critic.whiten resolved)."""

@@ -5,6 +5,8 @@ worked example in docs/estimators.md. learner/estimators.py wires these to batch
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 
@@ -28,19 +30,24 @@ def _groups(keys: list) -> dict:
     return out
 
 
-def grpo_advantages(returns: np.ndarray, group_keys: list, eps: float = 1e-6) -> np.ndarray:
-    """GRPO: (r_i - mean_G r) / std_G r within each group of samples of one prompt (unbiased std).
+def group_relative(x: np.ndarray, group_keys: list, divide_by_std: bool = True, eps: float = 1e-6) -> np.ndarray:
+    """x_i - mean of its group, divided by the group's unbiased std (+ eps) unless `divide_by_std` is False.
 
-    A group of one sample, or one with equal rewards, carries no signal and gets 0.
+    A group of one, or one whose values are all equal, carries no signal and gets 0.
     """
-    r = np.asarray(returns, np.float64)
-    adv = np.zeros_like(r)
+    x = np.asarray(x, np.float64)
+    adv = np.zeros_like(x)
     for idx in _groups(group_keys).values():
         if len(idx) < 2:
             continue
-        g = r[idx]
-        adv[idx] = (g - g.mean()) / (g.std(ddof=1) + eps)
+        g = x[idx]
+        adv[idx] = (g - g.mean()) / (g.std(ddof=1) + eps) if divide_by_std else g - g.mean()
     return adv
+
+
+def grpo_advantages(returns: np.ndarray, group_keys: list, eps: float = 1e-6) -> np.ndarray:
+    """GRPO: (r_i - mean_G r) / std_G r within each group of samples of one prompt (unbiased std)."""
+    return group_relative(returns, group_keys, True, eps)
 
 
 def rloo_advantages(returns: np.ndarray, group_keys: list) -> np.ndarray:
@@ -54,6 +61,48 @@ def rloo_advantages(returns: np.ndarray, group_keys: list) -> np.ndarray:
         total = r[idx].sum()
         adv[idx] = r[idx] - (total - r[idx]) / (g - 1)
     return adv
+
+
+def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
+    """Each step's return-to-go R_h = sum_{k >= h} gamma^(k - h) r_k over one episode's steps."""
+    rewards = np.asarray(rewards, np.float64)
+    out = np.zeros_like(rewards)
+    running = 0.0
+    for h in range(len(rewards) - 1, -1, -1):
+        running = rewards[h] + gamma * running
+        out[h] = running
+    return out
+
+
+class GigpoTerms(NamedTuple):
+    """Per turn, episode after episode."""
+    step_returns: np.ndarray  # R_h, the discounted return-to-go from the turn
+    episode: np.ndarray  # A_E of the turn's episode
+    step: np.ndarray  # A_S of the turn within its anchor-state group
+    total: np.ndarray  # A_E + omega A_S
+
+
+def gigpo_step_advantages(step_returns: np.ndarray, prompt_keys: list, observations: list,
+                          divide_by_std: bool = False, eps: float = 1e-6) -> np.ndarray:
+    """GiGPO's step term, flat over turns: each turn's return-to-go against the turns that acted from the same
+    anchor state, i.e. the turns of the same prompt (any episode of the group, its own included) whose
+    observation is identical (any hashable: token bytes, a label). A turn alone with its state gets 0."""
+    return group_relative(step_returns, list(zip(prompt_keys, observations)), divide_by_std, eps)
+
+
+def gigpo_advantages(returns: np.ndarray, prompt_keys: list, turn_rewards: list[np.ndarray],
+                     observations: list[list], gamma: float, omega: float, divide_by_std: bool = False,
+                     eps: float = 1e-6) -> GigpoTerms:
+    """GiGPO (Feng et al. 2025, Eq. 3-8): episode e's return against its prompt's group (GRPO's term), plus
+    omega times each turn's step term. `turn_rewards[e]` and `observations[e]`: episode e's turns in order."""
+    n_turns = np.array([len(r) for r in turn_rewards], np.int64)
+    assert [len(o) for o in observations] == n_turns.tolist(), "one observation per turn"
+    episode = np.repeat(group_relative(returns, prompt_keys, divide_by_std, eps), n_turns)
+    step_returns = np.concatenate([np.zeros(0)] + [discounted_returns(r, gamma) for r in turn_rewards])
+    turn_prompts = [k for k, n in zip(prompt_keys, n_turns) for _ in range(n)]
+    flat_obs = [o for episode_obs in observations for o in episode_obs]
+    step = gigpo_step_advantages(step_returns, turn_prompts, flat_obs, divide_by_std, eps)
+    return GigpoTerms(step_returns, episode, step, episode + omega * step)
 
 
 def gae(rewards: np.ndarray, values: np.ndarray, gamma: float, lam: float,

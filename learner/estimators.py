@@ -4,6 +4,8 @@ The formulas, with worked examples: docs/estimators.md.
 `learner.estimator` selects one of:
 - spo: persistent per-prompt Beta tracker baseline, read before the update (learner/spo.py);
 - grpo / rloo: group baselines over the samples of one prompt_key in the batch;
+- gigpo: grpo's episode term plus a step term per turn, against the turns of the prompt's episodes that
+  acted from the same observation (GiGPO's anchor states);
 - turn_gae: critic read at turn boundaries, GAE across turns, the turn's advantage on its action tokens;
 - token_gae: classic token-level PPO critic over action tokens (observation tokens skipped).
 Terminal-outcome estimators broadcast one scalar per episode; all are normalised under the action-token
@@ -17,12 +19,14 @@ import numpy as np
 import torch
 
 from turnstream.core.config import LearnerSection
-from turnstream.learner.advantages import agentwise_normalize, gae, grpo_advantages, rloo_advantages, whiten
+from turnstream.core.config_learner import GigpoSection
+from turnstream.learner.advantages import (agentwise_normalize, gae, gigpo_advantages, grpo_advantages,
+                                           rloo_advantages, whiten)
 from turnstream.learner.batching import TensorBatch
 from turnstream.learner.spo import SpoTracker, normalize_advantages
 from turnstream.protocol.messages import Batch
 
-ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo")
+ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo", "gigpo")
 VALUE_BASED = ("turn_gae", "token_gae")
 
 
@@ -58,6 +62,21 @@ def turn_rewards(batch: Batch, e: int) -> np.ndarray | None:
     return np.asarray(batch.turn_rewards[offsets[e]:offsets[e + 1]], np.float64)
 
 
+def turn_observations(batch: Batch) -> dict[tuple[int, int], bytes]:
+    """(episode, turn) -> the turn's observation: the bytes of the tokens the environment added before the
+    turn's action (its tokens outside the action mask), GiGPO's identity of a state. Turns without any are
+    absent."""
+    obs = np.nonzero(np.asarray(batch.action_mask) == 0)[0]
+    episode = np.searchsorted(batch.episode_offsets, obs, side="right") - 1
+    turn = np.asarray(batch.turn_index)[obs]
+    order = np.lexsort((turn, episode))  # stable: each turn's observation tokens in their order
+    obs, episode, turn = obs[order], episode[order], turn[order]
+    starts = np.nonzero(np.r_[True, (episode[1:] != episode[:-1]) | (turn[1:] != turn[:-1])])[0]
+    ends = np.r_[starts[1:], len(obs)]
+    tokens = np.asarray(batch.tokens)
+    return {(int(episode[a]), int(turn[a])): tokens[obs[a:b]].tobytes() for a, b in zip(starts, ends)}
+
+
 def turn_groups(tb: TensorBatch) -> torch.Tensor:
     """A dense id per (episode, turn) for every action token, in first-appearance order."""
     key = tb.act_episode * (int(tb.act_turn.max()) + 1 if tb.act_turn.numel() else 1) + tb.act_turn
@@ -80,20 +99,24 @@ def for_config(cfg: LearnerSection, tracker: SpoTracker, batch: Batch, tb: Tenso
                episodes: np.ndarray | None = None) -> Advantages:
     """`compute` with a run's learner settings."""
     return compute(cfg.estimator, batch, tb, tracker=tracker, spo_normalize=cfg.spo.normalize, gamma=cfg.critic.gamma,
-                   lam=cfg.critic.lam, old_values=old_values, agent_ids=agent_ids, episodes=episodes)
+                   lam=cfg.critic.lam, old_values=old_values, agent_ids=agent_ids, episodes=episodes,
+                   gigpo=cfg.gigpo)
 
 
 def compute(estimator: str, batch: Batch, tb: TensorBatch, *, tracker: SpoTracker, spo_normalize: str,
             gamma: float, lam: float, old_values: torch.Tensor | None, agent_ids: np.ndarray | None = None,
-            episodes: np.ndarray | None = None) -> Advantages:
+            episodes: np.ndarray | None = None, gigpo: GigpoSection | None = None) -> Advantages:
     """`old_values`: critic values at every action token's position (value-based estimators only). After an
     episode's last turn V is 0, unless it was truncated: then the critic's value at its last turn boundary.
     `agent_ids`: per action token, for Dr. MAS agent-wise normalisation.
     `episodes`: value-based only: compute (and whiten) these episodes alone, e.g. one micro-batch's
     (critic.whiten = "microbatch"); the other tokens' entries stay 0.
+    `gigpo`: learner.gigpo's settings (default: its defaults); `gamma` is the critic's, which gigpo does not read.
     """
     if estimator in ("spo", "grpo", "rloo"):
         return _from_outcomes(estimator, batch, tb, tracker, spo_normalize, agent_ids)
+    if estimator == "gigpo":
+        return _from_gigpo(batch, tb, gigpo or GigpoSection(), agent_ids)
     if estimator not in VALUE_BASED:
         raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
     assert old_values is not None, f"{estimator} needs critic values"
@@ -112,10 +135,44 @@ def _from_outcomes(estimator: str, batch: Batch, tb: TensorBatch, tracker: SpoTr
     else:
         fn = grpo_advantages if estimator == "grpo" else rloo_advantages
         episode_adv, baseline_mean = fn(returns, batch.prompt_keys), float(returns.mean()) if n_eps else 0.0
-    token = episode_adv[tb.act_episode.numpy()]
+    return _per_token(episode_adv[tb.act_episode.numpy()], agent_ids, baseline_mean)
+
+
+def _per_token(token: np.ndarray, agent_ids: np.ndarray | None, baseline_mean: float) -> Advantages:
+    """Critic-free advantages of the action tokens, Dr. MAS-normalised per agent when asked."""
     if agent_ids is not None:
         token = agentwise_normalize(token, agent_ids)
     return Advantages(torch.from_numpy(token.astype(np.float32)), baseline_mean=baseline_mean)
+
+
+def _from_gigpo(batch: Batch, tb: TensorBatch, settings: GigpoSection, agent_ids: np.ndarray | None) -> Advantages:
+    """GiGPO: each turn's action tokens get its episode's group term plus omega times the turn's step term
+    (docs/estimators.md, "GiGPO")."""
+    observed = turn_observations(batch)
+    offsets, turn_index = np.asarray(batch.episode_offsets), np.asarray(batch.turn_index)
+    rewards, observations = [], []
+    for e in range(tb.num_episodes):
+        turns = turn_index[offsets[e]:offsets[e + 1]]
+        r = _rewards_of_turns(batch, e, int(turns.max()) + 1 if turns.size else 0)
+        rewards.append(r)
+        # a turn the environment added nothing before stands alone (its state is not told apart)
+        observations.append([observed.get((e, h), ("no observation", e, h)) for h in range(len(r))])
+    terms = gigpo_advantages(batch.returns, batch.prompt_keys, rewards, observations, settings.gamma, settings.omega,
+                             settings.normalize == "std")
+    first_turn = np.cumsum([0] + [len(r) for r in rewards])[:-1]
+    token = terms.total[first_turn[tb.act_episode.numpy()] + tb.act_turn.numpy()]
+    return _per_token(token, agent_ids, float(np.mean(batch.returns)) if tb.num_episodes else 0.0)
+
+
+def _rewards_of_turns(batch: Batch, e: int, n_turns: int) -> np.ndarray:
+    """Episode e's reward after each turn; from a buffer that does not send them, its return after the last."""
+    per_turn = turn_rewards(batch, e)
+    if per_turn is not None and len(per_turn) >= n_turns:
+        return per_turn
+    rewards = np.zeros(n_turns)
+    if n_turns:
+        rewards[-1] = float(batch.returns[e])
+    return rewards
 
 
 def _from_critic(estimator: str, batch: Batch, tb: TensorBatch, v: np.ndarray, gamma: float, lam: float,

@@ -193,6 +193,47 @@ def test_group_baselines(rows, fn):
     close(fn(column(rows, "r"), [r["prompt"] for r in rows]), column(rows, "A"))
 
 
+def test_gigpo():
+    """The table through the pure function, then through the estimator on a batch flattened by the buffer's code,
+    whose observation labels are token ids and whose turns hold one or two action tokens."""
+    from turnstream.buffer.episodes import Episode, flatten
+    from turnstream.core.config_learner import GigpoSection
+    from turnstream.learner.advantages import gigpo_advantages
+    from turnstream.learner.batching import to_tensors
+    from turnstream.protocol.messages import TurnChunk
+
+    p, rows = EXAMPLES["gigpo"]
+    episodes = sorted({int(r["episode"]) for r in rows})
+    mine = [[r for r in rows if r["episode"] == e] for e in episodes]
+    rewards = [column(m, "r") for m in mine]
+    observations = [[r["observation"] for r in m] for m in mine]
+    returns = [float(r.sum()) for r in rewards]
+    for normalize, total in (("mean", "A"), ("std", "A, std")):
+        terms = gigpo_advantages(returns, ["x"] * len(mine), rewards, observations, p["gamma"], p["omega"],
+                                 divide_by_std=normalize == "std")
+        close(terms.total, column(rows, total))
+        if normalize == "mean":
+            close(terms.step_returns, column(rows, "R"))
+            close(terms.episode, column(rows, "A_E"))
+            close(terms.step, column(rows, "A_S"))
+        built, flat = [], []
+        for e, m in enumerate(mine):
+            ep = Episode(f"e{e}", ("a", 0), "x")
+            for h, r in enumerate(m):
+                n = 1 + h % 2
+                ep.add(TurnChunk(actor_id="a", epoch=0, seq=h, episode_id=f"e{e}", turn=h, prompt_key="x",
+                                 obs_tokens=np.array([1, 10 + int(r["observation"][1:])], np.int32),
+                                 gen_tokens=np.full(n, 5, np.int32), gen_logprobs=np.full(n, -0.7, np.float32),
+                                 gen_versions=np.zeros(n, np.int32), reward=r["r"], done=h == len(m) - 1))
+                flat += [r[total]] * n  # each of the turn's action tokens gets the turn's advantage
+            built.append(ep)
+        batch = flatten(built, 1, 0, 0)
+        adv = estimators.compute("gigpo", batch, to_tensors(batch, 64), tracker=SpoTracker(), spo_normalize="token",
+                                 gamma=0.0, lam=0.0, old_values=None,
+                                 gigpo=GigpoSection(gamma=p["gamma"], omega=p["omega"], normalize=normalize))
+        close(adv.token_adv.numpy(), flat)
+
+
 def test_decoupled_ppo():
     p, rows = EXAMPLES["decoupled_ppo"]
     for r in rows:
