@@ -97,6 +97,8 @@ class LocalStack:
 
     def __enter__(self) -> "LocalStack":
         self._old_sigterm = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+        # a launcher started in the background (`nohup ... &`) inherits SIGINT ignored: kill -INT must still stop it
+        self._old_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             self.metrics_port = self._http.start()
             log.info("launcher metrics on port %d", self.metrics_port)
@@ -122,6 +124,7 @@ class LocalStack:
         self.procs.stop_all()
         self._http.stop()
         signal.signal(signal.SIGTERM, self._old_sigterm)
+        signal.signal(signal.SIGINT, self._old_sigint)
 
     def _start(self, name: str, argv: list[str], env: dict | None = None, cpus: list[int] | None = None):
         child = self.procs.start(name, argv, env, cpus)
