@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import time
@@ -63,8 +64,12 @@ async def serve(cfg: Config, actor_index: int) -> None:
     def env_factory():
         return make_env(cfg.env.name, **env_args)
 
+    # one instance answers the start-up questions (task count, held-out split): building an environment can
+    # load a dataset, and only the orders that enumerate need one at all
+    startup_env = functools.cache(env_factory)
+
     values = TrackerValues()  # the learner's SPO tracker, for tasks.order = spo
-    order = make_order(cfg.tasks.order, env_factory=env_factory,
+    order = make_order(cfg.tasks.order, env_factory=startup_env,
                        actor_seed=hash((cfg.run.seed, actor_index, epoch)) % 2**31, run_seed=cfg.run.seed,
                        epochs=cfg.tasks.epochs, shard=actor_index, num_shards=a.num_processes, values=values,
                        spo_epsilon=cfg.tasks.spo_epsilon, eval_split=cfg.tasks.eval_split)
@@ -84,7 +89,7 @@ async def serve(cfg: Config, actor_index: int) -> None:
             tasks.append(asyncio.create_task(follow_announcements(announcements, values, metrics,
                                                                   net.max_message_bytes)))
         if cfg.tasks.eval_split:  # held-out tasks, played every tasks.eval_every versions, never streamed
-            tasks.append(asyncio.create_task(evaluator_for(cfg, runner, env_factory(), actor_index).run()))
+            tasks.append(asyncio.create_task(evaluator_for(cfg, runner, startup_env(), actor_index).run()))
         if position is not None:
             tasks.append(asyncio.create_task(keep_saving(position, source)))
         if v.urls_file:
