@@ -16,7 +16,9 @@ from turnstream.core.config_buffer import BufferSection
 from turnstream.core.config_fields import Section
 from turnstream.core.config_inference import (ActorSection, DiskWeightSyncConfig, NcclWeightSyncConfig,
                                               VllmSection)
+from turnstream.core.config_launch import LaunchSection
 from turnstream.core.config_learner import CriticSection, LearnerSection, SpoSection
+from turnstream.core.config_logging import LoggingSection
 from turnstream.core.config_network import NetworkSection
 from turnstream.core.config_tasks import TasksSection
 from turnstream.core.configtools import ConfigError, apply_override, dump_toml, from_dict, load_toml, require
@@ -55,6 +57,8 @@ class Config(Section):
     tasks: TasksSection = Field(default_factory=TasksSection)
     buffer: BufferSection = Field(default_factory=BufferSection)
     learner: LearnerSection = Field(default_factory=LearnerSection)
+    launch: LaunchSection = Field(default_factory=LaunchSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)
 
     @model_validator(mode="after")
     def _cross_table_rules(self) -> Config:
@@ -84,5 +88,5 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 __all__ = ["ActorSection", "BufferSection", "Config", "ConfigError", "CriticSection", "DiskWeightSyncConfig",
-           "EnvSection", "LearnerSection", "ModelSection", "NcclWeightSyncConfig", "NetworkSection", "RunSection",
+           "EnvSection", "LaunchSection", "LearnerSection", "LoggingSection", "ModelSection", "NcclWeightSyncConfig", "NetworkSection", "RunSection",
            "SpoSection", "TINY_MODEL_PATH", "TasksSection", "VllmSection", "load_config"]

