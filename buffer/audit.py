@@ -1,12 +1,12 @@
 """The buffer's audit trail (turnstream/audit.py; on only with TURNSTREAM_AUDIT=1): acked chunk keys,
-served and dropped episodes.
+served and dropped episodes, served segments of open episodes.
 
 Where a line sits relative to the write-ahead log decides what a `kill -9` can make it over- or
 under-report:
 - `ack` lines (status ok or duplicate) are written after the log commit, before the acks leave: a crash
   in between leaves a logged chunk without a line, but its actor never saw the ack, resends it and gets a
   `duplicate` line from the restarted buffer;
-- `served` and `dropped` lines are written before the log records the consumption or the drop: a crash
+- `served`, `served_segment` and `dropped` lines are written before the log records the consumption or the drop: a crash
   in between over-reports (the episode is still held after the restart), it never hides a loss.
 """
 from __future__ import annotations
@@ -55,6 +55,11 @@ class AuditedJournal:
         self.audit.write({"served": list(episode_ids), "time": time.time()})
         if self.inner is not None:
             self.inner.consumed(episode_ids)
+
+    def segment(self, episode_id: str, first: int, end: int) -> None:
+        self.audit.write({"served_segment": episode_id, "turns": [first, end], "time": time.time()})
+        if self.inner is not None:
+            self.inner.segment(episode_id, first, end)
 
     def closed(self, episode_ids: list[str], reason: str) -> None:
         self.audit.write({"dropped": list(episode_ids), "reason": reason})

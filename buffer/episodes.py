@@ -1,4 +1,11 @@
-"""Assembling turn chunks into episodes and flattening episodes into a learner batch."""
+"""Assembling turn chunks into episodes, cutting segments of open ones, and flattening both into a learner batch.
+
+A *segment* (buffer.segment_turns) is the next turns of an episode still being played: turns
+[served, end) are trained, the turns before them ride along as context (outside the action mask), and the
+first generated token of turn `end`, which has arrived, closes the segment: the learner reads the critic
+there and bootstraps GAE from it (learner/estimators.py) without training on it. Whatever is flattened,
+each trained turn is served once: `Episode.served` moves past it when its segment leaves the store.
+"""
 from __future__ import annotations
 
 import time
@@ -7,6 +14,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from turnstream.protocol.messages import Batch, TurnChunk
+
+NO_VERSION = 2**31 - 1
+
+
+def _min_version(chunk: TurnChunk) -> int:
+    return int(chunk.gen_versions.min()) if chunk.gen_versions.size else NO_VERSION
 
 
 @dataclass
@@ -17,20 +30,38 @@ class Episode:
     turns: dict[int, TurnChunk] = field(default_factory=dict)
     last_turn: int | None = None  # index of the turn that carried done=True
     last_seen: float = field(default_factory=time.monotonic)
+    arrived: dict[int, float] = field(default_factory=dict)  # turn -> when its chunk came (turn-to-train latency)
+    served: int = 0  # turns before this one were trained in segments
+    contiguous: int = 0  # turns 0..contiguous-1 have all arrived
     # kept up to date by add(), so staleness checks and token budgets cost O(1) per episode
     num_tokens: int = 0
-    min_version: int = 2**31 - 1
+    min_version: int = NO_VERSION  # of the turns not yet served
     nbytes: int = 0
 
     def add(self, chunk: TurnChunk) -> None:
         self.turns[chunk.turn] = chunk
-        self.last_seen = time.monotonic()
+        self.last_seen = self.arrived[chunk.turn] = time.monotonic()
         self.num_tokens += chunk.obs_tokens.size + chunk.gen_tokens.size
         self.nbytes += chunk.obs_tokens.nbytes + chunk.gen_tokens.nbytes * 3 + chunk.allowed_tokens.nbytes
-        if chunk.gen_versions.size:
-            self.min_version = min(self.min_version, int(chunk.gen_versions.min()))
+        self.min_version = min(self.min_version, _min_version(chunk))
+        while self.contiguous in self.turns:
+            self.contiguous += 1
         if chunk.done:
             self.last_turn = chunk.turn
+
+    def serve_through(self, end: int) -> None:
+        """Turns before `end` were served in a segment: they no longer count for staleness."""
+        self.served = max(self.served, end)
+        self.min_version = min((_min_version(c) for t, c in self.turns.items() if t >= self.served),
+                               default=NO_VERSION)
+
+    def segment_end(self) -> int | None:
+        """The turn that would close a segment served now (the last arrived turn of the unbroken run after
+        `served` that generated a token, for the critic's position), or None when no turn could be trained."""
+        end = self.contiguous - 1
+        while end > self.served and self.turns[end].gen_tokens.size == 0:
+            end -= 1
+        return end if end > self.served else None
 
     def beyond_final_turn(self, chunk: TurnChunk) -> bool:
         """A turn after the one marked done, or a done marker before turns already received."""
@@ -45,53 +76,107 @@ class Episode:
 
     @property
     def behaviour_version(self) -> int:
-        """The oldest version that produced a token of this episode (0 if nothing was generated)."""
-        return self.min_version if self.min_version != 2**31 - 1 else 0
+        """The oldest version that produced a token of its turns not yet served (0 if none was generated)."""
+        return self.min_version if self.min_version != NO_VERSION else 0
 
     @property
     def episode_return(self) -> float:
         return float(sum(c.reward for c in self.turns.values()))
 
+    @property
+    def span(self) -> tuple[Episode, int, int]:
+        """(episode, first trained turn, bootstrap turn or -1): what flatten() lays out."""
+        return self, self.served, -1
 
-def flatten(episodes: list[Episode], request_id: int, learner_version: int, dropped_stale: int) -> Batch:
-    """Concatenate episodes turn by turn: [obs_0, gen_0, obs_1, gen_1, ...] per episode."""
+
+@dataclass
+class Segment:
+    """Turns [episode.served, end) of an open episode, closed by turn `end`'s first token (see above)."""
+    episode: Episode
+    end: int
+    ready_at: float  # when its serving condition was met (FIFO order among ready items)
+
+    @property
+    def episode_id(self) -> str:
+        return self.episode.episode_id
+
+    @property
+    def prompt_key(self) -> str:
+        return self.episode.prompt_key
+
+    @property
+    def num_tokens(self) -> int:
+        turns = self.episode.turns
+        return sum(turns[t].obs_tokens.size + turns[t].gen_tokens.size for t in range(self.end)) + \
+            turns[self.end].obs_tokens.size + 1
+
+    @property
+    def behaviour_version(self) -> int:
+        turns = self.episode.turns
+        versions = [_min_version(turns[t]) for t in range(self.episode.served, self.end + 1)]
+        return min(versions) if min(versions) != NO_VERSION else 0
+
+    @property
+    def episode_return(self) -> float:
+        return float(sum(self.episode.turns[t].reward for t in range(self.end)))
+
+    @property
+    def span(self) -> tuple[Episode, int, int]:
+        return self.episode, self.episode.served, self.end
+
+
+def flatten(items: list[Episode | Segment], request_id: int, learner_version: int, dropped_stale: int) -> Batch:
+    """Concatenate episodes (or segments) turn by turn: [obs_0, gen_0, obs_1, gen_1, ...] per item. The turns
+    before an item's first trained turn are context: their generated tokens are outside the action mask. A
+    segment ends with its bootstrap turn's observation and first generated token."""
     cols: dict[str, list[np.ndarray]] = {k: [] for k in
                                          ("tokens", "action", "logp", "ver", "turn", "temp", "mask")}
     allowed_sets: list[list[int]] = []
     set_index: dict[tuple[int, ...], int] = {}
-    offsets = [0]
-    for ep in episodes:
-        for t in range(ep.last_turn + 1):  # type: ignore[operator]
+    offsets, turn_rewards, turn_offsets = [0], [], [0]
+    spans = [item.span for item in items]
+    for ep, first, bootstrap in spans:
+        last, length = (ep.last_turn if bootstrap < 0 else bootstrap), 0
+        for t in range(last + 1):
             c = ep.turns[t]
-            n_obs, n_gen = c.obs_tokens.size, c.gen_tokens.size
+            gen = slice(0, 1) if t == bootstrap else slice(None)  # the bootstrap turn's first token only
+            gen_tokens = c.gen_tokens[gen]
+            n_obs, n_gen = c.obs_tokens.size, gen_tokens.size
             mask_id = -1
             if c.allowed_tokens.size:
                 key = tuple(int(x) for x in c.allowed_tokens)
                 mask_id = set_index.setdefault(key, len(set_index))
                 if mask_id == len(allowed_sets):
                     allowed_sets.append(list(key))
-            cols["tokens"] += [c.obs_tokens, c.gen_tokens]
-            cols["action"] += [np.zeros(n_obs, np.uint8), np.ones(n_gen, np.uint8)]
-            cols["logp"] += [np.zeros(n_obs, np.float32), c.gen_logprobs]
-            cols["ver"] += [np.full(n_obs, -1, np.int32), c.gen_versions]
+            trained = t >= first
+            cols["tokens"] += [c.obs_tokens, gen_tokens]
+            cols["action"] += [np.zeros(n_obs, np.uint8), np.full(n_gen, trained, np.uint8)]
+            cols["logp"] += [np.zeros(n_obs, np.float32),
+                             c.gen_logprobs[gen] if trained else np.zeros(n_gen, np.float32)]
+            cols["ver"] += [np.full(n_obs, -1, np.int32),
+                            c.gen_versions[gen] if trained else np.full(n_gen, -1, np.int32)]
             cols["turn"].append(np.full(n_obs + n_gen, t, np.int32))
             cols["temp"].append(np.full(n_obs + n_gen, c.temperature, np.float32))
             cols["mask"].append(np.full(n_obs + n_gen, mask_id, np.int32))
-        offsets.append(offsets[-1] + ep.num_tokens)
-    turns = [[ep.turns[t] for t in range(ep.last_turn + 1)] for ep in episodes]  # type: ignore[operator]
+            length += n_obs + n_gen
+            turn_rewards.append(c.reward)
+        offsets.append(offsets[-1] + length)
+        turn_offsets.append(len(turn_rewards))
     # Token ids come as uint32 (protocol/SCHEMA.md); the batch carries int32: an id of 2**31 or more turns
     # negative, and the learner drops its episode as outside the vocabulary.
     cat = {k: (np.concatenate(v, dtype=np.int32 if k == "tokens" else None, casting="unsafe") if v
                else np.zeros(0)) for k, v in cols.items()}
     return Batch(
         request_id=request_id, learner_version=learner_version,
-        episode_ids=[e.episode_id for e in episodes], prompt_keys=[e.prompt_key for e in episodes],
-        returns=[e.episode_return for e in episodes],
+        episode_ids=[e.episode_id for e in items], prompt_keys=[e.prompt_key for e in items],
+        returns=[e.episode_return for e in items],
         tokens=cat["tokens"], action_mask=cat["action"], behav_logprobs=cat["logp"], versions=cat["ver"],
         turn_index=cat["turn"], temperature=cat["temp"], mask_id=cat["mask"],
-        episode_offsets=np.asarray(offsets, np.int64), allowed_sets=allowed_sets, dropped_stale=dropped_stale,
-        agent_ids=np.array([t[0].agent_id for t in turns], np.int32),
-        truncated=np.array([t[-1].truncated for t in turns], bool),
-        turn_rewards=np.array([c.reward for t in turns for c in t], np.float32),
-        turn_offsets=np.cumsum([0, *(len(t) for t in turns)], dtype=np.int64),
+        episode_offsets=np.asarray(offsets, np.int64), allowed_sets=allowed_sets,
+        dropped_stale=dropped_stale,
+        agent_ids=np.array([ep.turns[0].agent_id for ep, _, _ in spans], np.int32),
+        truncated=np.array([b < 0 and ep.turns[ep.last_turn].truncated for ep, _, b in spans], bool),
+        turn_rewards=np.array(turn_rewards, np.float32), turn_offsets=np.array(turn_offsets, np.int64),
+        first_turns=np.array([f for _, f, _ in spans], np.int32),
+        bootstrap_turns=np.array([b for _, _, b in spans], np.int32),
     )

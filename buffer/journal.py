@@ -5,8 +5,9 @@ Record kinds:
             ReplayStore.ingest_message, which rebuilds episodes, dedup watermarks and counters exactly as
             the first time, rejecting and skipping the same chunks);
 - LIVE:     the chunks of an episode still held, written by compaction (restored without counting them again);
-- EVENT:    msgpack {"e": "consumed" | "closed" | "version", ...}: an episode served, dropped
-            (stale/abandoned) or a new learner version;
+- EVENT:    msgpack {"e": "consumed" | "segment" | "closed" | "version", ...}: an episode served, a segment
+            of an open episode served (its turns [first, end)), an episode dropped (stale/abandoned) or
+            a new learner version;
 - SNAPSHOT: msgpack of the counters a compaction folds in (dedup watermarks, closed episode ids,
             learner version, accepted count, rate-limiter counters).
 Because "consumed" is logged (and committed) before a batch is sent, a restarted buffer never serves an
@@ -44,6 +45,9 @@ class WalJournal:
 
     def consumed(self, episode_ids: list[str]) -> None:
         self._append(EVENT, [msgpack.packb({"e": "consumed", "ids": episode_ids})])
+
+    def segment(self, episode_id: str, first: int, end: int) -> None:
+        self._append(EVENT, [msgpack.packb({"e": "segment", "id": episode_id, "first": first, "end": end})])
 
     def closed(self, episode_ids: list[str], reason: str) -> None:
         self._append(EVENT, [msgpack.packb({"e": "closed", "ids": episode_ids, "reason": reason})])
@@ -98,6 +102,9 @@ class WalJournal:
         writer.append(SNAPSHOT, [msgpack.packb(_snapshot(store))])
         for ep in [*store.in_progress.values(), *store.ready.values()]:
             writer.append(LIVE, _frame_parts(encode(pack([ep.turns[turn] for turn in sorted(ep.turns)]))))
+            if ep.served:  # its first turns were trained in segments
+                writer.append(EVENT, [msgpack.packb({"e": "segment", "id": ep.episode_id, "first": 0,
+                                                     "end": ep.served})])
         writer.finish()
         self.wal.replace_with(tmp)
         # a log that is mostly live data is not worth rewriting again soon
@@ -151,6 +158,8 @@ def _apply_event(store: ReplayStore, event: dict) -> None:
     kind = event.get("e")
     if kind == "consumed":
         store.mark_consumed(list(event["ids"]))
+    elif kind == "segment":
+        store.mark_segment_served(str(event["id"]), int(event["end"]))
     elif kind == "closed":
         store.drop(list(event["ids"]), str(event["reason"]))
     elif kind == "version":

@@ -28,7 +28,8 @@ async def serve(cfg: Config) -> None:
                         max_running=b.max_running, max_items=b.max_items, episode_timeout_s=b.episode_timeout_s,
                         actor_timeout_s=b.actor_timeout_s, metrics=metrics, policy=b.sampling,
                         group_size=cfg.tasks.group_size, limiter=limiter, group_timeout_s=b.group_timeout_s,
-                        drop_uniform_groups=b.drop_uniform_groups)
+                        drop_uniform_groups=b.drop_uniform_groups, segment_turns=b.segment_turns,
+                        segment_after_s=b.segment_after_s)
     journal = open_journal(cfg, store, metrics) if b.wal else None
     journal = attach_audit(cfg.run.run_dir, store, journal)  # a no-op unless TURNSTREAM_AUDIT=1
     version_addr = bind_address(net.learner_address, net.learner_pub_port) if net.learner_pub_port else None

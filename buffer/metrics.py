@@ -39,6 +39,17 @@ class BufferMetrics:
         self.groups_served = Counter("turnstream_buffer_groups_served_total",
                                      "Complete groups of tasks.group_size episodes handed to the learner "
                                      "(buffer.sampling = group)", registry=r)
+        self.segments_served = Counter("turnstream_buffer_segments_served_total",
+                                       "Segments of open episodes handed to the learner (buffer.segment_turns)",
+                                       registry=r)
+        self.turn_to_train_seconds = Histogram(
+            "turnstream_buffer_turn_to_train_seconds",
+            "Per trained turn: seconds from its chunk's arrival to the batch holding it leaving for the learner",
+            buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+        self.turn_to_train_versions = Histogram(
+            "turnstream_buffer_turn_to_train_versions",
+            "Per trained turn: learner version when served minus the version of its oldest generated token",
+            buckets=(0, 1, 2, 3, 4, 6, 8, 16), registry=r)
         self.insert_blocked = Counter("turnstream_buffer_insert_blocked_seconds_total",
                                       "Seconds actors wanted credit but admission, memory or the rate limiter "
                                       "said no", registry=r)
@@ -61,6 +72,14 @@ class BufferMetrics:
                                 "Bytes of an unfinished last record cut off at start-up", registry=r)
         self.counts = IngestCounts()
         r.register(self.counts)
+
+    def observe_turn_latency(self, episode, turns: range, now: float, learner_version: int) -> None:
+        """Turn-to-train latency of an episode's `turns` (a buffer.episodes.Episode), served at `now`."""
+        for t in turns:
+            self.turn_to_train_seconds.observe(now - episode.arrived[t])
+            versions = episode.turns[t].gen_versions
+            if versions.size:
+                self.turn_to_train_versions.observe(learner_version - int(versions.min()))
 
     def watch(self, store) -> None:
         """The state gauges read `store` (a buffer.store.ReplayStore) when scraped, instead of being set on every

@@ -10,11 +10,15 @@ Invariants:
 - a chunk is ingested at most once per (actor_id, epoch, seq);
 - an episode reaches the learner only when complete, at most once, and only if
   learner_version - min(token versions) <= max_staleness at the moment it is served;
+- with segments (segment_turns > 0), an open episode's next turns may be served before it ends
+  (buffer/episodes.py, Segment): each turn in exactly one served item, the bound checked on the item's own
+  turns, and the episode's staleness afterwards measured on its turns not yet served;
 - memory is bounded by max_items episodes: beyond it no credit is granted, so actors wait;
 - episodes leave only by being served or by a counted drop (stale, abandoned, group_timeout, uniform_group).
 """
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections import OrderedDict
@@ -23,7 +27,7 @@ from typing import Protocol
 from turnstream.buffer.acks import AckEntry
 from turnstream.buffer.admission import Admission
 from turnstream.buffer.dedup import SeqDeduper
-from turnstream.buffer.episodes import Episode
+from turnstream.buffer.episodes import Episode, Segment
 from turnstream.buffer.metrics import BufferMetrics
 from turnstream.buffer.ratelimit import RateLimiter
 from turnstream.buffer.sampling import incomplete_groups, select, uniform_groups
@@ -40,6 +44,7 @@ MAX_CLOSED_IDS = 200_000
 class Journal(Protocol):
     def chunks(self, frames: list) -> None: ...
     def consumed(self, episode_ids: list[str]) -> None: ...
+    def segment(self, episode_id: str, first: int, end: int) -> None: ...
     def closed(self, episode_ids: list[str], reason: str) -> None: ...
     def version(self, version: int) -> None: ...
 
@@ -48,11 +53,13 @@ class ReplayStore:
     def __init__(self, *, batch_episodes: int, eta: int, max_staleness: int, max_running: int,
                  max_items: int, episode_timeout_s: float, actor_timeout_s: float, metrics: BufferMetrics,
                  policy: str = "fifo", group_size: int = 1, limiter: RateLimiter | None = None,
-                 group_timeout_s: float = float("inf"), drop_uniform_groups: bool = False):
+                 group_timeout_s: float = float("inf"), drop_uniform_groups: bool = False,
+                 segment_turns: int = 0, segment_after_s: float = 0.0):
         self.max_staleness = max_staleness
         self.episode_timeout_s = episode_timeout_s
         self.policy, self.group_size, self.group_timeout_s = policy, group_size, group_timeout_s
         self.drop_uniform_groups = drop_uniform_groups and policy == "group"
+        self.segment_turns, self.segment_after_s = segment_turns, segment_after_s
         self.limiter = limiter or RateLimiter()
         self.m = metrics
         self.admission = Admission(batch_episodes=batch_episodes, eta=eta, max_running=max_running,
@@ -179,43 +186,88 @@ class ReplayStore:
         if stale:  # staleness grows only when the version moves, so this is the only scan needed
             self._drop_ready(stale, "stale")
 
-    def staleness(self, ep: Episode) -> int:
-        return self.learner_version - ep.behaviour_version
+    def staleness(self, item: Episode | Segment) -> int:
+        """Versions between the learner and the oldest token of the item's turns not yet served."""
+        return self.learner_version - item.behaviour_version
 
-    def take_batch(self, learner_version: int, n: int, max_tokens: int = 0) -> tuple[list[Episode], int] | None:
-        """A batch by the sampling policy (at most n episodes, at most max_tokens), or None if not yet."""
+    def take_batch(self, learner_version: int, n: int, max_tokens: int = 0
+                   ) -> tuple[list[Episode | Segment], int] | None:
+        """A batch by the sampling policy (at most n items, at most max_tokens), or None if not yet. Items are
+        complete episodes and, with segments on, segments of open episodes, in the order they became ready."""
         self.set_learner_version(learner_version)
         if self.drop_uniform_groups:
             uniform = uniform_groups(self.ready, self.group_size)
             if uniform:
                 self._drop_ready(uniform, "uniform_group")
         while True:
-            batch = select(self.policy, self.ready, max_episodes=n, max_tokens=max_tokens,
+            candidates = self._with_open_segments() if self.segment_turns else self.ready
+            batch = select(self.policy, candidates, max_episodes=n, max_tokens=max_tokens,
                            group_size=self.group_size)
             if batch is None or not self.limiter.can_sample(len(batch), len(self.ready)):
                 return None
             # The bound is the store's promise, so it is checked where episodes leave, not only where the
-            # version moves: an episode past it is dropped, counted, and never served.
-            stale = [ep.episode_id for ep in batch if self.staleness(ep) > self.max_staleness]
+            # version moves: an item past it is dropped, counted, and never served.
+            stale = [item.episode_id for item in batch if self.staleness(item) > self.max_staleness]
             if not stale:
                 break
-            log.error("%d episodes past the staleness bound reached serving; dropped", len(stale))
-            self._drop_ready(stale, "stale")
-        ids = [ep.episode_id for ep in batch]
-        if self.journal is not None:
-            self.journal.consumed(ids)  # before it leaves: a crash after this never serves it again
-        self._remove_ready(ids)
-        for ep in batch:
-            s = self.staleness(ep)
+            log.error("%d items past the staleness bound reached serving; their episodes dropped", len(stale))
+            self.drop(stale, "stale")
+        self._log_served(batch)
+        whole = [item.episode_id for item in batch if isinstance(item, Episode)]
+        self._remove_ready(whole)
+        now = time.monotonic()
+        for item in batch:
+            ep, first, bootstrap = item.span
+            s = self.staleness(item)
             self.m.served_staleness.observe(s)
             self.max_served_staleness = max(self.max_served_staleness, s)
+            self.m.observe_turn_latency(ep, range(first, ep.last_turn + 1 if bootstrap < 0 else bootstrap), now,
+                                        self.learner_version)
+            if bootstrap >= 0:
+                ep.serve_through(bootstrap)
         self.m.max_staleness_served.set(self.max_served_staleness)
-        self.m.counts.episodes["served"] += len(batch)
+        self.m.counts.episodes["served"] += len(whole)
+        self.m.segments_served.inc(len(batch) - len(whole))
         self.m.samples.inc(len(batch))
         if self.policy == "group":
             self.m.groups_served.inc(len(batch) // self.group_size)
         dropped, self.dropped_since_batch = self.dropped_since_batch, 0
         return batch, dropped
+
+    def _log_served(self, batch: list[Episode | Segment]) -> None:
+        """Before anything leaves: a crash after this never serves it again."""
+        if self.journal is None:
+            return
+        self.journal.consumed([item.episode_id for item in batch if isinstance(item, Episode)])
+        for item in batch:
+            if isinstance(item, Segment):
+                self.journal.segment(item.episode_id, item.episode.served, item.end)
+
+    def _with_open_segments(self, now: float | None = None) -> OrderedDict[str, Episode | Segment]:
+        """The ready episodes and the segments open episodes could serve now, by the time each became ready."""
+        now = time.monotonic() if now is None else now
+        segments = []
+        for ep in self.in_progress.values():
+            end = ep.segment_end()
+            if end is None:
+                continue
+            waited = now - ep.arrived[ep.served]
+            if end - ep.served >= self.segment_turns:
+                segments.append(Segment(ep, end, ep.arrived[end]))
+            elif self.segment_after_s and waited >= self.segment_after_s:
+                segments.append(Segment(ep, end, ep.arrived[ep.served] + self.segment_after_s))
+        if not segments:
+            return self.ready
+        merged = heapq.merge(((ep.last_seen, ep) for ep in self.ready.values()),
+                             sorted(((seg.ready_at, seg) for seg in segments), key=lambda pair: pair[0]),
+                             key=lambda pair: pair[0])
+        return OrderedDict((item.episode_id, item) for _, item in merged)
+
+    def mark_segment_served(self, episode_id: str, end: int) -> None:
+        """Replay of a served segment: its turns are not served again."""
+        ep = self.in_progress.get(episode_id) or self.ready.get(episode_id)
+        if ep is not None:
+            ep.serve_through(end)
 
     def mark_consumed(self, episode_ids: list[str]) -> None:
         """Replay of a served batch: those episodes are gone for good."""

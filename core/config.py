@@ -70,6 +70,9 @@ class Config(Section):
         require(self.learner.estimator != "gigpo" or (self.buffer.sampling == "group" and self.tasks.group_size >= 2),
                 "learner.estimator", "gigpo compares the episodes of one task, step by step: it needs "
                 "buffer.sampling = group and tasks.group_size >= 2")
+        require(self.buffer.segment_turns == 0 or self.learner.estimator in ("turn_gae", "token_gae"),
+                "buffer.segment_turns", "a segment of an open episode is trained by bootstrapping from the critic: "
+                "it needs learner.estimator = turn_gae or token_gae")
         return self
 
     @property

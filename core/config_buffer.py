@@ -36,6 +36,12 @@ class BufferSection(Section):
     drop_uniform_groups: bool = Field(False, description="sampling = group: drop a complete group whose members "
                                       "all got the same return (zero variance: no signal for a group baseline, "
                                       "DAPO's dynamic sampling), counted as uniform_group")
+    segment_turns: int = Field(0, ge=0, description="learn from open episodes: serve an episode's next turns "
+                               "before it ends once this many have arrived (plus the one that closes the segment: "
+                               "the critic's value there bootstraps GAE; value-based estimators only). 0: whole "
+                               "episodes only")
+    segment_after_s: float = Field(0.0, ge=0, description="with segment_turns: also serve an open episode's next "
+                                   "turns (at least one) once the oldest of them has waited this long; 0: never")
     samples_per_insert: float = Field(1.0, gt=0, description="Reverb-style rate limiter: samples per inserted "
                                       "episode; the slower side waits, nothing is dropped")
     min_size_to_sample: int = Field(1, ge=1, description="complete episodes held before the first batch is served")
@@ -59,4 +65,8 @@ class BufferSection(Section):
         require(self.max_staleness >= self.eta, "max_staleness",
                 f"must be >= eta ({self.eta}), or admitted episodes would be dropped as stale")
         require(self.max_items >= self.batch_episodes, "max_items", "must be >= batch_episodes")
+        require(self.segment_turns > 0 or self.segment_after_s == 0, "segment_after_s",
+                "needs segment_turns > 0 (segments are off)")
+        require(self.segment_turns == 0 or self.sampling != "group", "segment_turns",
+                "segments are for value-based estimators; group sampling serves whole groups of episodes")
         return self

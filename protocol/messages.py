@@ -129,13 +129,14 @@ class BatchRequest(Message):
 
 @dataclass
 class Batch(Message):
-    """Complete episodes flattened into token arrays; `episode_offsets` delimits episodes."""
+    """Complete episodes (or segments of open ones) flattened into token arrays; `episode_offsets` delimits them."""
 
     TYPE: ClassVar[str] = "batch"
     ARRAYS: ClassVar[dict[str, str]] = {
         "tokens": "int32", "action_mask": "uint8", "behav_logprobs": "float32", "versions": "int32",
         "turn_index": "int32", "temperature": "float32", "mask_id": "int32", "episode_offsets": "int64",
         "agent_ids": "int32", "truncated": "bool", "turn_rewards": "float32", "turn_offsets": "int64",
+        "first_turns": "int32", "bootstrap_turns": "int32",
     }
     request_id: int
     learner_version: int
@@ -159,6 +160,11 @@ class Batch(Message):
     # the reward after each turn, episode after episode; turn_offsets delimits episodes (n_episodes + 1)
     turn_rewards: np.ndarray = field(default_factory=_f32)
     turn_offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # per item (empty from a peer that predates them): its first trained turn (the turns before it are context,
+    # outside the action mask), and its bootstrap turn, -1 for an item that ends its episode: a segment of an
+    # open episode ends with that turn's first generated token, read by the critic and not trained on
+    first_turns: np.ndarray = field(default_factory=_i32)
+    bootstrap_turns: np.ndarray = field(default_factory=_i32)
 
 
 @dataclass
