@@ -22,6 +22,7 @@ from turnstream.learner.batch_client import BatchClient
 from turnstream.learner.device import served_dtype, serving_state_dict
 from turnstream.learner.distributed import broadcast
 from turnstream.learner.metrics import LearnerMetrics
+from turnstream.learner.trackers import Trackers, open_trackers
 from turnstream.learner.trainer import NothingToTrain, Trainer
 from turnstream.learner.weight_sync import WeightSyncError, weight_sync_from_config
 from turnstream.protocol.auth import (count_refusals, keys_for, make_server, refusal_counter, refusal_monitor,
@@ -82,6 +83,7 @@ class Publisher:
     log_file: TextIO
     started: float
     overlap: bool
+    trackers: Trackers  # [logging] trackers: TensorBoard, W&B
     publishing: asyncio.Task | None = None
 
     async def submit(self, path, version: int, stats: dict, values: dict[str, float]) -> None:
@@ -116,6 +118,7 @@ class Publisher:
             self.metrics.push_seconds.observe(push_s)
         self.log_file.write(json.dumps(stats) + "\n")
         self.log_file.flush()
+        self.trackers.step(stats)
         log.info("step %d: return %.3f, loss %.4f, staleness max %d, step %.2fs, push %.2fs, wait %.2fs",
                  stats["version"], stats["return_mean"], stats["policy_loss"], stats["staleness_max"],
                  stats["step_s"], push_s, stats["wait_s"])
@@ -135,6 +138,7 @@ def push_overlaps_training(cfg: Config) -> bool:
 async def serve(cfg: Config, model, trainer: Trainer, world: int) -> None:
     lc, run_dir = cfg.learner, Path(cfg.run.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    trackers = open_trackers(cfg)  # first: a missing tracker package exits before any push
     metrics = LearnerMetrics()
     sync = weight_sync_from_config(cfg, run_dir / "weights")
     push_dtype = served_dtype(cfg.vllm.dtype, cfg.model.path)  # master weights stay fp32; pushes are cast
@@ -159,7 +163,7 @@ async def serve(cfg: Config, model, trainer: Trainer, world: int) -> None:
         background.append(asyncio.create_task(watch_urls_file(Path(cfg.vllm.urls_file), sync.set_urls,
                                                               cfg.vllm.health_interval_s)))
     publisher = Publisher(sync, endpoints.pub, metrics, (run_dir / "learner.jsonl").open("a"), time.monotonic(),
-                          push_overlaps_training(cfg))
+                          push_overlaps_training(cfg), trackers)
     log.info("weight pushes %s the next step", "overlap" if publisher.overlap else "precede")
     try:
         while not stop.is_set() and not (lc.max_steps and trainer.version >= lc.max_steps):
@@ -188,6 +192,7 @@ async def serve(cfg: Config, model, trainer: Trainer, world: int) -> None:
             task.cancel()
         broadcast(None, 0, world)  # release the other ranks
         publisher.log_file.close()
+        trackers.close()
         if audit is not None:
             audit.close()
         await endpoints.close()
