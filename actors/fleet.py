@@ -160,7 +160,9 @@ class InferenceFleet:
         return s
 
     async def generate(self, token_ids: list[int], *, max_tokens: int, temperature: float,
-                       allowed_token_ids: list[int] | None = None, cache_salt: str | None = None) -> Generation:
+                       allowed_token_ids: list[int] | None = None, cache_salt: str | None = None,
+                       extra_params: dict | None = None) -> Generation:
+        """`extra_params`: more of vLLM's sampling parameters (stop strings, structured outputs), as given."""
         assert self._session is not None, "use `async with InferenceFleet(...)`"
         tried: set[str] = set()
         errors: list[str] = []
@@ -176,7 +178,7 @@ class InferenceFleet:
             self.m.server_outstanding.labels(s.url).set(s.outstanding)
             try:
                 request = dict(max_tokens=max_tokens, temperature=temperature,
-                               allowed_token_ids=allowed_token_ids, cache_salt=cache_salt)
+                               allowed_token_ids=allowed_token_ids, cache_salt=cache_salt, extra_params=extra_params)
                 try:
                     gen = await post_generate(self._session, s.url, token_ids, **request)
                 except StaleConnection:

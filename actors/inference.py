@@ -61,9 +61,9 @@ def parse_generation(body: dict) -> Generation:
 
 async def post_generate(session: aiohttp.ClientSession, url: str, token_ids: list[int], *, max_tokens: int,
                         temperature: float, allowed_token_ids: list[int] | None = None,
-                        cache_salt: str | None = None) -> Generation:
+                        cache_salt: str | None = None, extra_params: dict | None = None) -> Generation:
     """One token-in/token-out request to one server. ServerFailure: try another server; InferenceError: don't."""
-    params: dict = {"max_tokens": max_tokens, "temperature": temperature, "logprobs": 0}
+    params: dict = {**(extra_params or {}), "max_tokens": max_tokens, "temperature": temperature, "logprobs": 0}
     if allowed_token_ids:
         params["allowed_token_ids"] = allowed_token_ids
     body: dict = {"token_ids": token_ids, "sampling_params": params}
