@@ -19,6 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p, required=False)
     p = sub.add_parser("up", help="start vLLM, buffer, learner and actors locally")
     _config_args(p)
+    p.add_argument("--resume", action="store_true", help="continue the stopped or crashed run in run.run_dir (its "
+                   "latest learner checkpoint, the buffer's log, the task positions); without it a used run "
+                   "directory is refused")
     p = sub.add_parser("check", help="validate a config (and its pre-flight checks) without starting anything; "
                        "prints the resolved config")
     _config_args(p)
@@ -46,11 +49,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from turnstream.core.configtools import ConfigError
 
+    from turnstream.supervisor import RoleFailed
+
     try:
         return _dispatch(args)
     except ConfigError as exc:
         print(f"turnstream: config error: {exc}", file=sys.stderr)
         return 2
+    except RoleFailed as exc:  # the run stopped because a role failed: its log tail, then one line
+        if exc.log_tail:
+            print(exc.log_tail, file=sys.stderr)
+        print(f"turnstream: run stopped: {exc}", file=sys.stderr)
+        return 1
 
 
 def _dispatch(args) -> int:
@@ -107,7 +117,7 @@ def _dispatch(args) -> int:
     if args.command == "up":
         from turnstream.launcher import up
 
-        return up(cfg)
+        return up(cfg, resume=args.resume)
     if args.command == "buffer":
         from turnstream.buffer.main import main as role_main
     elif args.command == "learner":

@@ -10,17 +10,19 @@ import time
 from pathlib import Path
 
 from turnstream.core.config import Config
+from turnstream.core.configtools import ConfigError
 from turnstream.core.urls_file import write_urls_file
-from turnstream.launcher_metrics import LauncherMetrics, MetricsThread
+from turnstream.launcher_metrics import LauncherMetrics, MetricsThread, role_of
 from turnstream.preflight import ensure_models, preflight
-from turnstream.processes import ProcessGroup, free_port, free_port_block, tail
+from turnstream.processes import Child, ProcessGroup, free_port, free_port_block, tail
+from turnstream.supervisor import RoleFailed, Supervisor
+from turnstream.vllm_restart import VllmRestarts
 from turnstream.vllm_server import vllm_command, wait_healthy
 
+__all__ = ["LocalStack", "RoleFailed", "resolve", "up", "write_scrape_targets"]
+
 log = logging.getLogger("turnstream.launcher")
-
-
-class RoleFailed(RuntimeError):
-    pass
+VLLM_STOP_TIMEOUT_S = 20.0
 
 
 def _raise_on_sigterm(signum, _frame):
@@ -45,6 +47,9 @@ def resolve(cfg: Config) -> Config:
         cfg.actor.metrics_port = free_port_block(net.host, cfg.actor.num_processes)
     cfg.run.run_dir = str(Path(cfg.run.run_dir).resolve())
     cfg.model.path = str(Path(cfg.model.path).resolve())
+    if cfg.launch.policy("learner") == "on-failure" and cfg.learner.checkpoint_every == 0:
+        # a restarted learner resumes from its latest checkpoint; without any it would start over at version 0
+        cfg.learner.checkpoint_every = cfg.launch.learner_checkpoint_every
     return cfg
 
 
@@ -88,12 +93,18 @@ class LocalStack:
     def __init__(self, cfg: Config, metrics_port: int = 0):
         self.cfg = resolve(preflight(cfg))
         ensure_models(self.cfg)  # before anything starts: a missing checkpoint is a one-line config error
+        if self.cfg.learner.checkpoint_every != cfg.learner.checkpoint_every:
+            log.info("learner.checkpoint_every 0 -> %d (launch.learner_checkpoint_every): the learner restarts on "
+                     "failure from its latest checkpoint", self.cfg.learner.checkpoint_every)
         self.run_dir = Path(self.cfg.run.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.procs = ProcessGroup(self.run_dir)
         self.metrics = LauncherMetrics(self.procs)
         self._http = MetricsThread(self.metrics.registry, self.cfg.network.host, metrics_port, self.metrics.health)
         self.metrics_port = 0
+        self.config_path = self.run_dir / "config.resolved.toml"
+        self.vllm = VllmRestarts(self.cfg, self.procs, self._publish)
+        self.supervisor = Supervisor(self.procs, self.cfg.launch, self.metrics, self)
 
     def __enter__(self) -> "LocalStack":
         self._old_sigterm = signal.signal(signal.SIGTERM, _raise_on_sigterm)
@@ -103,9 +114,8 @@ class LocalStack:
             self.metrics_port = self._http.start()
             log.info("launcher metrics on port %d", self.metrics_port)
             self._start_vllm()
-            config_path = self.run_dir / "config.resolved.toml"
-            config_path.write_text(self.cfg.dumps())
-            write_scrape_targets(self.cfg, self.metrics_port)
+            self._publish()
+            config_path = self.config_path
             role = [sys.executable, "-m", "turnstream.cli"]
             self._start("buffer", [*role, "buffer", "--config", str(config_path)], cpus=self.cfg.buffer.cpus)
             self._start("learner", [*role, "learner", "--config", str(config_path)], cpus=self.cfg.learner.cpus)
@@ -121,7 +131,14 @@ class LocalStack:
         self.close()
 
     def close(self) -> None:
-        self.procs.stop_all()
+        """Stop in dependency order: actors drain first, then the learner finishes its step, last push and
+        checkpoint while the servers still answer, then the buffer syncs its log, then the vLLM servers."""
+        launch = self.cfg.launch
+        stages = [(lambda name: role_of(name) == "actor", launch.drain_timeout_s + 10.0),
+                  (lambda name: role_of(name) == "learner", launch.stop_timeout_s),
+                  (lambda name: role_of(name) == "buffer", launch.stop_timeout_s),
+                  (lambda name: role_of(name) == "vllm", VLLM_STOP_TIMEOUT_S)]
+        self.procs.stop_all(stages=stages)
         self._http.stop()
         signal.signal(signal.SIGTERM, self._old_sigterm)
         signal.signal(signal.SIGINT, self._old_sigint)
@@ -131,6 +148,25 @@ class LocalStack:
         self.metrics.started(name)
         return child
 
+    def _publish(self) -> None:
+        """Write what the roles and Prometheus read about the run: the resolved config, the scrape targets."""
+        tmp = self.config_path.with_name(f".{self.config_path.name}.tmp")
+        tmp.write_text(self.cfg.dumps())
+        tmp.replace(self.config_path)  # atomic: a role restarting now reads the old file or the new one
+        write_scrape_targets(self.cfg, self.metrics_port)
+
+    # ---- restart hooks (turnstream/supervisor.py) ---------------------------------------------------
+    def relaunch(self, child: Child) -> Child:
+        if role_of(child.name) == "vllm":
+            return self.vllm.relaunch(child)
+        if role_of(child.name) == "learner" and "learner.resume=true" not in child.argv:
+            # whatever the run started with, a restarted learner goes on from its latest checkpoint
+            return self.procs.restart(child, [*child.argv, "--set", "learner.resume=true"])
+        return self.procs.restart(child)
+
+    def ready(self, child: Child) -> bool | None:
+        return self.vllm.ready(child) if role_of(child.name) == "vllm" else True
+
     def _start_vllm(self) -> None:
         v, m = self.cfg.vllm, self.cfg.model
         host = self.cfg.network.host
@@ -139,7 +175,8 @@ class LocalStack:
             for i in range(v.num_servers):
                 port = v.base_port + i if v.base_port else free_port(host)
                 argv, env = vllm_command(m.path, host, port, v)
-                servers["urls"].append((f"http://{host}:{port}", self._start(f"vllm-{i}", argv, env, v.cpus)))
+                url = f"http://{host}:{port}"
+                servers["urls"].append((url, self._start(f"vllm-{i}", argv, env, v.cpus)))
         if self.cfg.actor.frozen_agents and not v.frozen_urls:
             # the fixed opponent gets a server of its own, which the learner never pushes to
             port = free_port(host)
@@ -150,7 +187,7 @@ class LocalStack:
                 try:
                     wait_healthy(url, v.startup_timeout_s, alive=lambda c=child: c.proc.poll() is None)
                 except (RuntimeError, TimeoutError) as exc:
-                    raise RoleFailed(f"{exc}; last log lines:\n{tail(child.log_path)}") from None
+                    raise RoleFailed(f"{exc}; its log: {child.log_path}", tail(child.log_path)) from None
             if started:
                 setattr(v, field_name, [url for url, _ in started])
                 log.info("vLLM (%s) ready at %s", field_name, ", ".join(getattr(v, field_name)))
@@ -160,16 +197,31 @@ class LocalStack:
             write_urls_file(Path(v.urls_file), v.urls)
 
     def check_alive(self) -> None:
-        for child in self.procs.exited():
-            raise RoleFailed(f"{child.name} exited with code {child.proc.returncode}; last log lines:\n"
-                             f"{tail(child.log_path)}")
+        """Restart what failed under the restart policy; RoleFailed for a failure it does not restart."""
+        self.supervisor.tick()
 
 
-def up(cfg: Config) -> int:
+RUN_MARKERS = ("config.resolved.toml", "learner.jsonl", "checkpoints", "buffer-wal")
+
+
+def check_run_dir(cfg: Config, resume: bool) -> None:
+    """A run directory holds one run: a second `up` there without --resume would mix two runs' data."""
+    run_dir = Path(cfg.run.run_dir)
+    used = [m for m in RUN_MARKERS if (run_dir / m).exists()]
+    if used and not resume:
+        raise ConfigError(f"run.run_dir: {run_dir} already holds a run ({', '.join(used)}); add --resume to "
+                          "continue it, or choose another run.run_dir")
+    if resume:
+        cfg.learner.resume = True  # the latest checkpoint; the buffer's log and the task positions are read anyway
+        log.info("resuming the run in %s" if used else "nothing to resume in %s: starting a new run", run_dir)
+
+
+def up(cfg: Config, resume: bool = False) -> int:
     """Run until the learner finishes max_steps, the time limit passes, or Ctrl-C/SIGTERM."""
     from turnstream.progress import Progress
     from turnstream.report import read_steps
 
+    check_run_dir(cfg, resume)
     started = time.monotonic()
     progress = Progress(cfg.run.rolling_episodes)
     with LocalStack(cfg) as stack:

@@ -39,6 +39,9 @@ class LauncherMetrics:
         self.starts = Counter("turnstream_launcher_process_starts_total",
                               "Role process starts; starts above the expected count are restarts", ["role"],
                               registry=r)
+        self.restarts = Counter("turnstream_launcher_restarts_total",
+                                "Role processes started again after they failed (launch.restart = on-failure)",
+                                ["role"], registry=r)
         self.uptime = Gauge("turnstream_launcher_uptime_seconds", "Seconds since the launcher started",
                             registry=r)
         self.uptime.set_function(lambda: time.monotonic() - started)
@@ -46,9 +49,14 @@ class LauncherMetrics:
             self.running.labels(role).set_function(lambda role=role: self._count(role, running_only=True))
             self.expected.labels(role).set_function(lambda role=role: self._count(role, running_only=False))
             self.starts.labels(role)  # export 0 before the first start, so rate() has a baseline
+            self.restarts.labels(role)
 
     def started(self, process_name: str) -> None:
         self.starts.labels(role_of(process_name)).inc()
+
+    def restarted(self, process_name: str) -> None:
+        self.started(process_name)
+        self.restarts.labels(role_of(process_name)).inc()
 
     def _count(self, role: str, running_only: bool) -> int:
         latest = {c.name: c for c in self.procs.children}  # a restarted name counts once
@@ -57,7 +65,8 @@ class LauncherMetrics:
 
     def health(self) -> dict:
         return {"processes": {c.name: "running" if c.proc.poll() is None else f"exited {c.proc.returncode}"
-                              for c in self.procs.children}}
+                              for c in self.procs.children},
+                "incarnations": {c.name: getattr(c, "incarnation", 1) for c in self.procs.children}}
 
 
 class MetricsThread:

@@ -13,8 +13,9 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Sequence
 
 PR_SET_PDEATHSIG = 1
 
@@ -79,6 +80,15 @@ class Child:
     name: str
     proc: subprocess.Popen
     log_path: Path
+    # how it was started, so that a restart starts the same thing
+    argv: list[str] = field(default_factory=list)
+    env: dict | None = None
+    cpus: list[int] | None = None
+    incarnation: int = 1  # 1 for the first start, 2 after its first restart, ...
+
+
+# A stop stage: which children it stops (by name) and how long they get after SIGTERM before SIGKILL.
+StopStage = tuple[Callable[[str], bool], float]
 
 
 class ProcessGroup:
@@ -89,8 +99,32 @@ class ProcessGroup:
 
     def start(self, name: str, argv: list[str], env: dict | None = None, cpus: list[int] | None = None) -> Child:
         """`cpus`: pin the child (and every process it starts) to these CPU ids; None or empty: anywhere."""
-        log_path = self.run_dir / "logs" / f"{name}.log"
-        log = log_path.open("wb")
+        child = self._spawn(name, argv, env, cpus, self.run_dir / "logs" / f"{name}.log", "wb")
+        self.children.append(child)
+        self._write_pids()
+        return child
+
+    def restart(self, old: Child, argv: list[str] | None = None) -> Child:
+        """Start `old` again under its name (and its argv, unless given), in its place in the group.
+
+        What is left of the old process group (a vLLM engine core, say) is killed first, so that no
+        incarnation outlives its successor's start and the old group id is free before it is forgotten. The
+        log file goes on: a marker line, then the new incarnation's output."""
+        _signal_group(old.proc, signal.SIGKILL)
+        old.proc.wait()
+        _wait_groups_gone([old], 10.0)
+        incarnation = old.incarnation + 1
+        with old.log_path.open("ab") as log:
+            log.write(f"\n----- restart: incarnation {incarnation} of {old.name} -----\n".encode())
+        child = self._spawn(old.name, argv or old.argv, old.env, old.cpus, old.log_path, "ab")
+        child.incarnation = incarnation
+        self.children[self.children.index(old)] = child
+        self._write_pids()
+        return child
+
+    def _spawn(self, name: str, argv: list[str], env: dict | None, cpus: list[int] | None, log_path: Path,
+               mode: str) -> Child:
+        log = log_path.open(mode)
 
         def setup() -> None:
             _die_with_parent()
@@ -100,35 +134,49 @@ class ProcessGroup:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**os.environ, **(env or {})}, start_new_session=True, preexec_fn=setup)
         log.close()
-        child = Child(name, proc, log_path)
-        self.children.append(child)
-        self._write_pids()
-        return child
+        return Child(name, proc, log_path, list(argv), env, cpus)
 
     def exited(self) -> list[Child]:
         return [c for c in self.children if c.proc.poll() is not None]
 
-    def stop_all(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM every child's process group (newest first), then SIGKILL what is left."""
-        for child in reversed(self.children):
-            _signal_group(child.proc, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for child in reversed(self.children):
-            try:
-                child.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for child in self.children:
-            _signal_group(child.proc, signal.SIGKILL)  # also takes grandchildren left in the group
-            child.proc.wait()
+    def stop_all(self, timeout_s: float = 20.0, stages: Sequence[StopStage] = ()) -> None:
+        """Stop every child, stage by stage: a stage's children get SIGTERM (to their process groups) and its
+        timeout to exit, then SIGKILL. Children no stage names go last, newest first, with `timeout_s`.
+
+        Stages give the shutdown an order: what feeds others stops before what it feeds (actors before the
+        learner before the buffer and the vLLM servers), so nothing fails for want of a peer stopped first."""
+        left = list(self.children)
+        for selects, stage_timeout_s in stages:
+            group = [c for c in left if selects(c.name)]
+            left = [c for c in left if c not in group]
+            _stop(group, stage_timeout_s)
+        _stop(list(reversed(left)), timeout_s)
         # Return only once every group is empty, so nothing started here outlives the caller.
-        deadline = time.monotonic() + 10.0
-        while any(_group_alive(c.proc.pid) for c in self.children) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_groups_gone(self.children, 10.0)
 
     def _write_pids(self) -> None:
         pids = {c.name: c.proc.pid for c in self.children}
         (self.run_dir / "pids.json").write_text(json.dumps(pids, indent=1) + "\n")
+
+
+def _stop(children: list[Child], timeout_s: float) -> None:
+    for child in children:
+        _signal_group(child.proc, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for child in children:
+        try:
+            child.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for child in children:
+        _signal_group(child.proc, signal.SIGKILL)  # also takes grandchildren left in the group
+        child.proc.wait()
+
+
+def _wait_groups_gone(children: list[Child], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while any(_group_alive(c.proc.pid) for c in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
