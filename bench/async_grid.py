@@ -35,6 +35,8 @@ class RunRecord:
     steps: int
     first_step_s: float | None  # start of the run to the first learner step (process start-up included)
     curve: list[list[float]] = field(default_factory=list)  # [seconds since run start, rolling success]
+    turn_to_train_s: float | None = None  # mean, per trained turn: its chunk's arrival to its batch being served
+    turn_to_train_versions: float | None = None  # mean, per trained turn: versions between generation and training
 
     @property
     def reached(self) -> bool:
@@ -77,6 +79,8 @@ class Setting:
     generation_busy: float
     push_s: float | None
     staleness: dict[int, int]
+    turn_to_train_s: float | None = None
+    turn_to_train_versions: float | None = None
 
     @property
     def staleness_mean(self) -> float:
@@ -104,8 +108,15 @@ def settings(records: list[RunRecord]) -> list[Setting]:
                 push_busy=statistics.mean(r.push_busy for r in rs),
                 learner_wait=statistics.mean(r.learner_wait for r in rs),
                 generation_busy=statistics.mean(r.generation_busy for r in rs),
-                push_s=statistics.mean(pushes) if pushes else None, staleness=dict(sorted(hist.items()))))
+                push_s=statistics.mean(pushes) if pushes else None, staleness=dict(sorted(hist.items())),
+                turn_to_train_s=_mean_of(r.turn_to_train_s for r in rs),
+                turn_to_train_versions=_mean_of(r.turn_to_train_versions for r in rs)))
     return out
+
+
+def _mean_of(values) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(statistics.mean(known), 3) if known else None
 
 
 def speedups(rows: list[Setting]) -> dict[str, dict]:
@@ -145,16 +156,19 @@ def staleness_text(hist: dict[int, int]) -> str:
 
 def format_table(rows: list[Setting]) -> str:
     head = (f"{'env':22} {'eta':>3} {'to target s':>12} {'reached':>7} {'final':>5} {'episodes':>8} "
-            f"{'tokens':>8} {'learner':>7} {'push':>5} {'wait':>5} {'gen':>5} {'push s':>6}  "
+            f"{'tokens':>8} {'learner':>7} {'push':>5} {'wait':>5} {'gen':>5} {'push s':>6} {'turn>train':>10}  "
             "staleness of trained tokens")
     lines = [head, "-" * len(head)]
     for s in rows:
         median = f"{'>=' if s.median_is_bound else ''}{s.median_s:.1f}"
         push = f"{s.push_s:.3f}" if s.push_s is not None else "-"
+        latency = (f"{s.turn_to_train_s:.1f}s/{s.turn_to_train_versions:.1f}v" if s.turn_to_train_s is not None
+                   and s.turn_to_train_versions is not None else "-")
         lines.append(f"{s.env:22} {s.eta:>3} {median:>12} {s.reached:>4}/{s.runs:<2} {s.final_success:>5.2f} "
                      f"{s.episodes:>8.0f} {s.tokens:>8.0f} {s.learner_busy:>7.2f} {s.push_busy:>5.2f} "
-                     f"{s.learner_wait:>5.2f} {s.generation_busy:>5.2f} {push:>6}  {staleness_text(s.staleness)}")
+                     f"{s.learner_wait:>5.2f} {s.generation_busy:>5.2f} {push:>6} {latency:>10}  {staleness_text(s.staleness)}")
     lines.append("to target s: median over seeds, an unreached run counted as the cap ('>=': the median is a "
                  "lower bound); learner/push/wait/gen: fraction of wall time in training steps, in weight pushes, "
-                 "the learner waiting for a batch, with >= 1 generate request in flight")
+                 "the learner waiting for a batch, with >= 1 generate request in flight; turn>train: mean seconds "
+                 "and versions from a turn's arrival at the buffer to its training")
     return "\n".join(lines)

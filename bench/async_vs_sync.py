@@ -43,6 +43,7 @@ ENVS = {  # bench name -> (registered environment, its args)
     "follow_signs_longtail": ("follow_signs_longtail", {"junctions": [2, 3, 4]}),
 }
 MAX_MODEL_LEN = 1024  # the longest long-tail episode (28 turns) needs ~750 tokens of context
+SEGMENT_TURNS = 4  # --segments alone: a long-tail episode (median 4 turns, 99th percentile 27) trains in pieces
 # --pin: each side on its own core, as inference and training run on separate GPUs in production
 GENERATION_CPUS, LEARNER_CPUS = (0,), (1,)
 
@@ -60,6 +61,9 @@ def _parse(argv):
     p.add_argument("--concurrent", type=int, default=64, help="episodes in flight in the actor")
     p.add_argument("--lr", type=float, default=1e-3, help="learner learning rate")
     p.add_argument("--estimator", default="", help="learner.estimator for every run (default: the built-in one)")
+    p.add_argument("--segments", type=int, nargs="?", const=SEGMENT_TURNS, default=0, metavar="TURNS",
+                   help=f"learn from open episodes: buffer.segment_turns for every run (alone: {SEGMENT_TURNS}); "
+                   "needs a value-based --estimator")
     p.add_argument("--microbatch-tokens", type=int, default=2048,
                    help="learner padded-token budget per micro-batch (episodes sorted by length, so a long-tail "
                         "batch does not pad every episode to its longest)")
@@ -69,10 +73,12 @@ def _parse(argv):
     p.add_argument("--pin", action="store_true",
                    help="generation (vLLM server, actor, buffer) on CPU 0, the learner on CPU 1")
     args = p.parse_args(argv)
-    if args.estimator:
+    overrides = ([f"learner.estimator={args.estimator}"] if args.estimator else []) + \
+        ([f"buffer.segment_turns={args.segments}"] if args.segments else [])
+    if overrides:  # an unknown estimator, or segments without a critic: the config's one-line error
         from turnstream.core.config import load_config
 
-        load_config(None, [f"learner.estimator={args.estimator}"])  # an unknown one: the config's one-line error
+        load_config(None, overrides)
     return args
 
 
@@ -113,6 +119,26 @@ def scrape(ports: list[int]) -> Snapshot | None:
     return Snapshot(at, values)
 
 
+def turn_latency(buffer_port: int) -> dict[str, float | None]:
+    """Mean turn-to-train latency so far, in seconds and in policy versions, from the buffer's histograms."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{buffer_port}/metrics", timeout=2).read().decode()
+    except OSError:
+        return {"turn_to_train_s": None, "turn_to_train_versions": None}
+    sums = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("turnstream_buffer_turn_to_train_") and sample.name[-4:] in ("_sum", "ount"):
+                sums[sample.name] = sample.value
+    out = {}
+    for unit, key in (("seconds", "turn_to_train_s"), ("versions", "turn_to_train_versions")):
+        n = sums.get(f"turnstream_buffer_turn_to_train_{unit}_count", 0)
+        out[key] = round(sums[f"turnstream_buffer_turn_to_train_{unit}_sum"] / n, 3) if n else None
+    return out
+
+
 # ---- one run -------------------------------------------------------------------------------------------
 
 def run_config(env: str, eta: int, seed: int, url: str, args):
@@ -130,6 +156,7 @@ def run_config(env: str, eta: int, seed: int, url: str, args):
     cfg.learner.lr = args.lr
     if args.estimator:
         cfg.learner.estimator = args.estimator
+    cfg.buffer.segment_turns = args.segments
     cfg.learner.max_tokens_per_microbatch = args.microbatch_tokens
     cfg.run.rolling_episodes = args.window
     cfg.run.seed = seed
@@ -151,6 +178,7 @@ def run_one(env: str, eta: int, seed: int, url: str, args) -> RunRecord:
     progress = Progress(args.window, label=f"{env} eta={eta} seed={seed}")
     t0, started = time.time(), time.monotonic()
     first = last = None
+    latency = {"turn_to_train_s": None, "turn_to_train_versions": None}
     with LocalStack(cfg) as stack:
         ports = [stack.cfg.actor.metrics_port, stack.cfg.learner.metrics_port]
 
@@ -162,12 +190,15 @@ def run_one(env: str, eta: int, seed: int, url: str, args) -> RunRecord:
         try:
             reached_s = train_until(stack, started, args.cap, args.window, args.target, progress, scrape_first)
             last = scrape(ports)
+            latency = turn_latency(stack.cfg.buffer.metrics_port)
         finally:
             progress.close()
     wall = time.monotonic() - started
     steps = read_steps(cfg.run.run_dir)
-    return record(env, eta, seed, args, steps, reached_s, wall, first, last, t0,
-                  rolling=lambda upto: rolling_success(upto, args.window))
+    r = record(env, eta, seed, args, steps, reached_s, wall, first, last, t0,
+               rolling=lambda upto: rolling_success(upto, args.window))
+    r.turn_to_train_s, r.turn_to_train_versions = latency["turn_to_train_s"], latency["turn_to_train_versions"]
+    return r
 
 
 def train_until(stack, started: float, cap: float, window: int, target: float, progress,

@@ -13,7 +13,9 @@ each run), so its start-up is paid once and not timed. A run stops when the roll
 Per run (<out>/records.jsonl): episodes and seconds (from the run's start) to the target, or null; success
 of the first batch and at the end; the trained tokens' entropy at the first and last step; the largest
 per-step KL; the success curve. Per task and estimator: seeds that reached the target, median episodes and
-seconds of those that did, mean final success. Prints a table, then one JSON line:
+seconds of those that did, mean final success, median turn-to-train latency (seconds and policy versions from
+a turn's arrival at the buffer to its training; `turn_gae+segments` trains open episodes' turns in segments of
+SEGMENT_TURNS). Prints a table, then one JSON line:
 {"results": {"<task>/<estimator>": {"reached": k, "seeds": n, "episodes_median": e, "wall_s_median": w,
 "success_end_mean": s}}, ...}. <out>/learning.png plots every run's curve; `turnstream report <out>/runs/<run>`
 plots one run's losses, entropy, step KL and staleness.
@@ -30,7 +32,7 @@ from pathlib import Path
 
 from turnstream.plotting import pyplot
 
-from turnstream.bench.async_vs_sync import MAX_MODEL_LEN, reset_server, train_until
+from turnstream.bench.async_vs_sync import MAX_MODEL_LEN, reset_server, train_until, turn_latency
 
 log = logging.getLogger("turnstream.bench.learning")
 
@@ -45,9 +47,12 @@ TASKS = {  # bench name -> (registered environment, its args)
     "trail": ("trail", {}),
     "trail_longtail": ("trail_longtail", {}),  # most episodes 10-12 turns, 6 of the 64 tasks 50-60
 }
+SEGMENT_TURNS = 8  # a long-horizon episode (50-60 turns) trains in 6-7 segments
 # bench name -> (learner.estimator, other settings); "+curriculum": SPO's task order (an enumerating task only)
 ESTIMATORS = {"spo": ("spo", []), "spo+curriculum": ("spo", ["tasks.order=spo"]), "turn_gae": ("turn_gae", []),
-              "token_gae": ("token_gae", []), "grpo": ("grpo", []), "rloo": ("rloo", []), "gigpo": ("gigpo", [])}
+              "token_gae": ("token_gae", []), "grpo": ("grpo", []), "rloo": ("rloo", []), "gigpo": ("gigpo", []),
+              # learn from open episodes: every SEGMENT_TURNS turns, bootstrapped from the turn-level critic
+              "turn_gae+segments": ("turn_gae", [f"buffer.segment_turns={SEGMENT_TURNS}"])}
 DEFAULT_ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo")
 GROUP_ESTIMATORS = ("grpo", "rloo", "gigpo")  # baselines from the other samples of a prompt: whole groups
 
@@ -106,9 +111,11 @@ def run_one(task: str, estimator: str, seed: int, url: str, args) -> dict:
     with LocalStack(cfg) as stack:
         try:
             train_until(stack, started, args.cap, args.window, args.target, progress)
+            latency = turn_latency(stack.cfg.buffer.metrics_port)
         finally:
             progress.close()
-    return summarize_run(task, estimator, seed, read_steps(cfg.run.run_dir), args.window, args.target, t0)
+    return {**summarize_run(task, estimator, seed, read_steps(cfg.run.run_dir), args.window, args.target, t0),
+            **latency}
 
 
 def summarize_run(task: str, estimator: str, seed: int, steps: list[dict], window: int, target: float,
@@ -180,16 +187,24 @@ def aggregate(records: list[dict]) -> dict:
             "reached": len(hit), "seeds": len(rs),
             "episodes_median": statistics.median(r["episodes_to_target"] for r in hit) if hit else None,
             "wall_s_median": statistics.median(r["wall_s_to_target"] for r in hit) if hit else None,
-            "success_end_mean": round(statistics.mean(r["success_end"] for r in rs), 3)}
+            "success_end_mean": round(statistics.mean(r["success_end"] for r in rs), 3),
+            "turn_to_train_s_median": _median_of(r.get("turn_to_train_s") for r in rs),
+            "turn_to_train_versions_median": _median_of(r.get("turn_to_train_versions") for r in rs)}
     return summary
 
 
+def _median_of(values) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
 def format_table(summary: dict) -> str:
-    lines = [f"{'task/estimator':<26}{'reached':>9}{'episodes (median)':>19}{'wall s (median)':>17}"
-             f"{'success end':>13}"]
+    lines = [f"{'task/estimator':<32}{'reached':>9}{'episodes (median)':>19}{'wall s (median)':>17}"
+             f"{'success end':>13}{'turn>train s/versions':>23}"]
     for key, s in summary.items():
-        lines.append(f"{key:<26}{s['reached']:>5}/{s['seeds']:<3}{str(s['episodes_median']):>19}"
-                     f"{str(s['wall_s_median']):>17}{s['success_end_mean']:>13.3f}")
+        latency = f"{s.get('turn_to_train_s_median')}/{s.get('turn_to_train_versions_median')}"
+        lines.append(f"{key:<32}{s['reached']:>5}/{s['seeds']:<3}{str(s['episodes_median']):>19}"
+                     f"{str(s['wall_s_median']):>17}{s['success_end_mean']:>13.3f}{latency:>23}")
     return "\n".join(lines)
 
 

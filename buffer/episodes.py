@@ -91,8 +91,9 @@ class Episode:
 
 @dataclass
 class Segment:
-    """Turns [episode.served, end) of an open episode, closed by turn `end`'s first token (see above)."""
+    """Turns [first, end) of an open episode, closed by turn `end`'s first token (see above)."""
     episode: Episode
+    first: int  # the episode's `served` when the segment was cut
     end: int
     ready_at: float  # when its serving condition was met (FIFO order among ready items)
 
@@ -113,7 +114,7 @@ class Segment:
     @property
     def behaviour_version(self) -> int:
         turns = self.episode.turns
-        versions = [_min_version(turns[t]) for t in range(self.episode.served, self.end + 1)]
+        versions = [_min_version(turns[t]) for t in range(self.first, self.end + 1)]
         return min(versions) if min(versions) != NO_VERSION else 0
 
     @property
@@ -122,7 +123,7 @@ class Segment:
 
     @property
     def span(self) -> tuple[Episode, int, int]:
-        return self.episode, self.episode.served, self.end
+        return self.episode, self.first, self.end
 
 
 def flatten(items: list[Episode | Segment], request_id: int, learner_version: int, dropped_stale: int) -> Batch:

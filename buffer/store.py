@@ -203,7 +203,9 @@ class ReplayStore:
             candidates = self._with_open_segments() if self.segment_turns else self.ready
             batch = select(self.policy, candidates, max_episodes=n, max_tokens=max_tokens,
                            group_size=self.group_size)
-            if batch is None or not self.limiter.can_sample(len(batch), len(self.ready)):
+            # the rate limiter counts whole episodes (inserted when complete); segments ride along
+            whole = sum(isinstance(item, Episode) for item in batch or ())
+            if batch is None or not self.limiter.can_sample(whole, len(candidates)):
                 return None
             # The bound is the store's promise, so it is checked where episodes leave, not only where the
             # version moves: an item past it is dropped, counted, and never served.
@@ -241,7 +243,7 @@ class ReplayStore:
         self.journal.consumed([item.episode_id for item in batch if isinstance(item, Episode)])
         for item in batch:
             if isinstance(item, Segment):
-                self.journal.segment(item.episode_id, item.episode.served, item.end)
+                self.journal.segment(item.episode_id, item.first, item.end)
 
     def _with_open_segments(self, now: float | None = None) -> OrderedDict[str, Episode | Segment]:
         """The ready episodes and the segments open episodes could serve now, by the time each became ready."""
@@ -253,9 +255,9 @@ class ReplayStore:
                 continue
             waited = now - ep.arrived[ep.served]
             if end - ep.served >= self.segment_turns:
-                segments.append(Segment(ep, end, ep.arrived[end]))
+                segments.append(Segment(ep, ep.served, end, ep.arrived[end]))
             elif self.segment_after_s and waited >= self.segment_after_s:
-                segments.append(Segment(ep, end, ep.arrived[ep.served] + self.segment_after_s))
+                segments.append(Segment(ep, ep.served, end, ep.arrived[ep.served] + self.segment_after_s))
         if not segments:
             return self.ready
         merged = heapq.merge(((ep.last_seen, ep) for ep in self.ready.values()),

@@ -24,6 +24,8 @@ class TensorBatch:
     tokens_per_episode: np.ndarray  # [E] action tokens per episode
     act_turn: torch.Tensor | None = None  # [N] turn index of each action token within its episode
     lengths: np.ndarray | None = None  # [E] tokens per episode (unpadded)
+    # [N] False on a segment's bootstrap token: the critic is read there, nothing is trained on it
+    act_trained: torch.Tensor | None = None
 
     @property
     def num_episodes(self) -> int:
@@ -51,6 +53,9 @@ def to_tensors(batch: Batch, vocab_size: int, pad_id: int = 0) -> TensorBatch:
     pos = flat_act - offsets[episode_of]
     if (pos == 0).any():
         raise ValueError("an episode starts with an action token; nothing conditions it")
+    act_turn = batch.turn_index[flat_act].astype(np.int64)
+    bootstrap = np.asarray(batch.bootstrap_turns)
+    trained = act_turn != bootstrap[episode_of] if bootstrap.size == n_eps else np.ones(flat_act.size, bool)
     allowed = torch.zeros((max(1, len(batch.allowed_sets)), vocab_size), dtype=torch.bool)
     for s, token_ids in enumerate(batch.allowed_sets):
         allowed[s, token_ids] = True
@@ -63,7 +68,7 @@ def to_tensors(batch: Batch, vocab_size: int, pad_id: int = 0) -> TensorBatch:
         temperature=torch.from_numpy(batch.temperature[flat_act].astype(np.float32)),
         mask_id=torch.from_numpy(batch.mask_id[flat_act].astype(np.int64)),
         allowed=allowed, tokens_per_episode=np.bincount(episode_of, minlength=n_eps),
-        act_turn=torch.from_numpy(batch.turn_index[flat_act].astype(np.int64)), lengths=lengths,
+        act_turn=torch.from_numpy(act_turn), lengths=lengths, act_trained=torch.from_numpy(trained),
     )
 
 

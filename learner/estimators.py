@@ -85,13 +85,15 @@ def turn_groups(tb: TensorBatch) -> torch.Tensor:
 
 
 def value_positions(estimator: str, tb: TensorBatch) -> torch.Tensor:
-    """[N] bool: the action tokens whose position the critic is read at and trained on (one per turn for
-    turn_gae, every action token for token_gae). Structure only: known before any value is."""
+    """[N] bool: the action tokens whose position the critic is trained on (one per turn for turn_gae, every
+    action token for token_gae; never a segment's bootstrap token, where it is only read). Structure only:
+    known before any value is."""
     if estimator == "token_gae":
-        return torch.ones(tb.act_tokens.numel(), dtype=torch.bool)
-    mask = torch.zeros(tb.act_tokens.numel(), dtype=torch.bool)
-    mask[np.unique(turn_groups(tb).numpy(), return_index=True)[1]] = True
-    return mask
+        mask = torch.ones(tb.act_tokens.numel(), dtype=torch.bool)
+    else:
+        mask = torch.zeros(tb.act_tokens.numel(), dtype=torch.bool)
+        mask[np.unique(turn_groups(tb).numpy(), return_index=True)[1]] = True
+    return mask & tb.act_trained if tb.act_trained is not None else mask
 
 
 def for_config(cfg: LearnerSection, tracker: SpoTracker, batch: Batch, tb: TensorBatch,
@@ -108,6 +110,8 @@ def compute(estimator: str, batch: Batch, tb: TensorBatch, *, tracker: SpoTracke
             episodes: np.ndarray | None = None, gigpo: GigpoSection | None = None) -> Advantages:
     """`old_values`: critic values at every action token's position (value-based estimators only). After an
     episode's last turn V is 0, unless it was truncated: then the critic's value at its last turn boundary.
+    After a segment of an open episode (Batch.bootstrap_turns), V is the critic's value before its bootstrap
+    token, which gets no advantage and no critic target.
     `agent_ids`: per action token, for Dr. MAS agent-wise normalisation.
     `episodes`: value-based only: compute (and whiten) these episodes alone, e.g. one micro-batch's
     (critic.whiten = "microbatch"); the other tokens' entries stay 0.
@@ -181,24 +185,28 @@ def _from_critic(estimator: str, batch: Batch, tb: TensorBatch, v: np.ndarray, g
     ep_of = tb.act_episode.numpy()
     n_eps = tb.num_episodes
     truncated = np.asarray(batch.truncated, bool) if len(batch.truncated) == n_eps else np.zeros(n_eps, bool)
+    trained = tb.act_trained.numpy() if tb.act_trained is not None else np.ones(len(ep_of), bool)
     adv, targets, value_mask = np.zeros(len(ep_of)), np.zeros(len(ep_of)), np.zeros(len(ep_of), bool)
     groups = turn_groups(tb).numpy() if estimator == "turn_gae" else np.arange(len(ep_of))
     for e in range(n_eps) if episodes is None else episodes:
-        idx = np.nonzero(ep_of == e)[0]  # this episode's action tokens, in order
+        idx = np.nonzero((ep_of == e) & trained)[0]  # this episode's trained action tokens, in order
         if idx.size == 0:
             continue
         # one step per turn (its first action token is the boundary) or per action token
         _, first = np.unique(groups[idx], return_index=True)
         first = np.sort(first)
         boundary = idx[first]
-        # cut off, not ended: what follows is worth about what the critic saw at the last boundary
-        tail = float(v[boundary[-1]]) if truncated[e] else 0.0
+        bootstrap = np.nonzero((ep_of == e) & ~trained)[0]
+        if bootstrap.size:  # a segment: the rest of the episode is worth what the critic sees before it
+            tail = float(v[bootstrap[0]])
+        else:  # cut off, not ended: what follows is worth about what the critic saw at the last boundary
+            tail = float(v[boundary[-1]]) if truncated[e] else 0.0
         a, g = gae(_step_rewards(batch, tb, e, boundary), v[boundary], gamma, lam, bootstrap=tail)
         step_index = np.searchsorted(first, np.arange(idx.size), side="right") - 1
         adv[idx] = a[step_index]  # broadcast each step's advantage to its action tokens
         targets[boundary] = g
         value_mask[boundary] = True
-    part = np.ones(len(ep_of), bool) if episodes is None else np.isin(ep_of, episodes)
+    part = trained if episodes is None else np.isin(ep_of, episodes) & trained
     token = np.zeros(len(ep_of))
     token[part] = agentwise_normalize(adv[part], agent_ids[part]) if agent_ids is not None else whiten(adv[part])
     return Advantages(torch.from_numpy(token.astype(np.float32)), torch.from_numpy(value_mask),

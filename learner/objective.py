@@ -28,6 +28,8 @@ class UpdateWeights:
 def update_weights(x: StepInputs, rows: torch.Tensor, loss_agg: str) -> UpdateWeights:
     tb = x.tb
     in_update = torch.isin(tb.act_episode, rows)
+    if tb.act_trained is not None:
+        in_update &= tb.act_trained
     local = torch.full((tb.num_episodes,), -1, dtype=torch.long)
     local[rows] = torch.arange(len(rows))
     policy = torch.zeros(tb.act_tokens.numel())

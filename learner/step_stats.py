@@ -32,11 +32,16 @@ class MeanMax:
 def batch_stats(batch: Batch, tb: TensorBatch, dropped: Dropped) -> dict:
     """What the step trained on: sizes, returns, staleness, and what it dropped (with the episode ids for
     learner/main.py's audit trail and the logs)."""
-    returns = np.asarray(batch.returns, np.float64)
+    # `episodes` and `return_mean` are of the episodes that ended in this batch: a segment of an open episode
+    # (buffer.segment_turns) is counted with the item that ends it, with the whole episode's return
+    bootstrap = np.asarray(batch.bootstrap_turns)
+    ends = bootstrap < 0 if bootstrap.size == tb.num_episodes else np.ones(tb.num_episodes, bool)
+    returns = np.asarray(batch.returns, np.float64)[ends]
     staleness = (batch.learner_version - tb.act_versions).numpy()
     out = dict(
-        episodes=tb.num_episodes, action_tokens=int(tb.act_tokens.numel()), tokens=int(tb.attention_mask.sum()),
-        return_mean=float(returns.mean()), staleness_max=int(staleness.max()),
+        episodes=int(ends.sum()), segments=int((~ends).sum()), action_tokens=int(tb.act_tokens.numel()),
+        tokens=int(tb.attention_mask.sum()), return_mean=float(returns.mean()) if returns.size else 0.0,
+        staleness_max=int(staleness.max()),
         staleness_mean=float(staleness.mean()),
         staleness_hist={int(k): int(v) for k, v in zip(*np.unique(staleness, return_counts=True))},
         dropped_stale=batch.dropped_stale, dropped_over_budget=len(dropped.over_budget),

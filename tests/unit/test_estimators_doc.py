@@ -159,7 +159,7 @@ def _one_episode(turn_of_token: np.ndarray, returns: float, truncated: bool = Fa
     n = len(turn_of_token)
     batch = SimpleNamespace(returns=[returns], truncated=[truncated], episode_ids=["e"], prompt_keys=["p"],
                             turn_offsets=np.zeros(0, np.int64), turn_rewards=np.zeros(0, np.float32))
-    tb = SimpleNamespace(act_episode=torch.zeros(n, dtype=torch.long), act_turn=torch.tensor(turn_of_token),
+    tb = SimpleNamespace(act_trained=None, act_episode=torch.zeros(n, dtype=torch.long), act_turn=torch.tensor(turn_of_token),
                          num_episodes=1, act_tokens=torch.zeros(n, dtype=torch.long))
     return batch, tb
 
