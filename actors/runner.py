@@ -119,6 +119,8 @@ class EpisodeRunner:
 
     async def _play(self, env: Environment, episode_id: str, seed: int, task: int | None,
                     streams: dict[int, _Stream]) -> str:
+        if hasattr(env, "drive"):  # a user's agent drives its own loop (env.name = "agent", actors/agent_runner.py)
+            return await env.drive(self, episode_id, seed, task, streams)
         # an environment that does not enumerate its tasks is never given one (its reset may not take it)
         reset = await (env.reset(seed) if task is None else env.reset(seed, task=task))
         # read after reset: a remote environment learns its action tokens when it is created
@@ -185,7 +187,8 @@ class EpisodeRunner:
                                  t_start=time.time())
 
     async def _send(self, s: _Stream, obs_tokens, gen: Generation | None, allowed, reward, *, done, truncated,
-                    t_start) -> None:
+                    t_start, temperature: float | None = None) -> None:
+        """`temperature`: the one the turn was sampled at, when not actor.temperature (an agent's request)."""
         if s.agent in self.frozen_clients:
             return  # the fixed policy is not trained: its turns stay out of the buffer
         empty_i, empty_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
@@ -196,7 +199,7 @@ class EpisodeRunner:
             gen_logprobs=np.asarray(gen.logprobs, np.float32) if gen else empty_f,
             gen_versions=np.asarray(gen.versions, np.int32) if gen else empty_i,
             reward=float(reward), done=done, truncated=truncated, agent_id=s.agent,
-            temperature=self.sampling.temperature,
+            temperature=self.sampling.temperature if temperature is None else temperature,
             allowed_tokens=np.asarray(allowed, np.int32), t_start=t_start, t_end=time.time(),
         )
         s.turn += 1

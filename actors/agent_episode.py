@@ -1,0 +1,142 @@
+"""One episode driven by a user's agent through the OpenAI-compatible endpoint: each chat call is one turn.
+
+The episode keeps the exact token ids its context holds: the first call renders its messages, every later
+call appends only the text of the messages that came after the ones already seen (the assistant replies
+included, which are the generated tokens themselves), so nothing generated is re-tokenised. The turn goes
+to the buffer at once, like any runner turn (its chunk carries the rewards reported since the last one).
+
+A caller whose history does not continue the recorded one (it edited, dropped or reordered messages, or
+changed the tools) starts a new segment: a new token stream of the episode (`<id>/s<k>`, prompt key
+`<key>/s<k>`) from the whole conversation rendered afresh, counted in
+`turnstream_actor_agent_segments_total`. Every segment is closed with the episode's final reward, as the
+runner closes the other agents' streams of a multi-agent episode.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from turnstream.actors.openai_chat import (BadRequest, ChatRequest, Message, forced_tool, parse_tool_calls, render,
+                                           tool_call_constraint)
+from turnstream.actors.runner import _Stream
+
+ASSISTANT = "<|im_start|>assistant\n"  # the generation prompt that opens every turn's reply
+
+
+class EpisodeOver(Exception):
+    """The episode ended (truncated, or finished by the reward route); the call cannot be a turn of it."""
+
+
+@dataclass
+class Reply:
+    text: str
+    tool_calls: list[tuple[str, str]]  # (name, arguments JSON)
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class AgentEpisode:
+    runner: object  # actors.runner.EpisodeRunner: chat tokens, inference client, link, sampling, metrics
+    metrics: object  # actors.agent_metrics.AgentMetrics
+    episode_id: str
+    prompt_key: str
+    segments: list[_Stream] = field(default_factory=list)
+    history: list[Message] = field(default_factory=list)  # what the current segment's context renders
+    tools: list[dict] = field(default_factory=list)
+    turns: int = 0
+    pending_reward: float = 0.0
+    outcome: str | None = None  # set once the episode is over: truncated, done
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one turn at a time: a turn extends the last
+
+    async def chat(self, request: ChatRequest) -> Reply:
+        async with self.lock:
+            if self.outcome is not None:
+                raise EpisodeOver(f"episode {self.episode_id} is over ({self.outcome})")
+            return await self._turn(request)
+
+    def _new_messages(self, request: ChatRequest) -> list[Message] | None:
+        """The messages after the recorded history; None when the caller's history does not continue it."""
+        n = len(self.history)
+        if not self.segments or request.tools != self.tools or request.messages[:n] != self.history:
+            return None
+        return request.messages[n:]
+
+    def _observation(self, request: ChatRequest) -> tuple[_Stream, list[int], bool]:
+        """(the segment this turn extends, the turn's observation tokens, whether the segment is new)."""
+        chat, new = self.runner.chat, self._new_messages(request)
+        if new is None:  # the first call, or a history that does not continue the recorded one: a new segment
+            k = len(self.segments)
+            s = _Stream(self.episode_id + (f"/s{k}" if k else ""), self.prompt_key + (f"/s{k}" if k else ""), 0)
+            return s, chat.encode(render(request.messages, request.tools, first=True) + ASSISTANT), True
+        s = self.segments[-1]
+        closing = "" if s.last_gen and s.last_gen[-1] == chat.end_of_turn_id else chat.end_of_turn
+        return s, chat.encode(f"{closing}\n" + render(new, request.tools, first=False) + ASSISTANT), False
+
+    async def _turn(self, request: ChatRequest) -> Reply:
+        r, sampling = self.runner, self.runner.sampling
+        temperature = sampling.temperature if request.temperature is None else request.temperature
+        if temperature <= 0:
+            raise BadRequest("bad_temperature", "temperature must be > 0: greedy sampling has no log-probs to train on")
+        extra: dict = {"stop": request.stop} if request.stop else {}
+        if (tool := forced_tool(request)) is not None:
+            extra["structured_outputs"] = tool_call_constraint(tool)
+        s, obs_tokens, new_segment = self._observation(request)
+        context = s.context + obs_tokens
+        max_tokens = min(request.max_tokens or sampling.max_new_tokens, sampling.max_new_tokens)
+        if (sampling.max_turns and self.turns >= sampling.max_turns) or \
+                len(context) + max_tokens > sampling.max_context_tokens:
+            await self._close(truncated=True)
+            raise BadRequest("context_length_exceeded", f"the episode's context ({len(context)} tokens) and "
+                             f"max_tokens ({max_tokens}) exceed the model's context, or actor.max_turns turns were "
+                             "played: the episode is truncated")
+        t_start, started = time.time(), time.monotonic()
+        # generated first, recorded after: a failed call leaves the episode as it was, for the caller to retry
+        gen = await r.client.generate(context, max_tokens=max_tokens, temperature=temperature,
+                                      cache_salt=f"v{r.link.learner_version}",
+                                      **({"extra_params": extra} if extra else {}))
+        r.m.generate_seconds.observe(time.monotonic() - started)
+        r.m.generated_tokens.inc(len(gen.tokens))
+        r.m.turns.inc()
+        if new_segment:
+            if self.segments:
+                self.metrics.segments.inc()
+            self.segments.append(s)
+        self.turns += 1
+        text = r.chat.decode(gen.tokens)
+        for stop in request.stop:  # OpenAI's replies end before the stop string; the tokens keep all of it
+            text = text.split(stop, 1)[0]
+        content, calls = parse_tool_calls(text)
+        reward, self.pending_reward = self.pending_reward, 0.0
+        await r._send(s, obs_tokens, gen, [], reward, done=False, truncated=False, t_start=t_start,
+                      temperature=temperature)
+        s.context = context + gen.tokens
+        s.last_gen = gen.tokens
+        self.tools, self.history = request.tools, [*request.messages, Message("assistant", content, tuple(calls))]
+        finish = "tool_calls" if calls else ("length" if gen.finish_reason == "length" else "stop")
+        return Reply(content, calls, finish, len(context), len(gen.tokens))
+
+    def add_reward(self, reward: float) -> None:
+        self.pending_reward += reward
+
+    async def finish(self, reward: float = 0.0) -> str:
+        """Close every segment with the episode's reward (those with a streamed turn); the outcome."""
+        async with self.lock:
+            if self.outcome is None:
+                self.pending_reward += reward
+                await self._close(truncated=False)
+            return self.outcome
+
+    async def _close(self, *, truncated: bool) -> None:
+        self.outcome = "truncated" if truncated else "done"
+        for s in self.segments:
+            if s.turn:
+                await self.runner._send(s, [], None, [], self.pending_reward, done=True, truncated=truncated,
+                                        t_start=time.time())
+        self.pending_reward = 0.0
+
+    @property
+    def streamed_seq(self) -> int:
+        return max((s.last_seq for s in self.segments), default=-1)

@@ -1,0 +1,77 @@
+"""Plays an episode whose loop is a user's function (`env.name = "agent"`, actors/envs/agent.py).
+
+The runner's slot (actors/runner.py) hands the episode here instead of stepping an environment: the user's
+`async def solve(client, task) -> float` gets an `openai.AsyncOpenAI` client whose base URL is the episode's
+own on the actor's endpoint (actors/openai_endpoint.py), every chat call of it is one streamed turn, and
+its return value is the episode's final reward (added to any the reward route reported).
+
+An exception from the user's function (or a return value that is not a number, or running past the time
+limit) abandons the episode: counted in `turnstream_actor_agent_errors_total` by reason, the turns already
+streamed left for the buffer to drop as abandoned after its timeout, and the actor goes on. The exception
+that follows a truncation (the call past the context answered 400) keeps the truncated outcome.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from typing import Awaitable, Callable
+
+from turnstream.actors.agent_episode import AgentEpisode
+from turnstream.actors.openai_endpoint import AgentMetrics, OpenAIEndpoint
+
+log = logging.getLogger("turnstream.actor")
+
+_endpoints: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, OpenAIEndpoint]" = weakref.WeakKeyDictionary()
+_starting = weakref.WeakKeyDictionary()
+
+
+async def shared_endpoint(registry) -> OpenAIEndpoint:
+    """The actor process's one endpoint (started by the first agent episode; the evaluation runner shares it)."""
+    loop = asyncio.get_running_loop()
+    lock = _starting.setdefault(loop, asyncio.Lock())
+    async with lock:
+        if loop not in _endpoints:
+            _endpoints[loop] = await OpenAIEndpoint(AgentMetrics(registry)).start()
+    return _endpoints[loop]
+
+
+async def play_agent(runner, solve: Callable[..., Awaitable], task, *, episode_id: str, prompt_key: str,
+                     streams: dict, success_at: float, timeout_s: float) -> str:
+    """Play one episode of `task` with the user's `solve`; the outcome (the runner's episode labels, or
+    agent_error)."""
+    import openai  # the integrations extra; AgentEnv checked at construction that it is there
+
+    endpoint = await shared_endpoint(runner.m.registry)
+    episode = AgentEpisode(runner, endpoint.metrics, episode_id, prompt_key)
+    endpoint.episodes[episode_id] = episode
+    client = openai.AsyncOpenAI(base_url=endpoint.base_url(episode_id), api_key="turnstream",
+                                timeout=runner_timeout(runner))
+    try:
+        result = await asyncio.wait_for(solve(client, task), timeout_s or None)
+        reward = _reward(result)
+    except Exception as exc:  # the user's code: never the actor's end
+        if episode.outcome is not None:  # truncated, or ended by the reward route: the outcome stands
+            return episode.outcome
+        reason = "timeout" if isinstance(exc, asyncio.TimeoutError) else type(exc).__name__
+        endpoint.metrics.agent_errors.labels(reason).inc()
+        log.warning("episode %s abandoned: the agent failed (%s): %s", episode_id, reason, exc)
+        return "agent_error"
+    finally:
+        del endpoint.episodes[episode_id]
+        streams.update(enumerate(episode.segments))  # what the slot reads: streamed chunks, prompt keys
+        await client.close()
+    outcome = await episode.finish(reward)
+    return "success" if outcome == "done" and reward >= success_at else outcome
+
+
+def _reward(result) -> float:
+    if isinstance(result, bool) or not isinstance(result, (int, float)):
+        raise TypeError(f"the agent returned {type(result).__name__}, not a number (the episode's reward)")
+    return float(result)
+
+
+def runner_timeout(runner) -> float:
+    """The client's per-call time limit: a turn waits for a server and generates (actor.request_timeout_s)."""
+    fleet_timeout = getattr(getattr(runner.client, "timeout", None), "total", None)
+    return float(fleet_timeout or 60.0) * 2
