@@ -27,6 +27,7 @@ async def serve(cfg: Config, actor_index: int) -> None:
     from turnstream.actors.metrics import ActorMetrics
     from turnstream.actors.runner import EpisodeRunner, Sampling
     from turnstream.actors.curriculum import TrackerValues, follow_announcements
+    from turnstream.actors.drain import DrainableTasks, drain
     from turnstream.actors.task_position import keep_saving, position_path, restore_position, save_position
     from turnstream.actors.tasks import TaskSource, make_order
     from turnstream.protocol.auth import keys_for
@@ -74,6 +75,7 @@ async def serve(cfg: Config, actor_index: int) -> None:
                        epochs=cfg.tasks.epochs, shard=actor_index, num_shards=a.num_processes, values=values,
                        spo_epsilon=cfg.tasks.spo_epsilon, eval_split=cfg.tasks.eval_split)
     source = TaskSource(order, cfg.tasks.group_size)
+    tasks_in_play = DrainableTasks(source)  # what a graceful stop drains
     position = position_path(cfg.run.run_dir, actor_index) if cfg.tasks.order == "sequential" else None
     if position is not None and (at := restore_position(position, source)) is not None:
         log.info("%s: the task source goes on at draw %d (%s)", actor_id, at, position)
@@ -81,7 +83,7 @@ async def serve(cfg: Config, actor_index: int) -> None:
         runner = EpisodeRunner(actor_id=actor_id, epoch=epoch, env_factory=env_factory, chat=chat, client=client,
                                link=link,
                                sampling=Sampling(a.temperature, a.max_new_tokens, v.max_model_len, a.max_turns),
-                               metrics=metrics, tasks=source,
+                               metrics=metrics, tasks=tasks_in_play,
                                frozen_clients={agent: frozen_client for agent in a.frozen_agents})
         tasks = [asyncio.create_task(link.run()), asyncio.create_task(_play_then_idle(runner, a.concurrent_episodes))]
         if cfg.tasks.order == "spo":
@@ -97,6 +99,9 @@ async def serve(cfg: Config, actor_index: int) -> None:
                                                              v.health_interval_s)))
         stopper = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+        if stopper in done and not any(t.done() for t in tasks):
+            # SIGTERM/SIGINT: a graceful stop; the link keeps delivering while the open episodes finish
+            await drain(tasks_in_play, link, cfg.launch.drain_timeout_s, actor_id)
         for t in [*tasks, stopper]:
             t.cancel()
         if position is not None:  # the episodes in flight are not played: the next incarnation plays them
@@ -113,7 +118,8 @@ async def _play_then_idle(runner, concurrent_episodes: int) -> None:
     """Play until the task source runs out (tasks.epochs), then keep the process (and its link, which still
     delivers the last chunks) up until it is stopped."""
     await runner.run(concurrent_episodes)
-    log.info("%s: the task source ran out (tasks.epochs); no more episodes", runner.actor_id)
+    if not getattr(runner.tasks, "draining", False):
+        log.info("%s: the task source ran out (tasks.epochs); no more episodes", runner.actor_id)
     await asyncio.Event().wait()
 
 

@@ -51,7 +51,8 @@ async def serve(cfg: Config) -> None:
     await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
     await server.shutdown()
     task.cancel()
-    server.close()
+    server.close()  # closes the write-ahead log, after an fsync of what it still holds
+    log.info("buffer: stopped%s", ", write-ahead log synced" if journal is not None else "")
     await runner.cleanup()
     if task.done() and not task.cancelled() and task.exception():
         raise task.exception()  # type: ignore[misc]

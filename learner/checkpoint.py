@@ -71,6 +71,11 @@ def latest(root: Path) -> Path | None:
     return done[-1] if done else None
 
 
+def version_of(path: Path | None) -> int:
+    """The policy version a checkpoint directory holds (step-000012: 12); -1 for none."""
+    return int(Path(path).name.split("-", 1)[1]) if path is not None else -1
+
+
 def load(path: Path) -> tuple[dict, dict]:
     trainer_state = torch.load(Path(path) / "trainer.pt", weights_only=False)  # our own file: numpy RNG state
     tracker_state = json.loads((Path(path) / "tracker.json").read_text())

@@ -17,7 +17,7 @@ from turnstream.core.configtools import ConfigError
 from turnstream.learner import checkpoint
 from turnstream.learner.device import attn_implementation, placement
 from turnstream.learner.distributed import broadcast, init_from_env, shutdown
-from turnstream.learner.serve import serve
+from turnstream.learner.serve import save_checkpoint, serve
 from turnstream.learner.trainer import Trainer
 
 __all__ = ["build_trainer", "main", "train"]
@@ -69,12 +69,22 @@ async def _train_rank(cfg: Config, rank: int, world: int) -> None:
     model, trainer, _ = build_trainer(cfg)
     if rank == 0:
         await serve(cfg, model, trainer, world)
+        await checkpoint_on_stop(cfg, model, trainer)
         return
     while (batch := broadcast(None, rank, world)) is not None:
         try:
             trainer.step(batch)
         except ValueError as exc:  # rank 0 skips the same batch for the same reason
             log.error("rank %d skipped a batch: %s", rank, exc)
+
+
+async def checkpoint_on_stop(cfg: Config, model, trainer) -> None:
+    """A stopped learner (SIGTERM, max_steps) leaves a checkpoint of its last step, so that a resumed run
+    loses no step: serve() returns only after that step's push and announcement."""
+    root = Path(cfg.run.run_dir) / "checkpoints"
+    if trainer.version > 0 and checkpoint.version_of(checkpoint.latest(root)) < trainer.version:
+        seconds = await save_checkpoint(cfg, model, trainer)
+        log.info("checkpoint of version %d on stop (%.1f s)", trainer.version, seconds)
 
 
 def main(cfg: Config) -> None:

@@ -98,8 +98,10 @@ class ProcessGroup:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
 
     def start(self, name: str, argv: list[str], env: dict | None = None, cpus: list[int] | None = None) -> Child:
-        """`cpus`: pin the child (and every process it starts) to these CPU ids; None or empty: anywhere."""
-        child = self._spawn(name, argv, env, cpus, self.run_dir / "logs" / f"{name}.log", "wb")
+        """`cpus`: pin the child (and every process it starts) to these CPU ids; None or empty: anywhere.
+
+        Its log is appended to: a resumed run keeps the logs of the processes before it."""
+        child = self._spawn(name, argv, env, cpus, self.run_dir / "logs" / f"{name}.log", "ab")
         self.children.append(child)
         self._write_pids()
         return child
