@@ -173,6 +173,8 @@ def tool_call_constraint(tool: dict) -> dict:
     schema = {"type": "object", "properties": {"name": {"const": tool["name"]},
                                                "arguments": tool.get("parameters") or {"type": "object"}},
               "required": ["name", "arguments"], "additionalProperties": False}
+    # at most one whitespace character in a row: JSON's free whitespace otherwise lets a weak model spend
+    # every token it has on blanks (a random tiny model does)
+    content = {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": 1}
     return {"structural_tag": json.dumps({"type": "structural_tag", "format": {
-        "type": "tag", "begin": "<tool_call>\n", "content": {"type": "json_schema", "json_schema": schema},
-        "end": "\n</tool_call>"}})}
+        "type": "tag", "begin": "<tool_call>\n", "content": content, "end": "\n</tool_call>"}})}
