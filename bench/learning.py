@@ -84,12 +84,11 @@ def run_config(task: str, estimator: str, seed: int, url: str, args):
     from turnstream.core.config import load_config
 
     learner_estimator, settings = ESTIMATORS[estimator]
-    cfg = load_config(None, [*args.overrides, *settings])
+    cfg = load_config(None, [*args.overrides, f"learner.estimator={learner_estimator}", *settings])
     cfg.vllm.urls = [url]
     cfg.vllm.max_model_len = MAX_MODEL_LEN
     cfg.model.path = args.model
     cfg.env.name, cfg.env.args = TASKS[task][0], dict(TASKS[task][1])
-    cfg.learner.estimator = learner_estimator
     if estimator in GROUP_ESTIMATORS and args.group_size > 1:
         cfg.tasks.group_size, cfg.buffer.sampling = args.group_size, "group"
     cfg.run.rolling_episodes = args.window

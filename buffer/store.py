@@ -204,8 +204,8 @@ class ReplayStore:
             batch = select(self.policy, candidates, max_episodes=n, max_tokens=max_tokens,
                            group_size=self.group_size)
             # the rate limiter counts whole episodes (inserted when complete); segments ride along
-            whole = sum(isinstance(item, Episode) for item in batch or ())
-            if batch is None or not self.limiter.can_sample(whole, len(candidates)):
+            n_whole = sum(isinstance(item, Episode) for item in batch or ())
+            if batch is None or not self.limiter.can_sample(n_whole, len(candidates)):
                 return None
             # The bound is the store's promise, so it is checked where episodes leave, not only where the
             # version moves: an item past it is dropped, counted, and never served.

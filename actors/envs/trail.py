@@ -1,10 +1,10 @@
 """A long trail: 50 turns and more, a reward at every marker and a bonus for the end (the long-horizon task).
 
 The trail has `length` markers (default 50), each with a sign, L or R. Every turn the observation shows how
-many markers are still to go and the sign of the next one ("37 L"); the agent answers one token, L or R.
-Following the sign moves it on to the next marker and pays `(1 - bonus) / length`; the other answer pays
-nothing and leaves it where it was (the same observation comes again), so a mistake costs a turn of the
-budget, not the episode. Reaching the end pays the terminal `bonus` (default 0.5) on top and ends the
+many turns the budget has left and the sign of the next marker ("37 L"); the agent answers one token, L or
+R. Following the sign moves it on to the next marker and pays `(1 - bonus) / length`; the other answer pays
+nothing and leaves it where it was (the same sign comes again, with one turn fewer left), so a mistake costs
+a turn of the budget, not the episode. Reaching the end pays the terminal `bonus` (default 0.5) on top and ends the
 episode with success; the episode also ends, without success and without the bonus, when the turn budget
 (`length` plus `slack` of it, rounded up: 60 turns for 50 markers) is spent. The budget is part of the task,
 like goal_walk's, so that end is `done`, not `truncated`. Returns lie in [0, 1] (SPO reads them as success
@@ -12,8 +12,11 @@ evidence) and are exactly 1 on success.
 
 The signs are drawn independently per marker, so a policy blind to the observation follows each sign with
 probability 1/2 and the only way to the bonus is to read the sign on every turn; the sign is the
-observation's last token, a fixed few tokens before the action. The number in front is for the critic
-(how much is left to earn), not needed by the policy.
+observation's last token, a fixed few tokens before the action. The number in front is for the critic, not
+needed by the policy: how many turns are left is what a turn's value depends on (each turn earns about the
+same). It once showed the markers still to go instead, which confounds progress with time: under a random
+policy the value of "N to go" falls by one marker's pay per marker, so a critic that learned it gave a
+correct answer (one marker closer) the same advantage as a wrong one, and turn_gae had no signal.
 
 Measured by simulation (20,000 episodes per policy, defaults; tests/unit/test_env_long_horizon.py checks
 them on 3,000):
@@ -85,7 +88,7 @@ class Trail(Environment):
         return Reset(observation=self._observation(), prompt_key=f"{self.name}/{task}")
 
     def _observation(self) -> str:
-        return f"{len(self.signs) - self.pos} {self.signs[self.pos]}"
+        return f"{self.max_turns - self.turn} {self.signs[self.pos]}"
 
     async def step(self, action: str) -> Step:
         reward = 0.0

@@ -83,10 +83,10 @@ async def test_a_reward_per_marker_and_the_bonus_at_the_end():
     assert steps[-1].reward == pytest.approx(0.51)  # the last marker's 0.01 and the bonus
     assert sum(s.reward for s in steps) == pytest.approx(1.0)
     assert all(not s.done and s.info is None for s in steps[:-1])
-    # the observation counts down the markers to go and shows the next sign
+    # the observation counts down the turns left in the budget and shows the next sign
     signs = env.task_signs(7)
-    assert (await env.reset(0, task=7)).observation == f"50 {signs[0]}"
-    assert [s.observation for s in steps[:3]] == [f"49 {signs[1]}", f"48 {signs[2]}", f"47 {signs[3]}"]
+    assert (await env.reset(0, task=7)).observation == f"60 {signs[0]}"
+    assert [s.observation for s in steps[:3]] == [f"59 {signs[1]}", f"58 {signs[2]}", f"57 {signs[3]}"]
     custom = make_env("trail", length=4, bonus=0.2)
     assert [s.reward for s in await _play(custom, _follow)] == pytest.approx([0.2, 0.2, 0.2, 0.4])
 
@@ -95,8 +95,9 @@ async def test_a_wrong_answer_costs_a_turn_not_the_episode():
     env = make_env("trail")
     obs = (await env.reset(0, task=2)).observation
     step = await env.step(_other(obs.split()[-1]))
-    assert step.reward == 0.0 and not step.done and step.observation == obs  # the same marker again
-    assert (await env.step("left")).observation == obs  # anything but the sign is wrong
+    assert obs == f"60 {obs.split()[-1]}"
+    assert step.reward == 0.0 and not step.done and step.observation == f"59 {obs.split()[-1]}"  # the same marker
+    assert (await env.step("left")).observation == f"58 {obs.split()[-1]}"  # anything but the sign is wrong
     # always wrong: the budget (50 + 20% = 60 turns) ends it, a task's end rather than a cut
     steps = await _play(env, lambda o: _other(_follow(o)), task=2)
     assert len(steps) == 60 and steps[-1].done and not steps[-1].truncated
