@@ -110,6 +110,11 @@ class LearnerSection(Section):
                         description="auto | cpu | cuda | cuda:N (learner/device.py); auto: cuda when present, else cpu")
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="auto: bf16 autocast on cuda (fp32 master weights and AdamW state), fp32 on cpu")
+    parallel: Literal["ddp", "fsdp2"] = Field(
+        "ddp", description="data parallel over the torchrun ranks (one process: plain training). ddp: every rank "
+        "holds the whole model, its gradients and AdamW state. fsdp2: those three are sharded over the ranks "
+        "(torch.distributed.fsdp.fully_shard per decoder layer; learner/fsdp.py), for models that do not fit one "
+        "device; each forward then all-gathers a layer's parameters")
     activation_checkpointing: bool = Field(
         False, description="recompute each decoder layer in backward: less memory, ~1/3 more compute")
     attn_implementation: str = Field(

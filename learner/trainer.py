@@ -5,7 +5,9 @@ round-robin over ranks, and gradients are summed across ranks. Because the loss 
 aggregation weights (learner/objective.py), the sum over micro-batches and ranks is exactly the one-rank loss.
 The sum is DistributedDataParallel's: it all-reduces gradient buckets while backward is still running
 (communication overlaps compute), and each rank accumulates its micro-batches locally (`no_sync`) until
-its last one, so there is one reduction per optimizer step.
+its last one, so there is one reduction per optimizer step. With `learner.parallel = "fsdp2"`
+(learner/fsdp.py) the same sum is a reduce-scatter of sharded gradients, again once per optimizer step; each
+forward all-gathers parameters, so ranks with fewer micro-batches run stand-ins to match the busiest.
 
 Device and precision (learner/device.py): the model, critic and optimizer state live on `learner.device`
 in fp32; forwards run under autocast (bf16 on cuda by default). Batch bookkeeping (TensorBatch, indices,
@@ -14,6 +16,8 @@ advantages) stays on the CPU; each micro-batch's inputs and per-token loss terms
 from __future__ import annotations
 
 import contextlib
+import copy
+import logging
 import time
 
 import torch
@@ -21,7 +25,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from turnstream.core.config import LearnerSection
-from turnstream.learner import estimators, forward
+from turnstream.learner import estimators, forward, fsdp
 from turnstream.learner.batching import TensorBatch, logprobs_from_action_logits, max_entropy, to_tensors
 from turnstream.learner.checkpoint import rng_state, set_rng_state
 from turnstream.learner.critic import PolicyAndValue
@@ -39,6 +43,7 @@ from turnstream.protocol.messages import Batch
 __all__ = ["NothingToTrain", "Trainer"]  # NothingToTrain: raised by step(), caught by learner/main.py
 
 STEP_KL_EPISODES = 32  # episodes step_kl is measured on (all of a smaller batch)
+log = logging.getLogger("turnstream.learner")
 
 
 class Trainer:
@@ -46,14 +51,23 @@ class Trainer:
                  where: Placement | None = None):
         self.where = where or placement(cfg.device, cfg.precision)
         self.device = self.where.device
-        self.model = model.to(self.device, dtype=torch.float32)  # fp32 master weights; autocast does the rest
+        distributed = dist.is_available() and dist.is_initialized()
+        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+        self.sharded = fsdp.sharded(cfg.parallel, self.world)
+        # fsdp2: rank 0 trains a copy and keeps the caller's `model`, which pushes and checkpoints read, as the
+        # full weights on its CPU, refreshed after every step (_gather_full_state)
+        self.full_model = model if self.sharded and self.rank == 0 else None
+        if self.full_model is not None:
+            model = copy.deepcopy(model)
+        # fp32 master weights; autocast does the rest. Sharded, fully_shard moves each rank's shards over.
+        self.model = model.to(dtype=torch.float32) if self.sharded else model.to(self.device, dtype=torch.float32)
         self.cfg = cfg
         self.vocab_size = model.config.vocab_size
         self.pad_id = model.config.pad_token_id or 0
         value_based = cfg.estimator in estimators.VALUE_BASED
         self.net = PolicyAndValue(model, cfg.critic.mode if value_based else None, critic_path)
-        self.net.to(self.device, dtype=torch.float32)
-        if ref_model is not None:
+        self.net.to(dtype=torch.float32) if self.sharded else self.net.to(self.device, dtype=torch.float32)
+        if ref_model is not None and not self.sharded:
             ref_model.to(self.device)
         # Packing only under a budget: without one, the whole batch would become one row, and attention kernels
         # without cu_seqlens (sdpa, eager) pay for the full square of its length; the demo's step got 4x slower.
@@ -64,6 +78,9 @@ class Trainer:
             forward.check_packing_support(model)
         if cfg.activation_checkpointing:
             enable_checkpointing(model, self.net.critic.backbone if self.net.critic is not None else None)
+        if self.sharded:  # before the optimizer: sharding replaces the parameters with DTensor ones
+            fsdp.shard_network(self.net, self.device, self.where.compute_dtype, ref_model)
+        self._gathered: dict = {}  # fsdp2: optimizer and critic state gathered for a checkpoint
         groups = [{"params": list(model.parameters()), "lr": cfg.lr}]
         if self.net.critic_parameters():
             groups.append({"params": self.net.critic_parameters(), "lr": cfg.critic.lr})
@@ -78,11 +95,9 @@ class Trainer:
         self.ref_model = ref_model  # frozen initial policy for the KL term (kl_coef > 0)
         self.generator = torch.Generator().manual_seed(seed)
         self.version = 0
-        distributed = dist.is_available() and dist.is_initialized()
-        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-        # the network that takes gradients; forwards without gradients use self.net directly.
-        # no buffer sync per forward: the model's buffers (rotary tables) are constants, equal on every rank.
-        self.train_net = self.net if self.world == 1 else DistributedDataParallel(
+        # the network that takes gradients; forwards without gradients use self.net directly (sharded: the
+        # same module). No buffer sync per forward: the buffers (rotary tables) are constants, equal everywhere.
+        self.train_net = self.net if self.world == 1 or self.sharded else DistributedDataParallel(
             self.net, device_ids=[self.device.index] if self.device.type == "cuda" else None,
             forward_sync_buffers=False)
 
@@ -108,6 +123,7 @@ class Trainer:
         if cfg.estimator == "spo":  # learner.spo.drift: measured against pi_prox or the updated policy
             rho_mean = fold_batch(self.tracker, batch.prompt_keys, batch.returns, tb,
                                   new_logp if drift_updated else x.prox_logp)
+        self._gather_full_state()
         step_s = time.monotonic() - started
         out.update(batch_stats(batch, tb, dropped), version=self.version, baseline_mean=x.advantages.baseline_mean,
                    spo_rho_mean=rho_mean, step_s=step_s,
@@ -146,17 +162,20 @@ class Trainer:
         weights = update_weights(x, rows, self.cfg.loss_agg)
         self.optimizer.zero_grad(set_to_none=True)
         parts = MeanMax()
-        mbs = self._my_microbatches(x.tb, rows)
-        if not mbs:  # more ranks than micro-batches: this rank still joins the gradient reduction, with zero
-            self._forward_backward(x, forward.build(x.tb, rows[:1], self.packed, self.device), weights, own=False)
-        for i, mb in enumerate(mbs):
+        # an idle rank (more ranks than micro-batches) still joins the gradient reduction, with zero loss
+        mbs = self._my_microbatches(x.tb, rows, at_least_one=True)
+        for i, (mb, own) in enumerate(mbs):
             # gradients of all but the rank's last micro-batch accumulate locally (forward and backward
             # inside no_sync); the last one's backward reduces them over ranks
             last = i == len(mbs) - 1
-            with contextlib.nullcontext() if last or self.world == 1 else self.train_net.no_sync():
-                parts.add(self._forward_backward(x, mb, weights, own=True))
+            if self.sharded:
+                fsdp.set_gradient_sync(self.train_net, last)
+            with contextlib.nullcontext() if last or self.world == 1 or self.sharded else self.train_net.no_sync():
+                stats = self._forward_backward(x, mb, weights, own=own)
+            if own:
+                parts.add(stats)
         stats = parts.result()
-        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self._params(), self.cfg.max_grad_norm))
+        stats["grad_norm"] = fsdp.clip_grad_norm(self._params(), self.cfg.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         return stats
@@ -207,9 +226,11 @@ class Trainer:
         reference model, and the critic's values if asked; each rank fills its share, other tokens stay 0."""
         n = tb.act_tokens.numel()
         logp, vals = torch.zeros(n), torch.zeros(n)
-        for mb in self._my_microbatches(tb, torch.arange(tb.num_episodes) if rows is None else rows):
+        for mb, own in self._my_microbatches(tb, torch.arange(tb.num_episodes) if rows is None else rows):
             with self.where.autocast():
                 logits, v = (forward.action_logits(self.ref_model, mb).logits, None) if reference else self.net(mb)
+            if not own:
+                continue
             logp[mb.select] = self._logprobs(logits, tb, mb, allowed)[0].cpu()
             if values:
                 vals[mb.select] = v.float().cpu()
@@ -219,9 +240,17 @@ class Trainer:
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
 
-    def _my_microbatches(self, tb: TensorBatch, rows: torch.Tensor) -> list[forward.MicroBatch]:
+    def _my_microbatches(self, tb: TensorBatch, rows: torch.Tensor,
+                         at_least_one: bool = False) -> list[tuple[forward.MicroBatch, bool]]:
+        """This rank's micro-batches of `rows`, each with True, then stand-ins (False: outputs unused) so that
+        a sharded rank runs as many forwards as the busiest one (each forward all-gathers: a collective)."""
         groups = microbatches(tb.lengths, rows, self.cfg.max_tokens_per_microbatch, self.packed)
-        return [forward.build(tb, g, self.packed, self.device) for g in shard(groups, self.rank, self.world)]
+        mine = [(forward.build(tb, g, self.packed, self.device), True) for g in shard(groups, self.rank, self.world)]
+        turns = -(-len(groups) // self.world) if self.sharded else len(mine)
+        turns = max(turns, 1) if at_least_one else turns
+        if turns > len(mine):
+            mine += [(forward.build(tb, rows[:1], self.packed, self.device), False)] * (turns - len(mine))
+        return mine
 
     def _set_eval(self) -> None:
         """No dropout: pi_prox and pi_theta must be the same function at equal weights."""
@@ -235,17 +264,56 @@ class Trainer:
     def _sum_over_ranks(self, *tensors: torch.Tensor) -> None:
         sum_over_ranks(self.world, self.device, *tensors)
 
-    # ---- checkpoint state ---------------------------------------------------------------------------
+    # ---- full state under fsdp2 and checkpoint state -------------------------------------------------
+
+    def _critic_module(self) -> torch.nn.Module | None:
+        return self.net.head if self.net.head is not None else self.net.critic
+
+    def _gather_full_state(self) -> None:
+        """fsdp2, on every rank (collectives): the step's full weights into rank 0's `full_model`, which the
+        push reads; where a checkpoint may follow (checkpoint_every, max_steps), the optimizer and critic too."""
+        if not self.sharded:
+            return
+        fsdp.reshard(self.net)
+        weights = fsdp.full_state_dict(self.net.model)
+        if self.full_model is not None:
+            self.full_model.load_state_dict(weights)
+        del weights
+        cfg, v = self.cfg, self.version
+        if (cfg.checkpoint_every and v % cfg.checkpoint_every == 0) or (cfg.max_steps and v >= cfg.max_steps):
+            critic = self._critic_module()
+            self._gathered = {"version": v, "optimizer": fsdp.full_optimizer_state_dict(self.net, self.optimizer),
+                              "critic": fsdp.full_state_dict(critic) if critic is not None else {}}
 
     def state_dict(self) -> dict:
-        return {"version": self.version, "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "critic": self.net.critic_state_dict(),
-                "rng": rng_state(self.generator)}
+        optimizer, critic = self.optimizer.state_dict(), self.net.critic_state_dict()
+        if self.sharded:  # full tensors gathered by the step (rank 0 calls this alone: no collectives here)
+            if self._gathered.get("version") != self.version:
+                log.warning("fsdp2: version %d was not a checkpoint step (checkpoint_every, max_steps), so its "
+                            "optimizer and critic state were not gathered; this checkpoint holds the weights "
+                            "only, and a resume restarts AdamW's moments and the critic", self.version)
+            optimizer, critic = self._gathered.get("optimizer"), self._gathered.get("critic")
+        return {"version": self.version, "optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
+                "critic": critic, "rng": rng_state(self.generator), "parallel": "fsdp2" if self.sharded else "ddp"}
 
     def load_state_dict(self, state: dict, tracker_state: dict) -> None:
+        written, mine = state.get("parallel", "ddp"), "fsdp2" if self.sharded else "ddp"
+        if written != mine:  # optimizer state keyed by parameter name (fsdp2) or by index (ddp)
+            from turnstream.core.configtools import ConfigError
+
+            raise ConfigError(f"learner.parallel: the checkpoint was written by a {written} learner and this one "
+                              f"is {mine}; resume with learner.parallel = {written!r} (and its number of ranks)")
         self.version = int(state["version"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state["optimizer"] is None:
+            log.warning("the checkpoint holds no optimizer state: AdamW starts its moments afresh")
+        elif self.sharded:
+            fsdp.load_full_optimizer_state_dict(self.net, self.optimizer, state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.net.load_critic_state_dict(state["critic"])
+        if self.sharded and state["critic"]:
+            fsdp.load_full_state_dict(self._critic_module(), state["critic"])
+        elif not self.sharded:
+            self.net.load_critic_state_dict(state["critic"] or {})
         set_rng_state(state["rng"], self.generator)
         self.tracker.load_state_dict(tracker_state)

@@ -1,0 +1,130 @@
+"""learner.parallel = "fsdp2" over 2 gloo ranks under torchrun gives the one-rank update (policy and critic).
+
+One torchrun launch (real processes, 127.0.0.1, a free port) runs every case of CASES on both ranks; rank 0
+writes the full weights the learner would push (its `full_model`) and the critic state a checkpoint would
+hold, both gathered from the shards. The test compares them with the same steps taken by one plain process.
+This file is also the ranks' script (`python -m torch.distributed.run ... test_learner_fsdp2.py OUT`).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+# float32 summation order of the reduce-scatter, as the DDP tests (test_learner_multirank.py) bound it
+TOLERANCE = 1e-5
+STEPS = 2
+# name: (estimator, micro-batch token budget, critic mode, whiten, activation checkpointing, kl_coef)
+CASES = {
+    "spo_microbatches": ("spo", 40, "shared", "batch", False, 0.0),  # uneven micro-batch counts: stand-ins
+    "spo_one_microbatch": ("spo", 0, "shared", "batch", False, 0.0),  # rank 1 has none: all stand-in
+    "turn_gae_separate": ("turn_gae", 40, "separate", "batch", False, 0.0),  # critic model sharded too
+    "turn_gae_shared_checkpointing": ("turn_gae", 40, "shared", "microbatch", True, 0.0),  # value head, recompute
+    "spo_kl_reference": ("spo", 40, "shared", "batch", False, 0.1),  # the sharded frozen reference model
+}
+
+
+def _config(name: str, parallel: str):
+    from turnstream.core.config import LearnerSection
+
+    estimator, budget, critic, whiten, checkpointing, kl = CASES[name]
+    cfg = LearnerSection(estimator=estimator, lr=1e-2, max_tokens_per_microbatch=budget, device="cpu",
+                         activation_checkpointing=checkpointing, kl_coef=kl, parallel=parallel, max_steps=STEPS)
+    cfg.critic.mode, cfg.critic.whiten = critic, whiten
+    return cfg
+
+
+def _train(name: str, parallel: str, critic_path: str, steps: int = STEPS):
+    """STEPS steps on fixed batches; returns the Trainer and the model object its caller pushes from."""
+    from tests.learner_batches import synthetic_batch, tiny_causal_lm
+    from turnstream.learner.trainer import Trainer
+
+    cfg = _config(name, parallel)
+    model = tiny_causal_lm(seed=0)
+    ref = tiny_causal_lm(seed=0).eval().requires_grad_(False) if cfg.kl_coef else None
+    trainer = Trainer(model, cfg, seed=0, critic_path=critic_path, ref_model=ref)
+    for s in range(steps):
+        trainer.step(synthetic_batch(12, group=4, seed=100 + s))
+    return trainer, model
+
+
+def _weights(model, critic_state: dict, critic_prefix: str) -> dict[str, torch.Tensor]:
+    out = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
+    out.update({f"{critic_prefix}.{k}": v.detach().clone() for k, v in critic_state.items()})
+    return out
+
+
+def _plain_weights(trainer, model) -> dict[str, torch.Tensor]:
+    """An unsharded trainer's policy and critic weights, named as _rank_main names them."""
+    critic = trainer._critic_module()
+    return _weights(model, critic.state_dict() if critic is not None else {}, _critic_prefix(trainer))
+
+
+def _critic_prefix(trainer) -> str:
+    return "head" if trainer.net.head is not None else "critic"
+
+
+def _critic_path(out: Path) -> str:
+    from tests.learner_batches import tiny_causal_lm
+
+    path = out / "critic"
+    if not path.exists():
+        tiny_causal_lm(seed=1).save_pretrained(path)
+    return str(path)
+
+
+def _rank_main(out: Path) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        for name in CASES:
+            trainer, model = _train(name, "fsdp2", str(out / "critic"))
+            assert trainer.sharded
+            if dist.get_rank() == 0:
+                state = trainer.state_dict()  # what rank 0 checkpoints: gathered at max_steps
+                assert trainer.full_model is model and state["optimizer"]["state"], name
+                torch.save(_weights(model, state["critic"], _critic_prefix(trainer)), out / f"{name}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(tmp_path_factory):
+    from turnstream.processes import free_port
+
+    out = tmp_path_factory.mktemp("fsdp2")
+    _critic_path(out)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), __file__, str(out)]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return out
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fsdp2_two_ranks_match_one_rank(two_rank_results, name):
+    critic_path = _critic_path(two_rank_results)
+    one = _plain_weights(*_train(name, "ddp", critic_path))  # one process: plain training
+    start = _plain_weights(*_train(name, "ddp", critic_path, steps=0))
+    two = torch.load(two_rank_results / f"{name}.pt")
+    assert one.keys() == two.keys()
+    diff = max((one[k] - two[k]).abs().max().item() for k in one)
+    parts = {"policy": [k for k in one if k.startswith("model.")],
+             "critic": [k for k in one if not k.startswith("model.")]}
+    moved = {part: max((one[k] - start[k]).abs().max().item() for k in keys) for part, keys in parts.items() if keys}
+    print(f"{name}: fsdp2 2 ranks vs 1 rank after {STEPS} steps: max |difference| {diff:.3g} (moved {moved})")
+    assert all(m > 1e-3 for m in moved.values())  # the steps really changed the policy (and critic)
+    assert diff < TOLERANCE
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    _rank_main(Path(sys.argv[1]))
