@@ -33,6 +33,9 @@ class LaunchSection(Section):
     drain_timeout_s: float = Field(30.0, gt=0, description="on a graceful stop (SIGTERM or Ctrl-C to the launcher) "
                                    "actors start no new episode and their open ones have this long to finish and "
                                    "be acked; the rest are abandoned (counted)")
+    targets_dir: str = Field("", description="where the launcher also writes the run's Prometheus discovery files "
+                             "(<run dir name>-turnstream.json, -vllm.json; removed when it stops), for "
+                             "deploy/prometheus/prometheus.yml; empty: the run directory's parent")
     stop_timeout_s: float = Field(120.0, gt=0, description="on a graceful stop, how long the learner (its step, last "
                                   "push and checkpoint), then the buffer, then the vLLM servers each get before "
                                   "SIGKILL")

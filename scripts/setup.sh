@@ -8,6 +8,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Prometheus (promtool and the server) for the tests that check deploy/prometheus against a real one: the
+# Debian/Ubuntu package where apt-get can install it; elsewhere those tests are skipped, saying why.
+if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    if [ "$(id -u)" -eq 0 ]; then SUDO=(); else SUDO=(sudo -n); fi
+    if DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 \
+        || { "${SUDO[@]}" apt-get update >/dev/null 2>&1 \
+             && DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1; }; then
+        echo "setup: installed prometheus ($(promtool --version 2>&1 | head -1))"
+    else
+        echo "setup: could not install prometheus with apt-get; the tests that need promtool will be skipped" >&2
+    fi
+fi
+
 PYTHON="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv

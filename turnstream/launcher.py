@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import signal
 import sys
@@ -15,6 +14,7 @@ from turnstream.core.urls_file import write_urls_file
 from turnstream.launcher_metrics import LauncherMetrics, MetricsThread, role_of
 from turnstream.preflight import ensure_models, preflight
 from turnstream.processes import Child, ProcessGroup, free_port, free_port_block, tail
+from turnstream.scrape_targets import remove_discovery_files, write_scrape_targets
 from turnstream.supervisor import RoleFailed, Supervisor
 from turnstream.vllm_restart import VllmRestarts
 from turnstream.vllm_server import vllm_command, wait_healthy
@@ -51,36 +51,6 @@ def resolve(cfg: Config) -> Config:
         # a restarted learner resumes from its latest checkpoint; without any it would start over at version 0
         cfg.learner.checkpoint_every = cfg.launch.learner_checkpoint_every
     return cfg
-
-
-def scrape_host(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "") else host  # a wildcard bind is reached via loopback here
-
-
-def write_scrape_targets(cfg: Config, launcher_port: int) -> Path:
-    """Prometheus file-based discovery files (deploy/prometheus/prometheus.yml reads runs/*/prometheus/*.json).
-
-    turnstream.json lists every turnstream /metrics endpoint with a `role` label; vllm.json the vLLM servers,
-    whose metrics follow vLLM's own naming and are scraped as a separate job.
-    """
-    host = scrape_host(cfg.network.host)
-    labels = {"run": cfg.run.name}
-    groups = [
-        {"targets": [f"{host}:{launcher_port}"], "labels": {**labels, "role": "launcher"}},
-        {"targets": [f"{host}:{cfg.buffer.metrics_port}"], "labels": {**labels, "role": "buffer"}},
-        {"targets": [f"{host}:{cfg.learner.metrics_port}"], "labels": {**labels, "role": "learner"}},
-        {"targets": [f"{host}:{cfg.actor.metrics_port + i}" for i in range(cfg.actor.num_processes)],
-         "labels": {**labels, "role": "actor"}},
-    ]
-    vllm = [{"targets": [url.split("://", 1)[-1].rstrip("/") for url in cfg.vllm.urls],
-             "labels": {**labels, "role": "vllm"}}]
-    out = Path(cfg.run.run_dir) / "prometheus"
-    out.mkdir(parents=True, exist_ok=True)
-    for name, content in (("turnstream.json", groups), ("vllm.json", vllm)):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(json.dumps(content, indent=1) + "\n")
-        tmp.replace(out / name)  # atomic: Prometheus may read the file at any moment
-    return out / "turnstream.json"
 
 
 class LocalStack:
@@ -139,6 +109,7 @@ class LocalStack:
                   (lambda name: role_of(name) == "buffer", launch.stop_timeout_s),
                   (lambda name: role_of(name) == "vllm", VLLM_STOP_TIMEOUT_S)]
         self.procs.stop_all(stages=stages)
+        remove_discovery_files(self.cfg)  # Prometheus forgets the run's targets instead of alerting on them
         self._http.stop()
         signal.signal(signal.SIGTERM, self._old_sigterm)
         signal.signal(signal.SIGINT, self._old_sigint)
