@@ -78,20 +78,39 @@ def _critic_path(out: Path) -> str:
     return str(path)
 
 
+def _counting(counts: dict, key: str, fn):
+    def counted(*args, **kwargs):
+        counts[key] += 1
+        return fn(*args, **kwargs)
+    return counted
+
+
 def _rank_main(out: Path) -> None:
+    import json
+
     import torch.distributed as dist
+
+    from turnstream.learner.trainer import Trainer
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    # FSDP2's gradient reduction is one reduce_scatter_single per FSDP unit; count them against the backwards
+    counts: dict[str, dict[str, int]] = {}
+    reduce_scatter, forward_backward = dist.reduce_scatter_single, Trainer._forward_backward
     try:
         for name in CASES:
+            counts[name] = {"reductions": 0, "backwards": 0}
+            dist.reduce_scatter_single = _counting(counts[name], "reductions", reduce_scatter)
+            Trainer._forward_backward = _counting(counts[name], "backwards", forward_backward)
             trainer, model = _train(name, "fsdp2", str(out / "critic"))
             assert trainer.sharded
             if dist.get_rank() == 0:
                 state = trainer.state_dict()  # what rank 0 checkpoints: gathered at max_steps
                 assert trainer.full_model is model and state["optimizer"]["state"], name
                 torch.save(_weights(model, state["critic"], _critic_prefix(trainer)), out / f"{name}.pt")
+        (out / f"counts{dist.get_rank()}.json").write_text(json.dumps(counts))
     finally:
+        dist.reduce_scatter_single, Trainer._forward_backward = reduce_scatter, forward_backward
         dist.destroy_process_group()
 
 
@@ -123,6 +142,20 @@ def test_fsdp2_two_ranks_match_one_rank(two_rank_results, name):
     print(f"{name}: fsdp2 2 ranks vs 1 rank after {STEPS} steps: max |difference| {diff:.3g} (moved {moved})")
     assert all(m > 1e-3 for m in moved.values())  # the steps really changed the policy (and critic)
     assert diff < TOLERANCE
+
+
+def test_fsdp2_reduces_gradients_once_per_optimizer_step(two_rank_results):
+    """Several micro-batches per rank cost as many gradient reductions as one micro-batch per rank."""
+    import json
+
+    for rank in (0, 1):
+        counts = json.loads((two_rank_results / f"counts{rank}.json").read_text())
+        several, one = counts["spo_microbatches"], counts["spo_one_microbatch"]
+        print(f"rank {rank}: {several} with several micro-batches, {one} with one")
+        assert several["backwards"] > STEPS  # accumulation over micro-batches really happened
+        assert one["backwards"] == STEPS
+        assert several["reductions"] == one["reductions"] > 0
+        assert one["reductions"] % STEPS == 0  # per step: one per FSDP unit that has gradients
 
 
 if __name__ == "__main__":
