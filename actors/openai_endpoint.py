@@ -65,6 +65,7 @@ class OpenAIEndpoint:
     def __init__(self, metrics: AgentMetrics, host: str = "127.0.0.1"):
         self.metrics, self.host, self.port = metrics, host, 0
         self.episodes: dict[str, AgentEpisode] = {}
+        self.http_client = None  # the agents' clients' shared connection pool (actors/agent_runner.py)
         self._runner: web.AppRunner | None = None
 
     async def start(self, port: int = 0) -> "OpenAIEndpoint":
@@ -80,6 +81,8 @@ class OpenAIEndpoint:
         return self
 
     async def close(self) -> None:
+        if self.http_client is not None:
+            await self.http_client.aclose()
         if self._runner is not None:
             await self._runner.cleanup()
 
