@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Literal  # the Agents SDK reads the tool's annotations from this module's names
 
 import numpy as np
 import pytest
@@ -48,10 +49,10 @@ async def weather_agent(client, task):
     return 1.0 if city == task else 0.0
 
 
-def agent_runner(fleet, tiny_model, link):
+def agent_runner(fleet, tiny_model, link, max_context: int = 512):
     env = make_env("agent", entry="tests.e2e.test_agent_endpoint:weather_agent", tasks=CITIES)
     return EpisodeRunner(actor_id="t", epoch=1, env_factory=lambda: env, chat=ChatTokens(tiny_model), client=fleet,
-                         link=link, sampling=Sampling(1.0, 96, 512), metrics=ActorMetrics(),
+                         link=link, sampling=Sampling(1.0, 96, max_context), metrics=ActorMetrics(),
                          tasks=TaskSource(RandomOrder(0)))
 
 
@@ -160,3 +161,51 @@ def test_two_concurrent_episodes_never_mix_tokens(vllm_url, tiny_model):
         observations = chat.decode(np.concatenate([c.obs_tokens for c in streams[name]]).tolist())
         assert f"only {own} here" in observations and f"{own} turn 1" in observations
         assert other not in observations
+
+
+async def agents_sdk_agent(client, task):
+    """An agent written with the OpenAI Agents SDK (tracing off: nothing leaves the machine): one forced call
+    of a function tool, the tool's result handed back by the SDK, then the model's answer."""
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    calls = []
+
+    @function_tool
+    def weather(city: Literal["paris", "rome", "oslo"]) -> str:
+        """Today's weather in a city."""
+        calls.append(city)
+        return f"sunny in {city}"
+
+    agent = Agent(name="forecaster", instructions="answer briefly", tools=[weather],
+                  model=OpenAIChatCompletionsModel(model="tiny", openai_client=client),
+                  model_settings=ModelSettings(tool_choice="weather", max_tokens=96))
+    result = await Runner.run(agent, f"weather in {task}?", max_turns=4)
+    assert calls and isinstance(result.final_output, str)  # the SDK ran the tool, then took the answer
+    return 1.0 if calls[0] == task else 0.0
+
+
+def test_an_openai_agents_sdk_agent_trains_through_the_endpoint(vllm_url, tiny_model):
+    async def run():
+        async with RecordingFleet([vllm_url], health_interval_s=60) as fleet:
+            link = CollectingLink()
+            # the session server's whole context: the SDK's tool signature alone is some 250 tokens here
+            runner = agent_runner(fleet, tiny_model, link, max_context=1024)
+            runner.env_factory().solve = agents_sdk_agent
+            outcomes = [await runner.play(f"sdk{i}", seed=i, task=i) for i in range(2)]
+            return fleet.record, link.chunks, outcomes, runner
+
+    record, chunks, outcomes, runner = asyncio.run(run())
+    assert all(o in ("success", "done") for o in outcomes), outcomes
+    chat = ChatTokens(tiny_model)
+    for name in ("sdk0", "sdk1"):
+        turns = [c for c in chunks if c.episode_id == name]  # one stream: the SDK's history matched the tokens
+        assert [c.done for c in turns] == [False, False, True]
+        assert chat.decode(turns[0].gen_tokens.tolist()).startswith("<tool_call>\n")
+        assert "<tool_response>\nsunny in " in chat.decode(turns[1].obs_tokens.tolist())
+        stream: list[int] = []
+        for t in turns[:2]:  # each turn's context is one request the server got, grown only by its reply
+            stream += t.obs_tokens.tolist()
+            assert [g.tokens for c, g in record if c == stream] == [t.gen_tokens.tolist()]
+            stream += t.gen_tokens.tolist()
+    assert not runner.m.registry.get_sample_value("turnstream_actor_agent_segments_total")

@@ -15,6 +15,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 STEPS = 2
 
 
+def jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def test_an_agent_function_trains_through_the_actor_buffer_and_learner(vllm_url, tiny_model, tmp_path):
     from turnstream.processes import ProcessGroup, free_port
 
@@ -27,24 +31,18 @@ def test_an_agent_function_trains_through_the_actor_buffer_and_learner(vllm_url,
     cfg.actor.metrics_port = free_port()
     config = tmp_path / "run.toml"
     config.write_text(cfg.dumps())
-    run = tmp_path / "run"
-
-    def lines(name: str) -> list[dict]:
-        path = run / name
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
+    steps_log, audit_log = tmp_path / "run" / "learner.jsonl", tmp_path / "run" / "audit" / "learner.jsonl"
     procs = ProcessGroup(tmp_path)
     try:
         start_run(procs, config, learner_env={"TURNSTREAM_AUDIT": "1"})
-        run_until(procs, lambda: len(lines("learner.jsonl")) >= STEPS,
-                  lambda: f"{len(lines('learner.jsonl'))} steps", 240)
+        run_until(procs, lambda: len(jsonl(steps_log)) >= STEPS, lambda: f"{len(jsonl(steps_log))} steps", 240)
         actor = scrape(f"http://127.0.0.1:{cfg.actor.metrics_port}/metrics")
-        batches = [r for r in lines("audit/learner.jsonl") if "episodes" in r]
+        batches = [r for r in jsonl(audit_log) if "episodes" in r]
         assert all(c.proc.poll() is None for c in procs.children), roles_log(procs)
     finally:
         procs.stop_all()
         restore_served_weights(vllm_url, tiny_model, tmp_path)
-    steps = lines("learner.jsonl")
+    steps = jsonl(steps_log)
     completions = actor.get('turnstream_actor_openai_requests_total{status="200"}', 0.0)
     print(f"agent run: {len(steps)} steps, returns {[round(s['return_mean'], 2) for s in steps]}, "
           f"{completions:.0f} chat completions")
