@@ -108,7 +108,8 @@ class AgentEpisode:
         text = r.chat.decode(gen.tokens)
         for stop in request.stop:  # OpenAI's replies end before the stop string; the tokens keep all of it
             text = text.split(stop, 1)[0]
-        content, calls = parse_tool_calls(text)
+        # tool_choice = none: whatever the model wrote is its answer, even text shaped like a call
+        content, calls = (text, []) if request.tool_choice == "none" else parse_tool_calls(text)
         reward, self.pending_reward = self.pending_reward, 0.0
         await r._send(s, obs_tokens, gen, [], reward, done=False, truncated=False, t_start=t_start,
                       temperature=temperature)

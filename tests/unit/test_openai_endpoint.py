@@ -185,6 +185,35 @@ async def test_a_call_past_the_context_truncates_the_episode(tiny_model):
     assert link.chunks[-1].done and link.chunks[-1].truncated
 
 
+async def test_tool_calls_reach_the_caller_in_the_openai_shape_unless_tool_choice_is_none(tiny_model):
+    text = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    chat = ChatTokens(tiny_model)
+    runner, link = runner_for(tiny_model, AgentEnv.__new__(AgentEnv),
+                              ScriptedClient(free_tokens=chat.encode(text) + [chat.end_of_turn_id]))
+    runner.sampling.max_new_tokens = 64
+    env = runner.env_factory()
+    env.tasks, env.success_at, env.timeout_s = None, 1.0, 30.0
+    seen = []
+
+    async def calls_add(client, task):
+        messages = [{"role": "user", "content": "2+3?"}]
+        for choice in ("auto", "none"):
+            reply = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS,
+                                                         tool_choice=choice, max_tokens=64)
+            seen.append(reply.choices[0])
+        return 1.0
+
+    env.solve = calls_add
+    assert await runner.play("ep", seed=0) == "success"
+    auto, none = seen
+    assert auto.finish_reason == "tool_calls" and auto.message.content is None
+    [call] = auto.message.tool_calls
+    assert (call.type, call.function.name, json.loads(call.function.arguments)) == ("function", "add",
+                                                                                    {"a": 2, "b": 3})
+    # (the scripted client reports every generation as cut at max_tokens)
+    assert none.finish_reason == "length" and not none.message.tool_calls and none.message.content == text
+
+
 def test_the_agent_env_is_configured_by_entry_and_tasks():
     env = make_env("agent", entry="tests.unit.test_openai_endpoint:two_turns", tasks=["a", "b"])
     assert env.num_tasks == 2 and env.solve.__name__ == "two_turns"
