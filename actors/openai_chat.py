@@ -42,6 +42,8 @@ class ChatRequest:
     max_tokens: int | None = None
     stop: list[str] = field(default_factory=list)
     tool_choice: str | dict = "auto"
+    stream: bool = False  # answer as server-sent chat.completion.chunk events
+    include_usage: bool = False  # stream_options.include_usage: a last event with the usage
 
 
 def _text(content) -> str:
@@ -93,8 +95,9 @@ def parse_request(body) -> ChatRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("no_messages", "messages must be a non-empty list")
-    if body.get("stream"):
-        raise BadRequest("stream", "streaming is not supported; send stream = false")
+    stream, options = body.get("stream") or False, body.get("stream_options") or {}
+    if not isinstance(stream, bool) or not isinstance(options, dict):
+        raise BadRequest("bad_stream", "stream must be a boolean and stream_options an object")
     if body.get("n", 1) != 1:
         raise BadRequest("bad_n", "n must be 1: every call is one turn of the episode")
     tools = body.get("tools") or []
@@ -109,7 +112,7 @@ def parse_request(body) -> ChatRequest:
     return ChatRequest([parse_message(m) for m in messages], [t["function"] for t in tools],
                        _number(body, "temperature", float, 0.0, 2.0),
                        None if max_tokens is None else _number({"max_tokens": max_tokens}, "max_tokens", int, 1, 1 << 20),
-                       stop, body.get("tool_choice") or "auto")
+                       stop, body.get("tool_choice") or "auto", stream, bool(options.get("include_usage")))
 
 
 def tools_block(tools: list[dict]) -> str:

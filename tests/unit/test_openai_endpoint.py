@@ -65,7 +65,7 @@ def test_tool_calls_are_parsed_from_generated_text():
 @pytest.mark.parametrize("body, reason", [
     ([], "bad_json"), ({}, "no_messages"), ({"messages": [{"role": "robot", "content": "x"}]}, "bad_message"),
     ({"messages": [{"role": "user", "content": 3}]}, "bad_content"),
-    ({"messages": [{"role": "user", "content": "x"}], "stream": True}, "stream"),
+    ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "bad_stream"),
     ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "bad_n"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "bad_temperature"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "bad_max_tokens"),
@@ -212,6 +212,32 @@ async def test_tool_calls_reach_the_caller_in_the_openai_shape_unless_tool_choic
                                                                                     {"a": 2, "b": 3})
     # (the scripted client reports every generation as cut at max_tokens)
     assert none.finish_reason == "length" and not none.message.tool_calls and none.message.content == text
+
+
+async def test_a_streamed_call_is_one_turn_answered_as_server_sent_chunks(tiny_model):
+    runner, link = runner_for(tiny_model, AgentEnv.__new__(AgentEnv))
+    env = runner.env_factory()
+    env.tasks, env.success_at, env.timeout_s = None, 1.0, 30.0
+    got = {}
+
+    async def streams(client, task):
+        messages = [{"role": "user", "content": "hi"}]
+        events = await client.chat.completions.create(model="m", messages=messages, stream=True,
+                                                      stream_options={"include_usage": True})
+        chunks = [e async for e in events]
+        got["text"] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        got["finish"] = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        got["usage"] = chunks[-1].usage.completion_tokens
+        messages += [{"role": "assistant", "content": got["text"]}, {"role": "user", "content": "and?"}]
+        await client.chat.completions.create(model="m", messages=messages)  # continues the same stream
+        return 1.0
+
+    env.solve = streams
+    assert await runner.play("ep", seed=0) == "success"
+    first = link.chunks[0]
+    assert got == {"text": runner.chat.decode(first.gen_tokens.tolist()), "finish": "length",
+                   "usage": first.gen_tokens.size}
+    assert [c.episode_id for c in link.chunks] == ["ep"] * 3  # no new segment: the history matched
 
 
 def test_the_agent_env_is_configured_by_entry_and_tasks():
