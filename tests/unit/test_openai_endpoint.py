@@ -25,14 +25,17 @@ from tests.unit.fakes import CollectingLink, ScriptedClient
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
 
 
-def runner_for(tiny_model, env, client=None, max_context: int = 512):
+def runner_for(tiny_model, solve=None, *, tasks=None, client=None, max_context: int = 512):
+    """(runner, link, env) of an agent environment playing `solve` (set env.solve to change it)."""
+    env = AgentEnv(entry="tests.unit.test_openai_endpoint:two_turns", tasks=tasks, timeout_s=30)
+    env.solve = solve or two_turns
     link = CollectingLink()
     chat = ChatTokens(tiny_model)
     runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=lambda: env, chat=chat,
                            client=client or ScriptedClient(free_tokens=chat.encode("hello there")), link=link,
                            sampling=Sampling(1.0, 8, max_context), metrics=ActorMetrics(),
                            tasks=TaskSource(RandomOrder(0)))
-    return runner, link
+    return runner, link, env
 
 
 def sample(runner, name, labels=None):
@@ -89,9 +92,7 @@ async def two_turns(client, task):
 
 
 async def test_each_call_is_one_turn_that_appends_only_the_new_messages(tiny_model):
-    runner, link = runner_for(tiny_model, AgentEnv.__new__(AgentEnv))
-    env = runner.env_factory()
-    env.solve, env.tasks, env.success_at, env.timeout_s = two_turns, None, 1.0, 30.0
+    runner, link, _ = runner_for(tiny_model, two_turns)
     streams = {}
     assert await runner.play("ep", seed=7, streams=streams) == "success"
     chat, calls = runner.chat, runner.client.calls
@@ -115,9 +116,7 @@ async def edited_history(client, task):
 
 
 async def test_a_history_that_does_not_continue_the_tokens_starts_a_counted_segment(tiny_model):
-    runner, link = runner_for(tiny_model, AgentEnv.__new__(AgentEnv))
-    env = runner.env_factory()
-    env.solve, env.tasks, env.success_at, env.timeout_s = edited_history, ["x"], 1.0, 30.0
+    runner, link, _ = runner_for(tiny_model, edited_history, tasks=["x"])
     assert await runner.play("ep", seed=0, task=0) == "done"  # 0.5 < success_at
     by_stream = {}
     for c in link.chunks:
@@ -136,9 +135,7 @@ async def raises(client, task):
 
 
 async def test_a_failing_agent_is_abandoned_and_counted_and_the_actor_goes_on(tiny_model):
-    runner, link = runner_for(tiny_model, AgentEnv.__new__(AgentEnv))
-    env = runner.env_factory()
-    env.tasks, env.success_at, env.timeout_s = None, 1.0, 30.0
+    runner, link, env = runner_for(tiny_model)
     for solve in (raises, lambda client, task: asyncio.sleep(0, "not a number")):
         env.solve = solve
         assert await runner.play("ep", seed=0) == "agent_error"
@@ -150,9 +147,7 @@ async def test_a_failing_agent_is_abandoned_and_counted_and_the_actor_goes_on(ti
 
 
 async def test_bad_requests_get_openai_errors_and_counters_and_the_server_keeps_serving(tiny_model):
-    runner, _ = runner_for(tiny_model, AgentEnv.__new__(AgentEnv))
-    env = runner.env_factory()
-    env.tasks, env.success_at, env.timeout_s = None, 1.0, 30.0
+    runner, _, env = runner_for(tiny_model)
     answers = {}
 
     async def probe(client, task):
@@ -178,9 +173,7 @@ async def test_bad_requests_get_openai_errors_and_counters_and_the_server_keeps_
 
 
 async def test_a_call_past_the_context_truncates_the_episode(tiny_model):
-    runner, link = runner_for(tiny_model, AgentEnv.__new__(AgentEnv), max_context=40)
-    env = runner.env_factory()
-    env.solve, env.tasks, env.success_at, env.timeout_s = two_turns, None, 1.0, 30.0
+    runner, link, _ = runner_for(tiny_model, two_turns, max_context=40)
     assert await runner.play("ep", seed=0) == "truncated"
     assert link.chunks[-1].done and link.chunks[-1].truncated
 
@@ -188,11 +181,9 @@ async def test_a_call_past_the_context_truncates_the_episode(tiny_model):
 async def test_tool_calls_reach_the_caller_in_the_openai_shape_unless_tool_choice_is_none(tiny_model):
     text = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
     chat = ChatTokens(tiny_model)
-    runner, link = runner_for(tiny_model, AgentEnv.__new__(AgentEnv),
-                              ScriptedClient(free_tokens=chat.encode(text) + [chat.end_of_turn_id]))
+    runner, link, env = runner_for(tiny_model,
+                                   client=ScriptedClient(free_tokens=chat.encode(text) + [chat.end_of_turn_id]))
     runner.sampling.max_new_tokens = 64
-    env = runner.env_factory()
-    env.tasks, env.success_at, env.timeout_s = None, 1.0, 30.0
     seen = []
 
     async def calls_add(client, task):
@@ -215,9 +206,7 @@ async def test_tool_calls_reach_the_caller_in_the_openai_shape_unless_tool_choic
 
 
 async def test_a_streamed_call_is_one_turn_answered_as_server_sent_chunks(tiny_model):
-    runner, link = runner_for(tiny_model, AgentEnv.__new__(AgentEnv))
-    env = runner.env_factory()
-    env.tasks, env.success_at, env.timeout_s = None, 1.0, 30.0
+    runner, link, env = runner_for(tiny_model)
     got = {}
 
     async def streams(client, task):
