@@ -47,10 +47,20 @@ def resolve(cfg: Config) -> Config:
         cfg.actor.metrics_port = free_port_block(net.host, cfg.actor.num_processes)
     cfg.run.run_dir = str(Path(cfg.run.run_dir).resolve())
     cfg.model.path = str(Path(cfg.model.path).resolve())
-    if cfg.launch.policy("learner") == "on-failure" and cfg.learner.checkpoint_every == 0:
-        # a restarted learner resumes from its latest checkpoint; without any it would start over at version 0
-        cfg.learner.checkpoint_every = cfg.launch.learner_checkpoint_every
+    if cfg.launch.policy("learner") == "on-failure":
+        cfg.learner.checkpoint_every = restart_checkpoint_every(cfg)
     return cfg
+
+
+def restart_checkpoint_every(cfg: Config) -> int:
+    """The checkpoint interval of a learner that restarts on failure.
+
+    A restarted learner resumes from its latest checkpoint, so it comes back up to `checkpoint_every` versions
+    behind the version the buffer and the actors last heard of. More than buffer.max_staleness behind, every
+    server it pushes to looks too stale to the actors and nothing is generated again: the interval is held
+    to max_staleness (and 0, "never", becomes launch.learner_checkpoint_every first)."""
+    every = cfg.learner.checkpoint_every or cfg.launch.learner_checkpoint_every
+    return max(1, min(every, cfg.buffer.max_staleness))
 
 
 class LocalStack:
@@ -64,8 +74,9 @@ class LocalStack:
         self.cfg = resolve(preflight(cfg))
         ensure_models(self.cfg)  # before anything starts: a missing checkpoint is a one-line config error
         if self.cfg.learner.checkpoint_every != cfg.learner.checkpoint_every:
-            log.info("learner.checkpoint_every 0 -> %d (launch.learner_checkpoint_every): the learner restarts on "
-                     "failure from its latest checkpoint", self.cfg.learner.checkpoint_every)
+            log.info("learner.checkpoint_every %d -> %d: the learner restarts on failure from its latest checkpoint, "
+                     "which must stay within buffer.max_staleness (%d) of its last version",
+                     cfg.learner.checkpoint_every, self.cfg.learner.checkpoint_every, self.cfg.buffer.max_staleness)
         self.run_dir = Path(self.cfg.run.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.procs = ProcessGroup(self.run_dir)

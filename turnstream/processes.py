@@ -177,7 +177,7 @@ def _stop(children: list[Child], timeout_s: float) -> None:
 
 def _wait_groups_gone(children: list[Child], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    while any(_group_alive(c.proc.pid) for c in children) and time.monotonic() < deadline:
+    while any(group_alive(c.proc.pid) for c in children) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
@@ -188,7 +188,7 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
         return True

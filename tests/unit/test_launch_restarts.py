@@ -12,7 +12,7 @@ import pytest
 
 from turnstream.core.config import Config, load_config
 from turnstream.core.configtools import ConfigError
-from turnstream.launcher import check_run_dir
+from turnstream.launcher import check_run_dir, restart_checkpoint_every
 from turnstream.launcher_metrics import LauncherMetrics
 from turnstream.processes import ProcessGroup
 from turnstream.supervisor import RoleFailed, Supervisor
@@ -205,3 +205,12 @@ def test_up_on_a_used_run_dir_is_one_line_and_non_zero(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "already holds a run (buffer-wal); add --resume" in lines[0], proc.stderr
+
+
+def test_a_restarting_learner_checkpoints_within_the_staleness_bound():
+    cfg = Config()  # checkpoint_every 0, max_staleness 4
+    assert restart_checkpoint_every(cfg) == 4  # launch.learner_checkpoint_every (10), held to max_staleness
+    cfg.learner.checkpoint_every, cfg.buffer.max_staleness = 2, 4
+    assert restart_checkpoint_every(cfg) == 2
+    cfg.buffer.eta = cfg.buffer.max_staleness = 0  # the synchronous baseline: every step
+    assert restart_checkpoint_every(cfg) == 1
