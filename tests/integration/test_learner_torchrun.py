@@ -44,7 +44,7 @@ def _send_episodes(sock, n: int) -> None:
             waiting.discard(seq)
 
 
-def _train(tmp_path: Path, tiny_model, vllm_url: str, ranks: int) -> dict[str, torch.Tensor]:
+def _train(tmp_path: Path, tiny_model, vllm_url: str, ranks: int, parallel: str = "ddp") -> dict[str, torch.Tensor]:
     cfg = Config()
     cfg.run.run_dir = str(tmp_path / "run")
     cfg.model.path = str(tiny_model)
@@ -55,6 +55,7 @@ def _train(tmp_path: Path, tiny_model, vllm_url: str, ranks: int) -> dict[str, t
     cfg.buffer.batch_episodes = 2
     cfg.buffer.eta, cfg.buffer.max_staleness = 2, 4
     cfg.learner.device = "cpu"
+    cfg.learner.parallel = parallel  # fsdp2: tests/integration/test_learner_fsdp2.py
     cfg.learner.lr = 1e-2
     cfg.learner.behaviour_weight_mode = "none"  # the test's log-probs are made up: no off-policy weight
     cfg.learner.max_tokens_per_microbatch = 6  # one episode per micro-batch: each rank gets its share
