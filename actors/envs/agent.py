@@ -14,6 +14,7 @@ least `success_at`. `timeout_s` bounds one episode (0: no limit).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from typing import Any
@@ -36,6 +37,16 @@ def load_entry(spec: str, field: str) -> Any:
     return obj
 
 
+@functools.cache
+def _task_list(spec: str) -> tuple:
+    """The tasks "module:attribute" names, loaded once per process: the runner builds an environment per episode."""
+    tasks = load_entry(spec, "tasks")
+    tasks = tasks() if callable(tasks) else tasks
+    if not isinstance(tasks, (list, tuple)):
+        raise ConfigError(f"env.args.tasks: {spec!r} is not a list of tasks (nor a function returning one)")
+    return tuple(tasks)
+
+
 class AgentEnv(Environment):
     """A user's async agent function over the OpenAI client (env.args.entry = "pkg.mod:solve")"""
 
@@ -52,8 +63,7 @@ class AgentEnv(Environment):
         if not inspect.iscoroutinefunction(self.solve):
             raise ConfigError(f"env.args.entry: {entry!r} must be an async function solve(client, task)")
         if isinstance(tasks, str):
-            tasks = load_entry(tasks, "tasks")
-            tasks = tasks() if callable(tasks) else tasks
+            tasks = _task_list(tasks)
         if tasks is not None and (not isinstance(tasks, (list, tuple)) or not tasks):
             raise ConfigError("env.args.tasks: must be a non-empty list of tasks (or name one)")
         self.tasks = None if tasks is None else list(tasks)

@@ -232,6 +232,9 @@ async def test_a_streamed_call_is_one_turn_answered_as_server_sent_chunks(tiny_m
 def test_the_agent_env_is_configured_by_entry_and_tasks():
     env = make_env("agent", entry="tests.unit.test_openai_endpoint:two_turns", tasks=["a", "b"])
     assert env.num_tasks == 2 and env.solve.__name__ == "two_turns"
+    named = make_env("agent", entry="tests.unit.test_openai_endpoint:two_turns",
+                     tasks="tests.unit.test_openai_endpoint:TOOLS")  # a list named like the entry
+    assert named.tasks == TOOLS
     with pytest.raises(ConfigError, match="^env.args.entry: cannot load"):
         make_env("agent", entry="tests.unit.test_openai_endpoint:missing")
     with pytest.raises(ConfigError, match="must be an async function"):
