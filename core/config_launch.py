@@ -30,8 +30,8 @@ class LaunchSection(Section):
     learner_checkpoint_every: int = Field(
         10, ge=1, description="checkpoint interval used when learner.checkpoint_every is 0 and the learner restarts "
         "on failure: a restarted learner resumes from its latest checkpoint, and without one it would start over. "
-        "Either interval is held to buffer.max_staleness then: a learner resumed further behind the version the "
-        "actors last heard of would find every server too stale to use")
+        "Either interval is held to buffer.eta then: a learner resumed further behind the version the "
+        "buffer last heard of finds admission closed (and beyond max_staleness, every server too stale)")
     drain_timeout_s: float = Field(30.0, gt=0, description="on a graceful stop (SIGTERM or Ctrl-C to the launcher) "
                                    "actors start no new episode and their open ones have this long to finish and "
                                    "be acked; the rest are abandoned (counted)")

@@ -56,11 +56,14 @@ def restart_checkpoint_every(cfg: Config) -> int:
     """The checkpoint interval of a learner that restarts on failure.
 
     A restarted learner resumes from its latest checkpoint, so it comes back up to `checkpoint_every` versions
-    behind the version the buffer and the actors last heard of. More than buffer.max_staleness behind, every
-    server it pushes to looks too stale to the actors and nothing is generated again: the interval is held
-    to max_staleness (and 0, "never", becomes launch.learner_checkpoint_every first)."""
+    behind the version the buffer and the actors last heard of, and the buffer ignores versions it has seen.
+    More than buffer.max_staleness behind, every server it pushes to looks too stale to the actors; more than
+    buffer.eta behind, the buffer's admission (at most eta batches beyond the version it knows) has already
+    admitted every episode it will until the learner passes that version again, which it cannot do without
+    them. Either way nothing is generated again, so the interval is held to eta (eta <= max_staleness; at
+    least 1), and 0, "never", becomes launch.learner_checkpoint_every first."""
     every = cfg.learner.checkpoint_every or cfg.launch.learner_checkpoint_every
-    return max(1, min(every, cfg.buffer.max_staleness))
+    return max(1, min(every, cfg.buffer.eta))
 
 
 class LocalStack:
@@ -75,8 +78,8 @@ class LocalStack:
         ensure_models(self.cfg)  # before anything starts: a missing checkpoint is a one-line config error
         if self.cfg.learner.checkpoint_every != cfg.learner.checkpoint_every:
             log.info("learner.checkpoint_every %d -> %d: the learner restarts on failure from its latest checkpoint, "
-                     "which must stay within buffer.max_staleness (%d) of its last version",
-                     cfg.learner.checkpoint_every, self.cfg.learner.checkpoint_every, self.cfg.buffer.max_staleness)
+                     "which must stay within buffer.eta (%d) of its last version", cfg.learner.checkpoint_every,
+                     self.cfg.learner.checkpoint_every, self.cfg.buffer.eta)
         self.run_dir = Path(self.cfg.run.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.procs = ProcessGroup(self.run_dir)

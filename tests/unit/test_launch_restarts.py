@@ -208,9 +208,9 @@ def test_up_on_a_used_run_dir_is_one_line_and_non_zero(tmp_path):
 
 
 def test_a_restarting_learner_checkpoints_within_the_staleness_bound():
-    cfg = Config()  # checkpoint_every 0, max_staleness 4
-    assert restart_checkpoint_every(cfg) == 4  # launch.learner_checkpoint_every (10), held to max_staleness
-    cfg.learner.checkpoint_every, cfg.buffer.max_staleness = 2, 4
-    assert restart_checkpoint_every(cfg) == 2
+    cfg = Config()  # checkpoint_every 0, eta 2, max_staleness 4
+    assert restart_checkpoint_every(cfg) == 2  # launch.learner_checkpoint_every (10), held to eta
+    cfg.learner.checkpoint_every, cfg.buffer.eta, cfg.buffer.max_staleness = 3, 4, 8
+    assert restart_checkpoint_every(cfg) == 3
     cfg.buffer.eta = cfg.buffer.max_staleness = 0  # the synchronous baseline: every step
     assert restart_checkpoint_every(cfg) == 1
