@@ -40,7 +40,7 @@ class Reply:
 @dataclass
 class AgentEpisode:
     runner: object  # actors.runner.EpisodeRunner: chat tokens, inference client, link, sampling, metrics
-    metrics: object  # actors.agent_metrics.AgentMetrics
+    metrics: object  # actors.openai_endpoint.AgentMetrics
     episode_id: str
     prompt_key: str
     segments: list[_Stream] = field(default_factory=list)

@@ -10,6 +10,7 @@ import json
 
 import aiohttp
 import pytest
+from prometheus_client import generate_latest
 
 from turnstream.actors.chat import ChatTokens
 from turnstream.actors.envs.agent import AgentEnv
@@ -20,6 +21,7 @@ from turnstream.actors.registry import make_env
 from turnstream.actors.runner import EpisodeRunner, Sampling
 from turnstream.actors.tasks import RandomOrder, TaskSource
 from turnstream.core.config import ConfigError
+from turnstream.metrics_catalogue import lint_exposition
 from tests.unit.fakes import CollectingLink, ScriptedClient
 
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
@@ -170,6 +172,8 @@ async def test_bad_requests_get_openai_errors_and_counters_and_the_server_keeps_
                        "unknown": (404, "unknown_episode"), "reward": (400, "bad_reward")}
     for reason in ("bad_json", "no_messages", "unknown_episode", "bad_reward"):
         assert sample(runner, "turnstream_actor_openai_bad_requests_total", {"reason": reason}) == 1
+    # the endpoint's metrics are in the actor's catalogue (docs/metrics.md) and follow its naming rules
+    assert lint_exposition(generate_latest(runner.m.registry).decode(), role="actor") == {}
 
 
 async def test_a_call_past_the_context_truncates_the_episode(tiny_model):
