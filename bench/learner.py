@@ -12,7 +12,9 @@ the values from the training forward instead, whitening each micro-batch's advan
 Prints a table, then one JSON line.
 
 With `--model-config NAME` (tiny, 0.5b, 1.5b) it measures tokens/s, peak memory and MFU instead, on
-`--device` (bench/learner_mfu.py; the MFU formula is stated there and in BENCHMARKS.md).
+`--device` (bench/learner_mfu.py; the MFU formula is stated there and in BENCHMARKS.md). With `--parallel` it
+compares learner.parallel = ddp and fsdp2 over `--ranks` torchrun ranks: bytes per rank and tokens/s
+(bench/learner_parallel.py).
 """
 from __future__ import annotations
 
@@ -99,10 +101,13 @@ def main(argv: list[str]) -> int:
                    help="learner.pack_sequences for both sides (auto: packed rows only with flash/flex attention)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    from turnstream.bench import learner_mfu
+    from turnstream.bench import learner_mfu, learner_parallel
 
     learner_mfu.add_arguments(p)
+    learner_parallel.add_arguments(p)
     args = p.parse_args(argv)
+    if args.parallel:  # ddp against fsdp2 under torchrun (bench/learner_parallel.py)
+        return learner_parallel.main(args)
     if args.model_config:  # throughput and MFU at a named model size (bench/learner_mfu.py)
         return learner_mfu.main(args)
 

@@ -1,0 +1,142 @@
+"""`turnstream bench learner --parallel`: ddp against fsdp2 over `--ranks` gloo (or nccl) ranks under torchrun.
+
+It launches `--ranks` real processes (torchrun, 127.0.0.1); each builds, for learner.parallel = ddp and fsdp2,
+the `--model-config` shapes (bench/model_configs; `--layers` and `--vocab` shrink them so that a CPU machine
+fits them) with random weights, and times the real `Trainer.step` of both modes, alternated in the same
+processes, on the synthetic multi-turn batch of bench/learner_mfu.py. Reported per mode: the bytes one rank
+holds of parameters, gradients and AdamW state (the fuller rank's; a sharded tensor counts its local shard),
+step seconds and tokens/s; the tokens ratio is the median over step pairs. fsdp2's step includes gathering
+the full weights onto rank 0 for the push; rank 0's CPU copy of those weights is reported on its own line.
+Prints a table, then one JSON line with the ratios fsdp2/ddp.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODES = ("ddp", "fsdp2")
+TARGETS = {"fsdp2_state_bytes_ratio": 0.55, "fsdp2_tokens_ratio": 0.8}  # issue 26: at most, at least
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--parallel", action="store_true", help="compare learner.parallel = ddp and fsdp2 over --ranks "
+                   "torchrun ranks (uses --model-config, default 0.5b, --seq-len, --microbatches, --steps)")
+    p.add_argument("--ranks", type=int, default=2, help="torchrun ranks (--parallel)")
+    p.add_argument("--layers", type=int, default=0, help="keep only this many decoder layers of --model-config "
+                   "(--parallel); 0: all")
+    p.add_argument("--vocab", type=int, default=0, help="vocabulary size instead of --model-config's (--parallel); 0: "
+                   "its own")
+
+
+def _spec(args) -> dict:
+    return {"model_config": args.model_config or "0.5b", "layers": args.layers, "vocab": args.vocab,
+            "seq_len": args.seq_len, "microbatches": args.microbatches, "group": args.group,
+            "estimator": args.estimator, "steps": args.steps, "threads": args.threads, "seed": args.seed,
+            "device": args.device, "precision": args.precision, "checkpointing": args.checkpointing}
+
+
+def _launch(spec: dict, ranks: int, out: Path) -> list[dict]:
+    from turnstream.processes import free_port
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr",
+           "127.0.0.1", "--master-port", str(free_port()), "-m", "turnstream.bench.learner_parallel",
+           json.dumps(spec), str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"])}  # torchrun would set 1 and warn
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench learner --parallel: the ranks failed:\n{proc.stderr[-4000:]}")
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+
+def _trainer(spec: dict, shapes, parallel: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from turnstream.core.config import LearnerSection
+    from turnstream.learner.trainer import Trainer
+
+    torch.manual_seed(spec["seed"])  # the same weights on every rank, and for both modes
+    model = AutoModelForCausalLM.from_config(shapes, attn_implementation="sdpa", dtype=torch.float32)
+    lc = LearnerSection(estimator=spec["estimator"], lr=1e-6, max_tokens_per_microbatch=spec["seq_len"],
+                        pack_sequences=True, device=spec["device"], precision=spec["precision"],
+                        activation_checkpointing=spec["checkpointing"], parallel=parallel)
+    return Trainer(model, lc, seed=spec["seed"])
+
+
+def _rank(spec: dict, out: Path) -> None:
+    """Both modes in the same processes, their steps alternated, so that both see the same machine load (on a
+    shared machine the load moves more than the difference measured)."""
+    import torch
+    import torch.distributed as dist
+
+    from turnstream.bench.learner_mfu import _max_rss, model_config, synthetic_batch
+    from turnstream.learner import fsdp
+    from turnstream.learner.distributed import init_from_env
+
+    torch.set_num_threads(spec["threads"])
+    rank, world = init_from_env(spec["device"])
+    shapes = model_config(spec["model_config"])
+    shapes.num_hidden_layers = spec["layers"] or shapes.num_hidden_layers
+    shapes.vocab_size = spec["vocab"] or shapes.vocab_size
+    trainers = {mode: _trainer(spec, shapes, mode) for mode in MODES}
+    batch = synthetic_batch(shapes.vocab_size, spec["seq_len"], spec["microbatches"], spec["group"], spec["seed"])
+    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for i in range(spec["steps"] + 1):  # the first round warms up (allocator, first gathers)
+        for mode, trainer in trainers.items():
+            dist.barrier()  # each step starts together: the time is the slower rank's
+            started = time.perf_counter()
+            trainer.step(batch)
+            if i:
+                times[mode].append(time.perf_counter() - started)
+    result = {"rank": rank, "world": world, "tokens": int(batch.tokens.size), "max_rss_bytes": _max_rss(),
+              "params": sum(p.numel() for p in trainers["ddp"].model.parameters()), "times": times}
+    for mode, trainer in trainers.items():  # gradients of the last update are still held
+        result[mode] = fsdp.state_bytes(trainer._params(), trainer.optimizer)
+    copy = trainers["fsdp2"].full_model  # rank 0's full weights for pushes
+    result["push_copy_bytes"] = sum(t.numel() * t.element_size() for t in copy.state_dict().values()) if copy else 0
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(args) -> int:
+    per_rank = _launch(_spec(args), args.ranks, Path(tempfile.mkdtemp(prefix="bench-learner-parallel-")))
+    r0, gib = per_rank[0], 2 ** 30
+    tokens = r0["tokens"]
+    state = {mode: max(r[mode]["total"] for r in per_rank) for mode in MODES}  # the fuller rank's
+    step_s = {mode: statistics.median(r0["times"][mode]) for mode in MODES}
+    pairs = [d / f for d, f in zip(r0["times"]["ddp"], r0["times"]["fsdp2"])]  # fsdp2 tokens/s over ddp's
+    spec = _spec(args)
+    shape = ", ".join(f"{k} {spec[k]}" for k in ("layers", "vocab") if spec[k])
+    print(f"{spec['model_config']} shapes{' (' + shape + ')' if shape else ''}: {r0['params'] / 1e6:.0f}M parameters, "
+          f"{args.ranks} ranks, {tokens} tokens per step, {args.threads} thread(s) per rank, {args.steps} step pairs")
+    print(f"{'mode':<8}{'state GiB/rank':>16}{'params':>9}{'grads':>9}{'adam':>9}{'step s':>9}{'tokens/s':>10}")
+    for mode in MODES:
+        parts = r0[mode]
+        print(f"{mode:<8}{state[mode] / gib:>16.3f}{parts['params'] / gib:>9.3f}{parts['grads'] / gib:>9.3f}"
+              f"{parts['optimizer'] / gib:>9.3f}{step_s[mode]:>9.2f}{tokens / step_s[mode]:>10.0f}")
+    print(f"fsdp2 rank 0 also keeps the full weights on its CPU for pushes: {r0['push_copy_bytes'] / gib:.3f} GiB; "
+          f"peak RSS of a rank (both modes built): {max(r['max_rss_bytes'] for r in per_rank) / gib:.2f} GiB")
+    result = {"fsdp2_state_bytes_ratio": round(state["fsdp2"] / state["ddp"], 4),
+              "fsdp2_tokens_ratio": round(statistics.median(pairs), 4), "push_ratio": None,
+              "lora_push_bytes_ratio": None}
+    for key, target in TARGETS.items():
+        word = "at most" if key.endswith("bytes_ratio") else "at least"
+        print(f"{key} {result[key]} (baseline ddp = 1; target {word} {target})")
+    result.update({f"{mode}_state_bytes_per_rank": state[mode] for mode in MODES})
+    result.update({f"{mode}_tokens_per_s": round(tokens / step_s[mode], 2) for mode in MODES})
+    result.update(fsdp2_push_copy_bytes=r0["push_copy_bytes"], params=r0["params"], tokens_per_step=tokens,
+                  ranks=args.ranks, steps=args.steps, threads=args.threads, seq_len=args.seq_len, targets=TARGETS,
+                  **{k: spec[k] for k in ("model_config", "layers", "vocab")})
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":  # one rank, under torchrun
+    _rank(json.loads(sys.argv[1]), Path(sys.argv[2]))
