@@ -12,6 +12,7 @@ import yaml
 
 from turnstream.core.config import Config
 from turnstream.launcher import resolve, write_scrape_targets
+from turnstream.scrape_targets import discovery_files
 from turnstream.metrics_catalogue import all_series_names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,11 +101,15 @@ def test_prometheus_config_discovers_the_launcher_s_files(tmp_path):
     run_dir = tmp_path / "runs" / "some-run"
     cfg.run.run_dir = str(run_dir)
     turnstream_file = write_scrape_targets(resolve(cfg), 1234)
-    for job, produced in (("turnstream", turnstream_file), ("vllm", turnstream_file.parent / "vllm.json")):
+    for job, produced in discovery_files(resolve(cfg)).items():
+        assert produced.is_file(), produced
         (pattern,) = jobs[job]["file_sd_configs"][0]["files"]
         resolved = (DEPLOY / "prometheus" / pattern).resolve()
         relative_pattern = str(resolved.relative_to(ROOT))
-        assert fnmatch.fnmatch(str(produced.relative_to(tmp_path)), relative_pattern), (job, relative_pattern)
+        # as Prometheus globs: a wildcard never crosses a "/" (fnmatch's would)
+        path_parts, pattern_parts = produced.relative_to(tmp_path).parts, Path(relative_pattern).parts
+        assert len(path_parts) == len(pattern_parts) and all(
+            fnmatch.fnmatch(p, q) for p, q in zip(path_parts, pattern_parts)), (job, relative_pattern)
     for group in json.loads(turnstream_file.read_text()):  # the format file_sd reads
         assert set(group) == {"targets", "labels"} and group["labels"]["role"] in ROLES
 
