@@ -181,6 +181,22 @@ def test_fsdp2_learner_process_under_torchrun_pushes_and_checkpoints_the_one_ran
     assert diff < TOLERANCE
 
 
+
+def test_bench_learner_parallel_reports_state_bytes_and_throughput_of_both_modes():
+    """`turnstream bench learner --parallel` on the tiny shapes: fsdp2 holds half of ddp's state per rank
+    (a count of bytes, not a timing; the tokens ratio is only checked to be reported)."""
+    import json
+
+    cmd = [sys.executable, "-m", "turnstream.cli", "bench", "learner", "--parallel", "--model-config", "tiny",
+           "--seq-len", "256", "--microbatches", "2", "--steps", "1"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["push_ratio"] is None and result["lora_push_bytes_ratio"] is None
+    assert 0.49 < result["fsdp2_state_bytes_ratio"] <= 0.55
+    assert result["fsdp2_tokens_ratio"] > 0 and result["ddp_tokens_per_s"] > 0
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     _rank_main(Path(sys.argv[1]))
