@@ -84,13 +84,14 @@ def run_config(task: str, estimator: str, seed: int, url: str, args):
     from turnstream.core.config import load_config
 
     learner_estimator, settings = ESTIMATORS[estimator]
-    cfg = load_config(None, [*args.overrides, f"learner.estimator={learner_estimator}", *settings])
+    overrides = [*args.overrides, f"learner.estimator={learner_estimator}", *settings]
+    if estimator in GROUP_ESTIMATORS and args.group_size > 1:
+        overrides += [f"tasks.group_size={args.group_size}", "buffer.sampling=group"]
+    cfg = load_config(None, overrides)  # validated as a whole: segments need a critic, gigpo needs groups
     cfg.vllm.urls = [url]
     cfg.vllm.max_model_len = MAX_MODEL_LEN
     cfg.model.path = args.model
     cfg.env.name, cfg.env.args = TASKS[task][0], dict(TASKS[task][1])
-    if estimator in GROUP_ESTIMATORS and args.group_size > 1:
-        cfg.tasks.group_size, cfg.buffer.sampling = args.group_size, "group"
     cfg.run.rolling_episodes = args.window
     cfg.run.seed = seed
     cfg.run.run_dir = str(Path(args.out) / "runs" / f"{task}-{estimator}-seed{seed}")

@@ -32,9 +32,11 @@ def test_bench_learning_summaries(tmp_path):
     assert run["success_start"] == 0.1 and run["success_end"] == pytest.approx(0.975)
     missed = learning.summarize_run("goal_walk", "spo", 1, steps[:2], window=200, target=0.9, t0=995.0)
     assert missed["episodes_to_target"] is None and missed["wall_s_to_target"] is None
+    run.update(turn_to_train_s=2.5, turn_to_train_versions=0.5)  # the buffer's latency, scraped by run_one
     summary = learning.aggregate([run, missed])
     assert summary == {"goal_walk/spo": {"reached": 1, "seeds": 2, "episodes_median": 400, "wall_s_median": 35.0,
-                                         "success_end_mean": round((0.975 + 0.3) / 2, 3)}}
+                                         "success_end_mean": round((0.975 + 0.3) / 2, 3),
+                                         "turn_to_train_s_median": 2.5, "turn_to_train_versions_median": 0.5}}
     assert "goal_walk/spo" in learning.format_table(summary)
     assert run["curve"][-1] == [500, pytest.approx(0.975)]
     assert learning.plot([run, missed], 0.9, tmp_path / "learning.png").stat().st_size > 0
