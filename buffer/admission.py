@@ -3,7 +3,8 @@
 An actor starts an episode only with a credit. The buffer grants credits while all of these hold:
 - running < max_running;
 - accepted + running < (eta + v + 1) * B: at most eta batches of B beyond learner version v may be in
-  flight or waiting, so nothing admitted now can be more than eta versions stale when it is trained on;
+  flight or waiting, so nothing admitted now can be more than eta versions stale when it is trained on
+  (served episodes count up to (v + 1) * B: more were lost in a crash window, not trained);
 - running + ready < max_items: memory;
 - the rate limiter has insert room (buffer/ratelimit.py).
 `running` counts credits granted but not yet used and episodes in progress; `accepted` counts completed
@@ -45,7 +46,11 @@ class Admission:
     def capacity(self, *, in_progress: int, ready: int, learner_version: int) -> int:
         """How many more episodes may start now (the rule above)."""
         running = self.unused_credits() + in_progress
-        staleness_room = (self.eta + learner_version + 1) * self.batch_episodes - (self.accepted + running)
+        # Served episodes count up to the batch the learner may hold beyond its version: a batch lost in a crash
+        # window (served, never trained) would otherwise hold its room for good, and a few such losses close
+        # admission (turnstream bench chaos stalled so). With eta = 0 that one batch is all the room there is.
+        served = min(self.accepted - ready, (learner_version + 1) * self.batch_episodes)
+        staleness_room = (self.eta + learner_version + 1) * self.batch_episodes - (served + ready + running)
         memory_room = self.max_items - (running + ready)
         return max(0, min(self.max_running - running, staleness_room, memory_room,
                           self.limiter.insert_room(running)))

@@ -299,6 +299,18 @@ def test_eta_allows_that_many_extra_batches_in_flight():
     assert store.grant_credits() == [(ID, 3)]
 
 
+def test_batches_lost_in_a_crash_window_do_not_close_admission():
+    """Served, never trained (the learner died holding them): the version does not move, yet admission stays
+    open for eta batches instead of shrinking by a batch per loss."""
+    store = make_store(eta=2, batch_episodes=2, max_staleness=2)
+    seq = 0
+    for lost in range(4):
+        seq = complete_episode(store, f"x{lost}", seq=seq)
+        seq = complete_episode(store, f"y{lost}", seq=seq)
+        assert store.take_batch(0, 2) is not None  # handed out at version 0, never trained
+    assert store.capacity() == 2 * 2  # eta batches beyond the one the learner may hold
+
+
 def test_scarce_credits_are_shared_round_the_actors_not_first_come():
     store = make_store(eta=0, batch_episodes=6, max_staleness=5)
     for i in range(3):
