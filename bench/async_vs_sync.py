@@ -100,12 +100,13 @@ class Snapshot:
     values: dict[str, float]
 
 
-def scrape(ports: list[int]) -> Snapshot | None:
-    """Every COUNTERS value from these /metrics ports; None while one of them does not answer yet."""
+def scrape(ports: list[int], counters: dict[str, str] = COUNTERS) -> Snapshot | None:
+    """Every `counters` value (record key -> sample name, summed over labels) from these /metrics ports; None
+    while one of them does not answer yet."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    wanted = {name: key for key, name in COUNTERS.items()}
-    values = dict.fromkeys(COUNTERS, 0.0)
+    wanted = {name: key for key, name in counters.items()}
+    values = dict.fromkeys(counters, 0.0)
     at = time.monotonic()
     for port in ports:
         try:
@@ -119,23 +120,18 @@ def scrape(ports: list[int]) -> Snapshot | None:
     return Snapshot(at, values)
 
 
+LATENCY = {f"{key}_{part}": f"turnstream_buffer_turn_to_train_{unit}_{part}"
+           for key, unit in (("turn_to_train_s", "seconds"), ("turn_to_train_versions", "versions"))
+           for part in ("sum", "count")}
+
+
 def turn_latency(buffer_port: int) -> dict[str, float | None]:
     """Mean turn-to-train latency so far, in seconds and in policy versions, from the buffer's histograms."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{buffer_port}/metrics", timeout=2).read().decode()
-    except OSError:
-        return {"turn_to_train_s": None, "turn_to_train_versions": None}
-    sums = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.startswith("turnstream_buffer_turn_to_train_") and sample.name[-4:] in ("_sum", "ount"):
-                sums[sample.name] = sample.value
-    out = {}
-    for unit, key in (("seconds", "turn_to_train_s"), ("versions", "turn_to_train_versions")):
-        n = sums.get(f"turnstream_buffer_turn_to_train_{unit}_count", 0)
-        out[key] = round(sums[f"turnstream_buffer_turn_to_train_{unit}_sum"] / n, 3) if n else None
+    snap = scrape([buffer_port], LATENCY)
+    out: dict[str, float | None] = {}
+    for key in ("turn_to_train_s", "turn_to_train_versions"):
+        n = snap.values[f"{key}_count"] if snap else 0
+        out[key] = round(snap.values[f"{key}_sum"] / n, 3) if n else None
     return out
 
 
