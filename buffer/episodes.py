@@ -84,6 +84,11 @@ class Episode:
         return float(sum(c.reward for c in self.turns.values()))
 
     @property
+    def ready_at(self) -> float:
+        """When a complete episode became ready: its last chunk's arrival."""
+        return self.last_seen
+
+    @property
     def span(self) -> tuple[Episode, int, int]:
         """(episode, first trained turn, bootstrap turn or -1): what flatten() lays out."""
         return self, self.served, -1

@@ -253,17 +253,15 @@ class ReplayStore:
             end = ep.segment_end()
             if end is None:
                 continue
-            waited = now - ep.arrived[ep.served]
             if end - ep.served >= self.segment_turns:
                 segments.append(Segment(ep, ep.served, end, ep.arrived[end]))
-            elif self.segment_after_s and waited >= self.segment_after_s:
+            elif self.segment_after_s and now - ep.arrived[ep.served] >= self.segment_after_s:
                 segments.append(Segment(ep, ep.served, end, ep.arrived[ep.served] + self.segment_after_s))
         if not segments:
             return self.ready
-        merged = heapq.merge(((ep.last_seen, ep) for ep in self.ready.values()),
-                             sorted(((seg.ready_at, seg) for seg in segments), key=lambda pair: pair[0]),
-                             key=lambda pair: pair[0])
-        return OrderedDict((item.episode_id, item) for _, item in merged)
+        segments.sort(key=lambda seg: seg.ready_at)
+        merged = heapq.merge(self.ready.values(), segments, key=lambda item: item.ready_at)
+        return OrderedDict((item.episode_id, item) for item in merged)
 
     def mark_segment_served(self, episode_id: str, end: int) -> None:
         """Replay of a served segment: its turns are not served again."""
