@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import logging
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Callable
 
 from turnstream.core.config import Config
 from turnstream.core.urls_file import read_urls_file, write_urls_file
 from turnstream.processes import Child, ProcessGroup, free_port
-from turnstream.vllm_server import vllm_command
+from turnstream.vllm_server import answers, vllm_command
 
 log = logging.getLogger("turnstream.launcher")
 FROZEN = "vllm-frozen"
@@ -52,7 +50,7 @@ class VllmRestarts:
         """None while the restarted server does not answer yet; True once it serves (a policy server: paused
         and announced); False when it did not answer within vllm.startup_timeout_s."""
         url, deadline = self.starting[child.name]
-        if not _answers(f"{url}/health"):
+        if not answers(f"{url}/health"):
             if time.monotonic() < deadline:
                 return None
             log.error("%s (%s) not healthy after %.0f s", child.name, url, self.cfg.vllm.startup_timeout_s)
@@ -62,7 +60,7 @@ class VllmRestarts:
         if child.name == FROZEN:
             log.info("%s is back at %s", child.name, url)
             return True
-        if not _answers(f"{url}/pause?mode=keep&clear_cache=false", method="POST"):
+        if not answers(f"{url}/pause?mode=keep&clear_cache=false", method="POST"):
             log.warning("%s: could not pause %s before announcing it; it may serve its start-up weights until "
                         "the learner's next push", child.name, url)
         self._replace_url(child.name, url)
@@ -81,11 +79,3 @@ class VllmRestarts:
         log.info("%s is back at %s (was %s), paused until the learner brings it to the current weights", name, url,
                  old)
 
-
-def _answers(url: str, method: str = "GET") -> bool:
-    request = urllib.request.Request(url, data=b"" if method == "POST" else None, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=5) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return False

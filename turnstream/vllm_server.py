@@ -32,17 +32,23 @@ def vllm_command(model_path: str, host: str, port: int, cfg: VllmSection) -> tup
     return argv, env
 
 
+def answers(url: str, method: str = "GET", timeout_s: float = 5.0) -> bool:
+    """Whether `url` answers 200 (a POST sends an empty body); a refused or dead server is just False."""
+    request = urllib.request.Request(url, data=b"" if method == "POST" else None, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
 def wait_healthy(url: str, timeout_s: float, alive=lambda: True) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not alive():
             raise RuntimeError(f"vLLM server for {url} exited during start-up")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
+        if answers(f"{url}/health", timeout_s=2):
+            return
         time.sleep(0.5)
     raise TimeoutError(f"vLLM server {url} not healthy after {timeout_s:.0f}s")
 
