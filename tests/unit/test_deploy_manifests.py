@@ -1,6 +1,7 @@
 """deploy/compose, deploy/k8s, deploy/slurm and the Dockerfile: they parse, hold the required fields, run
-commands the CLI accepts and vLLM commands that match turnstream/vllm_server.py, with run configurations
-that load, and never expose vLLM's development routes."""
+commands the CLI accepts (the learner's through torchrun, whose own parser reads its rendezvous settings)
+and vLLM commands that match turnstream/vllm_server.py, with run configurations that load, and never expose
+vLLM's development routes."""
 from __future__ import annotations
 
 import functools
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from torch.distributed.run import get_args_parser as torchrun_parser
 
 from turnstream.cli import build_parser
 from turnstream.core.config import Config, VllmSection
@@ -46,6 +48,23 @@ def parse_cli(argv: list[str]):
         return build_parser().parse_args(argv)
     except SystemExit:
         pytest.fail(f"the CLI rejects: turnstream {' '.join(argv)}")
+
+
+def parse_torchrun(argv: list[str]):
+    """torchrun's own parse of a launch line, and the CLI's parse of the learner command it starts."""
+    try:
+        run = torchrun_parser().parse_args(argv)
+    except SystemExit:
+        pytest.fail(f"torchrun rejects: {' '.join(argv)}")
+    assert run.module and run.training_script == "turnstream.cli", argv
+    return run, parse_cli(run.training_script_args)
+
+
+def check_rendezvous(run, head: str) -> None:
+    """c10d on the head node, with no restarts of its own (the supervisor restarts the whole node)."""
+    assert run.rdzv_backend == "c10d" and run.rdzv_endpoint.rsplit(":", 1)[0] == head
+    assert int(run.rdzv_endpoint.rsplit(":", 1)[1]) > 0 and run.rdzv_id and run.max_restarts == 0
+    assert not run.standalone
 
 
 def check_vllm_args(args: list[str]) -> None:
@@ -137,7 +156,7 @@ def test_kustomization_lists_every_manifest():
     on_disk = {p.name for p in (DEPLOY / "k8s").glob("*.yaml")} - {"kustomization.yaml"}
     assert set(kustomization["resources"]) == on_disk
     for generator in kustomization["configMapGenerator"]:
-        for f in generator["files"]:
+        for f in generator.get("files", []):
             assert (DEPLOY / "k8s" / f).is_file()
 
 
@@ -146,10 +165,17 @@ def test_k8s_workload_kinds_and_volumes():
     assert w["turnstream-buffer"]["kind"] == w["turnstream-learner"]["kind"] == "StatefulSet"
     assert w["turnstream-vllm"]["kind"] == "StatefulSet"
     assert w["turnstream-actor"]["kind"] == "Deployment"
-    for name in ("turnstream-buffer", "turnstream-learner"):
-        claims = w[name]["spec"]["volumeClaimTemplates"]
-        mounts = {m["name"]: m["mountPath"] for m in w[name]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
-        assert claims and mounts[claims[0]["metadata"]["name"]] == "/data"  # run_dir lives there
+    claims = w["turnstream-buffer"]["spec"]["volumeClaimTemplates"]
+    mounts = {m["name"]: m["mountPath"] for m in w["turnstream-buffer"]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    assert claims and mounts[claims[0]["metadata"]["name"]] == "/data"  # run_dir lives there
+    # every learner node sees the same run_dir (checkpoints every rank resumes from): one shared folder
+    learner_data = []
+    for name in ("turnstream-learner", "turnstream-learner-workers"):
+        assert w[name]["kind"] == "StatefulSet"
+        (data,) = [m for m in w[name]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+                   if m["mountPath"] == "/data"]
+        learner_data.append((data["name"], data.get("subPath")))
+    assert learner_data[0] == learner_data[1] == ("shared", "learner")
     for d in w.values():
         selector = d["spec"]["selector"]["matchLabels"]
         labels = d["spec"]["template"]["metadata"]["labels"]
@@ -182,7 +208,7 @@ def test_k8s_commands_probes_and_ports_match_the_config():
             assert c["image"].split(":")[0] == "turnstream", c["name"]
         container = spec["containers"][0]
         role = d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
-        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
         if role == "vllm":
             assert container["command"] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
             check_vllm_args(container["args"])
@@ -194,16 +220,64 @@ def test_k8s_commands_probes_and_ports_match_the_config():
             assert "exec turnstream" in init["command"][2]
             parse_cli(init["args"])
             continue
-        assert "command" not in container  # the image's entrypoint is `turnstream`
-        args = parse_cli(container["args"])
+        if role == "learner":  # torchrun on every learner node (test_k8s_learner_rendezvous)
+            assert container["command"] == ["torchrun"]
+            _, args = parse_torchrun(container["args"])
+        else:
+            assert "command" not in container  # the image's entrypoint is `turnstream`
+            args = parse_cli(container["args"])
         assert args.command == role and args.config == "/etc/turnstream/run.toml"
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert mounts["config"] == "/etc/turnstream"
+        if name == "turnstream-learner-workers":  # ranks beyond 0 serve no /metrics, so no HTTP probes
+            assert not {"startupProbe", "livenessProbe", "readinessProbe"} & set(container) and "metrics" not in ports
+            continue
         assert ports["metrics"] == metrics[role]
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}, (name, probe)
-        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-        assert mounts["config"] == "/etc/turnstream"
     hosts = [u.split("//")[1].split(":")[0] for u in cfg.vllm.urls]
     assert all(h.startswith("turnstream-vllm-") and h.endswith(".turnstream-vllm") for h in hosts)
+
+
+def test_k8s_learner_rendezvous():
+    """Both learner StatefulSets start the same torchrun: c10d on the head pod (pod 0 of turnstream-learner,
+    through the headless Service), NNODES and NPROC_PER_NODE from one ConfigMap that matches the replicas,
+    and --local-addr names under which the head pod sorts first (c10d gives global rank 0 to the node whose
+    address sorts first; tests/unit/test_launch_slurm_supervise.py shows it with two real torchrun agents)."""
+    w = _workloads()
+    head, workers = w["turnstream-learner"], w["turnstream-learner-workers"]
+    services = {d["metadata"]["name"]: d for d in _k8s() if d["kind"] == "Service"}
+    ranks = services["turnstream-learner-ranks"]["spec"]
+    assert ranks["clusterIP"] == "None" and ranks["publishNotReadyAddresses"] is True
+    assert head["spec"]["serviceName"] == workers["spec"]["serviceName"] == "turnstream-learner-ranks"
+    assert head["spec"]["replicas"] == 1
+    for d in (head, workers):
+        assert ranks["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+    # the learner Service (buffer's learner_host, the PUB socket) reaches the head pod only
+    selector = services["turnstream-learner"]["spec"]["selector"]
+    assert selector.items() <= head["spec"]["template"]["metadata"]["labels"].items()
+    assert not selector.items() <= workers["spec"]["template"]["metadata"]["labels"].items()
+
+    kustomization = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())
+    (shape,) = [g for g in kustomization["configMapGenerator"] if g["name"] == "turnstream-learner-ranks"]
+    env = dict(literal.split("=", 1) for literal in shape["literals"])
+    assert int(env["NNODES"]) == 1 + workers["spec"]["replicas"] and int(env["NPROC_PER_NODE"]) >= 1
+    addrs, hosts = [], []
+    for d in (head, workers):
+        container = d["spec"]["template"]["spec"]["containers"][0]
+        assert {"configMapRef": {"name": "turnstream-learner-ranks"}} in container["envFrom"]
+        (pod_name,) = [e for e in container["env"] if e["name"] == "POD_NAME"]
+        assert pod_name["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+        run, _ = parse_torchrun(container["args"])
+        check_rendezvous(run, head="turnstream-learner-0.turnstream-learner-ranks")
+        assert (run.nnodes, run.nproc_per_node) == ("$(NNODES)", "$(NPROC_PER_NODE)")
+        assert int(run.rdzv_endpoint.rsplit(":", 1)[1]) == ranks["ports"][0]["port"]
+        assert run.local_addr == "$(POD_NAME).turnstream-learner-ranks"
+        addrs.append(run.local_addr.replace("$(POD_NAME)", f"{d['metadata']['name']}-0"))
+        hosts.append(run.rdzv_conf)
+    assert hosts == ["is_host=1", "is_host=0"]  # the store lives on the head pod only
+    assert sorted(addrs)[0] == addrs[0] == "turnstream-learner-0.turnstream-learner-ranks"
+    assert _k8s_config().learner.parallel == "fsdp2"
 
 
 def test_k8s_services_match_the_config_and_stay_internal():
@@ -234,6 +308,9 @@ def test_k8s_network_policy_guards_vllm_dev_routes():
 
 def test_kubernetes_scrape_config_finds_annotated_pods():
     for d in _workloads().values():
+        if d["metadata"]["name"] == "turnstream-learner-workers":  # ranks beyond 0 serve no /metrics
+            assert "prometheus.io/scrape" not in d["spec"]["template"]["metadata"].get("annotations", {})
+            continue
         ann = d["spec"]["template"]["metadata"]["annotations"]
         container = d["spec"]["template"]["spec"]["containers"][0]
         assert ann["prometheus.io/scrape"] == "true"
@@ -264,9 +341,66 @@ def test_sbatch_commands_match_the_cli():
     for command in commands:
         argv = shlex.split(_expand(command))
         seen.add(parse_cli(argv).command)
+    (learner,) = re.findall(r'"\$PYTHON" -m torch\.distributed\.run ([^&\n]+)', text)
+    seen.add(parse_torchrun(shlex.split(_expand(learner)))[1].command)
     assert ROLE_COMMANDS | {"make-tiny-model"} <= seen
     (vllm,) = re.findall(r"vllm\.entrypoints\.openai\.api_server ([^&\n]+)", text)
     check_vllm_args(shlex.split(_expand(vllm)))
+
+
+def _run_sbatch(tmp_path: Path, nodes: list[str], **env) -> tuple[list[list[str]], dict]:
+    """The template run by bash with stand-ins for Slurm's scontrol and srun (srun records each step's
+    argv and exits) and curl: the steps it would start, and the run configuration it writes."""
+    bin_dir, steps, run_dir = tmp_path / "bin", tmp_path / "steps", tmp_path / "run"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf '%s\\n' " + " ".join(nodes) + "\n")
+    (bin_dir / "srun").write_text(f'#!/usr/bin/env bash\nprintf "%q " "$@" >> "{steps}"; echo >> "{steps}"\n')
+    (bin_dir / "curl").write_text("#!/bin/sh\nexit 0\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    (run_dir / "model").mkdir(parents=True)
+    (run_dir / "model" / "config.json").write_text("{}")
+    (run_dir / "keys").mkdir()
+    (run_dir / "keys" / "server.key").write_text("")
+    environ = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "stand-in",
+               "SLURM_SUBMIT_DIR": str(ROOT), "RUN_DIR": str(run_dir), "SUPERVISE": "", "TURNSTREAM": "false",
+               **env}
+    proc = subprocess.run(["bash", str(SBATCH)], env=environ, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [shlex.split(line) for line in steps.read_text().splitlines()], tomllib.loads((run_dir / "run.toml").read_text())
+
+
+def test_sbatch_learner_torchrun_rendezvous_on_the_head_node(tmp_path):
+    """LEARNER_NODES torchrun agents, one per learner node, each starting NPROC_PER_NODE processes, meet in
+    a c10d rendezvous on the head node, the learner node whose name sorts first (where c10d puts global
+    rank 0; tests/unit/test_launch_slurm_supervise.py), which is also where the buffer runs and where the
+    configuration sends the buffer and the actors. Slurm lists node9 before node10; the sort does not."""
+    steps, run = _run_sbatch(tmp_path, ["node9", "node10", "node11", "node12"], LEARNER_NODES="2",
+                             NPROC_PER_NODE="4")
+    by_name = {}
+    for argv in steps:
+        name = next(a.split("=", 1)[1] for a in argv if a.startswith("--job-name="))
+        node = next(a.split("=", 1)[1] for a in argv if a.startswith("--nodelist="))
+        by_name[name] = (node, argv[argv.index(next(a for a in argv if a.startswith("--job-name="))) + 1:])
+    learners = {name: v for name, v in by_name.items() if name.startswith("learner-")}
+    assert sorted(learners) == ["learner-node10", "learner-node9"]
+    for name, (node, argv) in learners.items():
+        assert name == f"learner-{node}" and argv[1:3] == ["-m", "torch.distributed.run"]
+        torchrun, learner = parse_torchrun(argv[3:])
+        check_rendezvous(torchrun, head="node10")
+        assert (torchrun.nnodes, torchrun.nproc_per_node, torchrun.local_addr) == ("2", "4", node)
+        assert torchrun.rdzv_conf == f"is_host={int(node == 'node10')}"  # the store lives on the head only
+        assert learner.command == "learner"
+    assert by_name["buffer"][0] == "node10"
+    assert {node for name, (node, _) in by_name.items() if name.startswith("vllm-")} == {"node11", "node12"}
+    assert run["network"]["buffer_host"] == run["network"]["learner_host"] == "node10"
+    assert run["vllm"]["urls"] == ["http://node11:8000", "http://node12:8000"]
+    assert run["learner"]["parallel"] == "fsdp2"
+
+
+def test_sbatch_needs_a_node_beyond_the_learners(tmp_path):
+    with pytest.raises(AssertionError, match="need more than LEARNER_NODES=2 nodes"):
+        _run_sbatch(tmp_path, ["node1", "node2"], LEARNER_NODES="2")
 
 
 def test_sbatch_run_config_loads():

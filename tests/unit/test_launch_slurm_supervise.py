@@ -1,12 +1,17 @@
 """deploy/slurm/supervise.sh, the Slurm template's restart policy: restart on failure with a doubling
-back-off, give up after MAX_RESTARTS within the window, done on status 0, SIGTERM passed on to the role."""
+back-off, give up after MAX_RESTARTS within the window, done on status 0, SIGTERM passed on to the role.
+And the rule the multi-node learner templates (Slurm, Kubernetes) rely on to put global rank 0 on their
+head node: torchrun's c10d rendezvous numbers the nodes by their sorted --local-addr."""
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
+
+from turnstream.processes import free_port
 
 SUPERVISE = Path(__file__).resolve().parents[2] / "deploy" / "slurm" / "supervise.sh"
 
@@ -57,3 +62,33 @@ def test_sigterm_reaches_the_role_and_is_not_restarted(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_c10d_gives_rank_0_to_the_node_whose_address_sorts_first(tmp_path):
+    """Two real torchrun agents (one process each) meet in a c10d rendezvous, as two learner nodes of the
+    templates do. The store's host ("localhost", is_host=1) joins first, yet global rank 0 goes to the agent
+    whose --local-addr sorts first ("127.0.0.1"): so the templates make the first-sorting name the head."""
+    script = tmp_path / "rank.py"
+    script.write_text("import os, pathlib\n"
+                      "pathlib.Path(os.environ['OUT'], os.environ['NODE']).write_text(os.environ['RANK'])\n")
+    endpoint = f"127.0.0.1:{free_port()}"
+    procs = []
+    try:
+        for node, addr, is_host in (("store-host", "localhost", 1), ("other", "127.0.0.1", 0)):
+            argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+                    "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--rdzv-id=sort-test",
+                    f"--rdzv-conf=is_host={is_host},join_timeout=60", f"--local-addr={addr}", "--max-restarts=0",
+                    str(script)]
+            env = {**os.environ, "OUT": str(tmp_path), "NODE": node, "OMP_NUM_THREADS": "1"}
+            procs.append(subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, text=True))
+            if is_host:  # the store is up before the other agent joins
+                time.sleep(2)
+        for proc in procs:
+            assert proc.wait(120) == 0, proc.stderr.read()
+        assert (tmp_path / "other").read_text() == "0" and (tmp_path / "store-host").read_text() == "1"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
