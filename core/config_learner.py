@@ -127,6 +127,12 @@ class LearnerSection(Section):
     torch_threads: int = Field(1, ge=1, description="torch.set_num_threads")
     weights_dir: str = Field("", description="where pushed weights are written; empty: <run_dir>/weights")
     keep_weight_versions: int = Field(2, ge=1, description="pushed versions kept on disk")
+    push_bucket_mb: int = Field(
+        512, ge=0, description="a push reads the weights in buckets of this many MiB (learner/weight_sync_buckets.py): "
+        "under fsdp2 each bucket is gathered from the shards and dropped before the next, so no rank holds more "
+        "of the full weights than one bucket (a larger tensor is a bucket alone); the disk backend writes one "
+        "safetensors file per bucket, nccl broadcasts bucket after bucket. Larger: fewer, bigger transfers; "
+        "smaller: less memory. 0: the whole model in one bucket")
     overlap_push: Literal["auto", True, False] = Field(
         "auto", description="push version v into the servers while step v+1 trains (learner/serve.py): the push's "
         "time leaves the learner's critical path, and data may be one version staler. auto: with the disk backend "

@@ -7,6 +7,10 @@ Layout of <run_dir>/checkpoints/step-000012/:
   tracker.json    SPO tracker state (plain JSON, readable without torch)
 A checkpoint directory exists under its final name only once every file in it is complete (rename is
 atomic on one filesystem); a crash mid-write leaves a `.tmp-*` directory that is ignored and removed.
+
+This is the format of ddp and one-process learners. An fsdp2 learner writes each rank's shards instead
+(learner/checkpoint_dcp.py: `dcp/` in place of the weights, the same trainer.pt and tracker.json), which any
+learner resumes from, on any number of ranks; `turnstream export` turns either into a Hugging Face directory.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import torch
 
 from turnstream.core.fsutil import fsync_dir
 
-WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth")
+WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")  # an index names weight files
 
 
 def rng_state(generator: torch.Generator) -> dict:
@@ -44,9 +48,14 @@ def save(root: Path, version: int, model, source_model_dir: str | Path, trainer_
     tmp = root / f".tmp-step-{version:06d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp / "model", safe_serialization=True)
-    for f in Path(source_model_dir).iterdir():  # tokenizer, chat template, generation config
-        if f.is_file() and not f.name.endswith(WEIGHT_FILES) and not (tmp / "model" / f.name).exists():
-            shutil.copy2(f, tmp / "model" / f.name)
+    return publish(tmp, final, source_model_dir, trainer_state, tracker_state, keep)
+
+
+def publish(tmp: Path, final: Path, source_model_dir: str | Path, trainer_state: dict, tracker_state: dict,
+            keep: int) -> Path:
+    """Complete `tmp` (the source model's side files, trainer.pt, tracker.json), make it durable, rename it to
+    `final` and prune older checkpoints beyond `keep`."""
+    copy_side_files(source_model_dir, tmp / "model")
     torch.save(trainer_state, tmp / "trainer.pt")
     (tmp / "tracker.json").write_text(json.dumps(tracker_state))
     for f in tmp.rglob("*"):  # make the bytes durable before the rename publishes them
@@ -56,9 +65,17 @@ def save(root: Path, version: int, model, source_model_dir: str | Path, trainer_
     if final.exists():
         shutil.rmtree(final)
     os.rename(tmp, final)
-    fsync_dir(root)
-    _prune(root, keep)
+    fsync_dir(final.parent)
+    _prune(final.parent, keep)
     return final
+
+
+def copy_side_files(source: str | Path, dest: Path) -> None:
+    """Tokenizer, chat template, config, generation config: every file of `source` but weights, unless present."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in Path(source).iterdir():
+        if f.is_file() and not f.name.endswith(WEIGHT_FILES) and not (dest / f.name).exists():
+            shutil.copy2(f, dest / f.name)
 
 
 def latest(root: Path) -> Path | None:

@@ -6,8 +6,8 @@ LM head, which stay together so tied embeddings share one parameter). The separa
 sharded the same way, and the network root (learner/critic.py's PolicyAndValue) takes the shared value head.
 
 Every forward all-gathers, so every rank must run the same number of forwards (learner/trainer.py gives an
-idle rank stand-in micro-batches). The weights a push or a checkpoint needs are full tensors: `full_state_dict`
-gathers them onto rank 0's CPU, a collective that every rank calls.
+idle rank stand-in micro-batches). No rank holds the full weights: a push gathers them bucket by bucket
+(learner/weight_sync_buckets.py) and a checkpoint writes each rank's shards (learner/checkpoint_dcp.py).
 """
 from __future__ import annotations
 
@@ -105,40 +105,6 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
         total = total.full_tensor()
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return float(total)
-
-
-def _full_options():
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    # cpu_offload with full_state_dict: rank 0 alone receives the tensors, on its CPU; the others get {}
-    return StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
-    """The module's full (unsharded) weights on rank 0's CPU, {} on the other ranks; every rank must call it."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-    return get_model_state_dict(module, options=_full_options())
-
-
-def full_optimizer_state_dict(net: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """AdamW's full state keyed by parameter name, on rank 0 (collective, as full_state_dict)."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    return get_optimizer_state_dict(net, optimizer, options=_full_options())
-
-
-def load_full_optimizer_state_dict(net: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """Each rank keeps its shard of a full optimizer state (every rank has read the checkpoint)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    set_optimizer_state_dict(net, optimizer, state, options=StateDictOptions(full_state_dict=True))
-
-
-def load_full_state_dict(module: nn.Module, state: dict) -> None:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True))
 
 
 def state_bytes(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> dict[str, int]:

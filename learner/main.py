@@ -14,10 +14,11 @@ from transformers import AutoModelForCausalLM
 
 from turnstream.core.config import Config
 from turnstream.core.configtools import ConfigError
-from turnstream.learner import checkpoint
+from turnstream.learner import checkpoint, checkpoint_dcp
 from turnstream.learner.device import attn_implementation, placement
 from turnstream.learner.distributed import broadcast, init_from_env, shutdown
-from turnstream.learner.serve import save_checkpoint, serve
+from turnstream.learner.rank_commands import follow
+from turnstream.learner.serve import serve
 from turnstream.learner.trainer import Trainer
 
 __all__ = ["build_trainer", "main", "train"]
@@ -25,12 +26,17 @@ __all__ = ["build_trainer", "main", "train"]
 log = logging.getLogger("turnstream.learner")
 
 
-def build_trainer(cfg: Config):
-    """Model, optional reference model and critic, Trainer; resumed from the latest checkpoint if asked."""
+def build_trainer(cfg: Config, rank: int = 0, world: int = 1):
+    """Model, optional reference model and critic, Trainer; resumed from the latest checkpoint if asked (rank 0
+    picks it, every rank loads it). A sharded checkpoint (learner/checkpoint_dcp.py) loads on any number of
+    ranks; a single-file one into ddp and one-process learners."""
     lc = cfg.learner
     where = placement(lc.device, lc.precision)
-    resume_from = checkpoint.latest(Path(cfg.run.run_dir) / "checkpoints") if lc.resume else None
-    model_dir = resume_from / "model" if resume_from else cfg.model.path
+    resume_from = checkpoint.latest(Path(cfg.run.run_dir) / "checkpoints") if lc.resume and rank == 0 else None
+    resume_from = broadcast(resume_from, rank, world)
+    sharded_checkpoint = resume_from is not None and checkpoint_dcp.is_sharded(resume_from)
+    # a sharded checkpoint's weights are filled into the model after it is built (and sharded)
+    model_dir = resume_from / "model" if resume_from and not sharded_checkpoint else cfg.model.path
     attn = attn_implementation(lc.attn_implementation, where.device)
     kw = {"attn_implementation": attn} if attn else {}
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kw)
@@ -44,7 +50,9 @@ def build_trainer(cfg: Config):
                       where=where)
     log.info("learner on %s, %s, attention %s, activation checkpointing %s", where.device, where.precision,
              model.config._attn_implementation, lc.activation_checkpointing)
-    if resume_from:
+    if sharded_checkpoint:
+        checkpoint_dcp.load(resume_from, trainer)
+    elif resume_from:
         trainer.load_state_dict(*checkpoint.load(resume_from))
         log.info("resumed from %s at version %d", resume_from, trainer.version)
     return model, trainer, resume_from
@@ -66,25 +74,11 @@ async def train(cfg: Config) -> None:
 
 
 async def _train_rank(cfg: Config, rank: int, world: int) -> None:
-    model, trainer, _ = build_trainer(cfg)
+    _, trainer, _ = build_trainer(cfg, rank, world)
     if rank == 0:
-        await serve(cfg, model, trainer, world)
-        await checkpoint_on_stop(cfg, model, trainer)
-        return
-    while (batch := broadcast(None, rank, world)) is not None:
-        try:
-            trainer.step(batch)
-        except ValueError as exc:  # rank 0 skips the same batch for the same reason
-            log.error("rank %d skipped a batch: %s", rank, exc)
-
-
-async def checkpoint_on_stop(cfg: Config, model, trainer) -> None:
-    """A stopped learner (SIGTERM, max_steps) leaves a checkpoint of its last step, so that a resumed run
-    loses no step: serve() returns only after that step's push and announcement."""
-    root = Path(cfg.run.run_dir) / "checkpoints"
-    if trainer.version > 0 and checkpoint.version_of(checkpoint.latest(root)) < trainer.version:
-        seconds = await save_checkpoint(cfg, model, trainer)
-        log.info("checkpoint of version %d on stop (%.1f s)", trainer.version, seconds)
+        await serve(cfg, trainer, world)
+    else:
+        follow(cfg, trainer)  # steps, push gathers and checkpoints, as rank 0 orders them
 
 
 def main(cfg: Config) -> None:

@@ -19,8 +19,9 @@ from turnstream.core.config import Config
 from turnstream.core.urls_file import watch_urls_file
 from turnstream.learner import checkpoint
 from turnstream.learner.batch_client import BatchClient
-from turnstream.learner.device import served_dtype, serving_state_dict
+from turnstream.learner.device import served_dtype
 from turnstream.learner.distributed import broadcast
+from turnstream.learner.rank_commands import push_source, save_checkpoint as write_checkpoint
 from turnstream.learner.metrics import LearnerMetrics
 from turnstream.learner.trackers import Trackers, open_trackers
 from turnstream.learner.trainer import NothingToTrain, Trainer
@@ -124,18 +125,21 @@ class Publisher:
                  stats["step_s"], push_s, stats["wait_s"])
 
 
-def push_overlaps_training(cfg: Config) -> bool:
+def push_overlaps_training(cfg: Config, sharded: bool = False) -> bool:
     """Whether a version's push runs while the next step trains (learner.overlap_push).
 
     Safe only when the push reads a snapshot (the disk backend's saved file; nccl broadcasts the live
     parameters, which the next step changes), and only in asynchronous mode: with eta = 0 the synchronous
-    baseline is generate, train, push, repeat, and every episode of a batch must come from the newest weights."""
+    baseline is generate, train, push, repeat, and every episode of a batch must come from the newest weights.
+    A sharded learner's nccl push gathers as it broadcasts, collectives that must not interleave with a step's."""
+    if sharded and cfg.vllm.weight_sync.backend == "nccl":
+        return False
     if cfg.learner.overlap_push == "auto":
         return cfg.vllm.weight_sync.backend == "disk" and cfg.buffer.eta >= 1
     return bool(cfg.learner.overlap_push)
 
 
-async def serve(cfg: Config, model, trainer: Trainer, world: int) -> None:
+async def serve(cfg: Config, trainer: Trainer, world: int) -> None:
     lc, run_dir = cfg.learner, Path(cfg.run.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     trackers = open_trackers(cfg)  # first: a missing tracker package exits before any push
@@ -145,7 +149,8 @@ async def serve(cfg: Config, model, trainer: Trainer, world: int) -> None:
     # The servers may hold other weights (a checkpoint we resumed past, an earlier run on a shared server):
     # give them ours before announcing, so version labels always name the weights that sampled.
     try:
-        await sync.push(sync.save(serving_state_dict(model, push_dtype), trainer.version), trainer.version)
+        await sync.push(await asyncio.to_thread(sync.save, push_source(cfg, trainer, push_dtype), trainer.version),
+                        trainer.version)
     except WeightSyncError as exc:
         metrics.push_failures.inc()
         log.error("initial push of version %d failed: %s", trainer.version, exc)
@@ -163,7 +168,7 @@ async def serve(cfg: Config, model, trainer: Trainer, world: int) -> None:
         background.append(asyncio.create_task(watch_urls_file(Path(cfg.vllm.urls_file), sync.set_urls,
                                                               cfg.vllm.health_interval_s)))
     publisher = Publisher(sync, endpoints.pub, metrics, (run_dir / "learner.jsonl").open("a"), time.monotonic(),
-                          push_overlaps_training(cfg), trackers)
+                          push_overlaps_training(cfg, trainer.sharded), trackers)
     log.info("weight pushes %s the next step", "overlap" if publisher.overlap else "precede")
     try:
         while not stop.is_set() and not (lc.max_steps and trainer.version >= lc.max_steps):
@@ -181,11 +186,14 @@ async def serve(cfg: Config, model, trainer: Trainer, world: int) -> None:
                              "episodes": list(batch.episode_ids), "prompt_keys": list(batch.prompt_keys),
                              "tokens": [int(n) for n in batch.episode_offsets[1:] - batch.episode_offsets[:-1]],
                              "staleness_max": stats["staleness_max"]})
-            path = await asyncio.to_thread(sync.save, serving_state_dict(model, push_dtype), trainer.version)
+            # disk: the weights are gathered and written here; nccl: gathered as the push broadcasts them
+            path = await asyncio.to_thread(sync.save, push_source(cfg, trainer, push_dtype), trainer.version)
             if lc.checkpoint_every and trainer.version % lc.checkpoint_every == 0:
-                stats["checkpoint_s"] = await save_checkpoint(cfg, model, trainer)
+                stats["checkpoint_s"] = await save_checkpoint(cfg, trainer)
             stats.update(wait_s=wait_s, step_started=step_started)
             await publisher.submit(path, trainer.version, stats, changed_values(trainer, batch))
+        await publisher.drain()
+        await checkpoint_on_stop(cfg, trainer)  # before the other ranks are released: they write their shards
     finally:
         await publisher.drain()  # the last version still reaches the servers and the buffer
         for task in background:
@@ -233,10 +241,17 @@ async def train_on(trainer: Trainer, batch: Batch, world: int, metrics: LearnerM
     return None
 
 
-async def save_checkpoint(cfg: Config, model, trainer: Trainer) -> float:
-    """A checkpoint of the current version; returns the seconds it took."""
+async def save_checkpoint(cfg: Config, trainer: Trainer) -> float:
+    """A checkpoint of the current version (learner/rank_commands.py picks the format); returns its seconds."""
     started = time.monotonic()
-    await asyncio.to_thread(checkpoint.save, Path(cfg.run.run_dir) / "checkpoints", trainer.version, model,
-                            cfg.model.path, trainer.state_dict(), trainer.tracker.state_dict(),
-                            cfg.learner.keep_checkpoints)
+    await asyncio.to_thread(write_checkpoint, cfg, trainer)
     return time.monotonic() - started
+
+
+async def checkpoint_on_stop(cfg: Config, trainer: Trainer) -> None:
+    """A stopped learner (SIGTERM, max_steps) leaves a checkpoint of its last step, so that a resumed run
+    loses no step: this runs only after that step's push and announcement."""
+    root = Path(cfg.run.run_dir) / "checkpoints"
+    if trainer.version > 0 and checkpoint.version_of(checkpoint.latest(root)) < trainer.version:
+        seconds = await save_checkpoint(cfg, trainer)
+        log.info("checkpoint of version %d on stop (%.1f s)", trainer.version, seconds)

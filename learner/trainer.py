@@ -16,7 +16,6 @@ advantages) stays on the CPU; each micro-batch's inputs and per-token loss terms
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import time
 
@@ -38,6 +37,7 @@ from turnstream.learner.spo import SpoTracker, fold_batch
 from turnstream.learner.step_inputs import (StepInputs, fill_values, prox_from_training_forward, proximal_logp,
                                             values_from_training_forward)
 from turnstream.learner.step_stats import MeanMax, batch_stats
+from turnstream.learner.weight_sync_buckets import WeightBuckets, policy_tensors
 from turnstream.protocol.messages import Batch
 
 __all__ = ["NothingToTrain", "Trainer"]  # NothingToTrain: raised by step(), caught by learner/main.py
@@ -54,11 +54,8 @@ class Trainer:
         distributed = dist.is_available() and dist.is_initialized()
         self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
         self.sharded = fsdp.sharded(cfg.parallel, self.world)
-        # fsdp2: rank 0 trains a copy and keeps the caller's `model`, which pushes and checkpoints read, as the
-        # full weights on its CPU, refreshed after every step (_gather_full_state)
-        self.full_model = model if self.sharded and self.rank == 0 else None
-        if self.full_model is not None:
-            model = copy.deepcopy(model)
+        # fsdp2 shards the caller's `model` in place: no rank keeps the full weights. Pushes gather them bucket
+        # by bucket (weight_buckets) and checkpoints write each rank's shards (learner/checkpoint_dcp.py).
         # fp32 master weights; autocast does the rest. Sharded, fully_shard moves each rank's shards over.
         self.model = model.to(dtype=torch.float32) if self.sharded else model.to(self.device, dtype=torch.float32)
         self.cfg = cfg
@@ -80,7 +77,6 @@ class Trainer:
             enable_checkpointing(model, self.net.critic.backbone if self.net.critic is not None else None)
         if self.sharded:  # before the optimizer: sharding replaces the parameters with DTensor ones
             fsdp.shard_network(self.net, self.device, self.where.compute_dtype, ref_model)
-        self._gathered: dict = {}  # fsdp2: optimizer and critic state gathered for a checkpoint
         groups = [{"params": list(model.parameters()), "lr": cfg.lr}]
         if self.net.critic_parameters():
             groups.append({"params": self.net.critic_parameters(), "lr": cfg.critic.lr})
@@ -123,7 +119,8 @@ class Trainer:
         if cfg.estimator == "spo":  # learner.spo.drift: measured against pi_prox or the updated policy
             rho_mean = fold_batch(self.tracker, batch.prompt_keys, batch.returns, tb,
                                   new_logp if drift_updated else x.prox_logp)
-        self._gather_full_state()
+        if self.sharded:  # the root keeps its gathered parameters after the no-grad pass: the shards again
+            fsdp.reshard(self.net)
         step_s = time.monotonic() - started
         out.update(batch_stats(batch, tb, dropped), version=self.version, baseline_mean=x.advantages.baseline_mean,
                    spo_rho_mean=rho_mean, step_s=step_s,
@@ -264,56 +261,59 @@ class Trainer:
     def _sum_over_ranks(self, *tensors: torch.Tensor) -> None:
         sum_over_ranks(self.world, self.device, *tensors)
 
-    # ---- full state under fsdp2 and checkpoint state -------------------------------------------------
+    # ---- weights for pushes, checkpoint state --------------------------------------------------------
+
+    def weight_buckets(self, dtype: torch.dtype | None, bucket_bytes: int, announce=None) -> WeightBuckets:
+        """The policy's weights for a push, cast to `dtype`, gathered bucket by bucket (learner/weight_sync_buckets.py);
+        sharded, every rank must read it (rank 0 hands it to the backend, the others `finish()` it)."""
+        return WeightBuckets(policy_tensors(self.net.model), dtype, bucket_bytes, announce)
 
     def _critic_module(self) -> torch.nn.Module | None:
         return self.net.head if self.net.head is not None else self.net.critic
 
-    def _gather_full_state(self) -> None:
-        """fsdp2, on every rank (collectives): the step's full weights into rank 0's `full_model`, which the
-        push reads; where a checkpoint may follow (checkpoint_every, max_steps), the optimizer and critic too."""
-        if not self.sharded:
-            return
-        fsdp.reshard(self.net)
-        weights = fsdp.full_state_dict(self.net.model)
-        if self.full_model is not None:
-            self.full_model.load_state_dict(weights)
-        del weights
-        cfg, v = self.cfg, self.version
-        if (cfg.checkpoint_every and v % cfg.checkpoint_every == 0) or (cfg.max_steps and v >= cfg.max_steps):
-            critic = self._critic_module()
-            self._gathered = {"version": v, "optimizer": fsdp.full_optimizer_state_dict(self.net, self.optimizer),
-                              "critic": fsdp.full_state_dict(critic) if critic is not None else {}}
+    def meta_state(self) -> dict:
+        """What every checkpoint holds besides tensors: version, scheduler, RNG, the writer's parallel mode."""
+        return {"version": self.version, "scheduler": self.scheduler.state_dict(), "rng": rng_state(self.generator),
+                "parallel": self.cfg.parallel}
+
+    def sharded_state(self) -> dict:
+        """Policy, critic and AdamW state as torch.distributed.checkpoint saves and loads them: each rank's shards
+        under fsdp2 (a collective), the plain tensors otherwise; keyed by parameter name, so a checkpoint
+        written on N ranks loads on M."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        return {"net": get_model_state_dict(self.net), "optimizer": get_optimizer_state_dict(self.net, self.optimizer)}
+
+    def load_sharded_state(self, state: dict, meta: dict, tracker_state: dict) -> None:
+        """`state`: sharded_state()'s structure, filled by torch.distributed.checkpoint.load."""
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+        set_model_state_dict(self.net, state["net"])
+        set_optimizer_state_dict(self.net, self.optimizer, state["optimizer"])
+        self._load_meta(meta, tracker_state)
 
     def state_dict(self) -> dict:
-        optimizer, critic = self.optimizer.state_dict(), self.net.critic_state_dict()
-        if self.sharded:  # full tensors gathered by the step (rank 0 calls this alone: no collectives here)
-            if self._gathered.get("version") != self.version:
-                log.warning("fsdp2: version %d was not a checkpoint step (checkpoint_every, max_steps), so its "
-                            "optimizer and critic state were not gathered; this checkpoint holds the weights "
-                            "only, and a resume restarts AdamW's moments and the critic", self.version)
-            optimizer, critic = self._gathered.get("optimizer"), self._gathered.get("critic")
-        return {"version": self.version, "optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
-                "critic": critic, "rng": rng_state(self.generator), "parallel": "fsdp2" if self.sharded else "ddp"}
+        """Today's single-file state (ddp and one process): optimizer by parameter index, critic, meta."""
+        if self.sharded:
+            raise RuntimeError("fsdp2 state is sharded: write it with learner/checkpoint_dcp.py (sharded_state)")
+        return {**self.meta_state(), "optimizer": self.optimizer.state_dict(), "critic": self.net.critic_state_dict()}
 
     def load_state_dict(self, state: dict, tracker_state: dict) -> None:
-        written, mine = state.get("parallel", "ddp"), "fsdp2" if self.sharded else "ddp"
-        if written != mine:  # optimizer state keyed by parameter name (fsdp2) or by index (ddp)
+        if self.sharded:
             from turnstream.core.configtools import ConfigError
 
-            raise ConfigError(f"learner.parallel: the checkpoint was written by a {written} learner and this one "
-                              f"is {mine}; resume with learner.parallel = {written!r} (and its number of ranks)")
-        self.version = int(state["version"])
+            raise ConfigError("learner.parallel: this checkpoint was written by a ddp learner (one file, not "
+                              "sharded); resume it with learner.parallel = 'ddp', or start fsdp2 from its weights "
+                              "with model.path = <checkpoint>/model and learner.resume = false")
         if state["optimizer"] is None:
             log.warning("the checkpoint holds no optimizer state: AdamW starts its moments afresh")
-        elif self.sharded:
-            fsdp.load_full_optimizer_state_dict(self.net, self.optimizer, state["optimizer"])
         else:
             self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.sharded and state["critic"]:
-            fsdp.load_full_state_dict(self._critic_module(), state["critic"])
-        elif not self.sharded:
-            self.net.load_critic_state_dict(state["critic"] or {})
-        set_rng_state(state["rng"], self.generator)
+        self.net.load_critic_state_dict(state["critic"] or {})
+        self._load_meta(state, tracker_state)
+
+    def _load_meta(self, meta: dict, tracker_state: dict) -> None:
+        self.version = int(meta["version"])
+        self.scheduler.load_state_dict(meta["scheduler"])
+        set_rng_state(meta["rng"], self.generator)
         self.tracker.load_state_dict(tracker_state)

@@ -28,6 +28,7 @@ class WeightSync:
         self.versions: dict[str, int | None] = {u: None for u in self.urls}  # last version pushed to each
         self.latest: tuple[Any, int] | None = None  # (what save() returned, version) of the newest push
         self.aborted_pauses = 0  # pauses that did not finish with a resume (should stay 0)
+        self._one_push = asyncio.Lock()  # a resync never runs inside a push (nccl: one collective at a time)
 
     # ---- to implement ------------------------------------------------------------------------------
 
@@ -70,8 +71,8 @@ class WeightSync:
     async def push(self, payload: Any, version: int) -> float:
         """Push to every server in parallel; raise WeightSyncError naming the servers that failed."""
         started = time.monotonic()
-        self.latest = (payload, version)
-        async with aiohttp.ClientSession(timeout=self.timeout) as session:
+        async with self._one_push, aiohttp.ClientSession(timeout=self.timeout) as session:
+            self.latest = (payload, version)
             failed = await self._push_all(session, list(self.urls), payload, version)
         if failed:
             raise WeightSyncError(f"push of version {version} failed on {len(failed)} of {len(self.urls)} "
@@ -122,11 +123,13 @@ class WeightSync:
 
     async def resync(self) -> list[str]:
         """Push the latest weights to every server that is behind and answers again; returns those synced."""
-        stale = self.behind()
-        if not stale or self.latest is None:
+        if self._one_push.locked():  # a push is on its way to every server
             return []
-        payload, version = self.latest
-        async with aiohttp.ClientSession(timeout=self.timeout) as session:
+        async with self._one_push, aiohttp.ClientSession(timeout=self.timeout) as session:
+            stale = self.behind()
+            if not stale or self.latest is None:
+                return []
+            payload, version = self.latest
             alive = [u for u, ok in zip(stale, await asyncio.gather(*(healthy(session, u) for u in stale))) if ok]
             if not alive:
                 return []

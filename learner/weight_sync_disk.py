@@ -1,16 +1,21 @@
 """The `disk` weight-sync backend: safetensors into a shared directory, then `reload_weights` on every server.
 
 Per server, independently and in parallel: pause(keep) -> `/collective_rpc reload_weights(weights_path)` ->
-`update_weight_version` -> resume. Works on CPU and across hosts that share the weights directory.
+`update_weight_version` -> resume. Works on CPU and across hosts that share the weights directory. `save`
+writes the weights bucket by bucket (learner/weight_sync_buckets.py), one safetensors file each, so a sharded
+learner's rank 0 holds one bucket of full tensors at a time; the push itself reads only files.
 """
 from __future__ import annotations
 
+import json
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import aiohttp
 
 from turnstream.learner.weight_sync_base import WeightSync, post
+from turnstream.learner.weight_sync_buckets import Bucket, WeightBuckets
 
 MODEL_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                     "chat_template.jinja", "special_tokens_map.json")
@@ -27,10 +32,9 @@ class DiskWeightSync(WeightSync):
         self.model_dir = Path(model_dir)
         self.keep = keep
 
-    def save(self, state_dict: dict, version: int) -> Path:
-        """Write a complete HF checkpoint directory atomically (tmp dir + rename)."""
-        from safetensors.torch import save_file
-
+    def save(self, weights: dict | WeightBuckets, version: int) -> Path:
+        """Write a complete HF checkpoint directory atomically (tmp dir + rename): a state dict as one
+        safetensors file, a WeightBuckets source one file per bucket as it is gathered (with its index)."""
         final = self.dir / f"v{version:06d}"
         tmp = self.dir / f".tmp-v{version:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -38,8 +42,13 @@ class DiskWeightSync(WeightSync):
         for name in MODEL_SIDE_FILES:
             if (self.model_dir / name).exists():
                 shutil.copy2(self.model_dir / name, tmp / name)
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if isinstance(weights, WeightBuckets):
+            try:
+                write_shards(tmp, weights, len(weights.buckets))
+            finally:
+                weights.finish()  # a failed write still reads the rest: the other ranks gather with us
+        else:
+            write_shards(tmp, [list(weights.items())], 1)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         self._prune(version)
@@ -60,3 +69,22 @@ class DiskWeightSync(WeightSync):
             await post(session, f"{url}/collective_rpc",
                        {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
             await post(session, f"{url}/update_weight_version", {"new_version": str(version)})
+
+
+def write_shards(directory: Path, buckets: Iterable[Bucket], count: int) -> None:
+    """Hugging Face's safetensors layout, one file per bucket: model.safetensors for one, else
+    model-0000i-of-0000n.safetensors and model.safetensors.index.json (which transformers and vLLM read)."""
+    from safetensors.torch import save_file
+
+    weight_map, total, i = {}, 0, 0
+    for bucket in buckets:  # not enumerate(): its cached result tuple holds the last bucket during the next gather
+        i += 1
+        name = "model.safetensors" if count == 1 else f"model-{i:05d}-of-{count:05d}.safetensors"
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in bucket}
+        save_file(tensors, str(directory / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, name))
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        del tensors, bucket
+    if count > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))

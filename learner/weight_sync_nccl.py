@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import aiohttp
 
 from turnstream.learner.weight_sync_base import WeightSync, WeightSyncError, get, healthy, post
+from turnstream.learner.weight_sync_buckets import WeightBuckets
 
 log = logging.getLogger("turnstream.learner")
 
@@ -31,8 +33,9 @@ class NcclTransport(Protocol):
     def init_group(self, master_address: str, master_port: int, world_size: int) -> None:
         """Join the group as rank 0 (blocks until every worker has joined)."""
 
-    def send(self, tensors: list[tuple[str, Any]]) -> None:
-        """Broadcast the tensors from rank 0, in order (blocks until sent)."""
+    def send(self, tensors: Iterable[tuple[str, Any]]) -> None:
+        """Broadcast the tensors from rank 0, in order (blocks until sent); `tensors` is read lazily, bucket
+        by bucket, so a sharded learner gathers each bucket just before it is sent."""
 
     def close(self) -> None:
         """Leave the group."""
@@ -41,7 +44,7 @@ class NcclTransport(Protocol):
 @dataclass
 class NcclPayload:
     version: int
-    tensors: dict  # name -> tensor, on the learner's device
+    weights: WeightBuckets  # read during the push (learner/weight_sync_buckets.py)
 
     def __str__(self) -> str:  # what the learner announces as the weights' location
         return f"nccl:v{self.version:06d}"
@@ -61,11 +64,11 @@ class VllmNcclTransport:
         self.group = stateless_init_process_group(master_address, master_port, 0, world_size,
                                                   torch.cuda.current_device())
 
-    def send(self, tensors: list[tuple[str, Any]]) -> None:
+    def send(self, tensors: Iterable[tuple[str, Any]]) -> None:
         import torch
 
         assert self.group is not None, "init_group first"
-        tensors = [(n, t if t.is_cuda else t.to("cuda")) for n, t in tensors]  # a CPU learner's tensors too
+        tensors = ((n, t if t.is_cuda else t.to("cuda")) for n, t in tensors)  # a CPU learner's tensors too
         if self.packed:
             from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
 
@@ -93,9 +96,9 @@ class NcclWeightSync(WeightSync):
         self.members: list[str] | None = None  # servers in the current group; None: no group
         self.groups_built = 0
 
-    def save(self, state_dict: dict, version: int) -> NcclPayload:
+    def save(self, weights: dict | WeightBuckets, version: int) -> NcclPayload:
         # Nothing is written: the broadcast reads the learner's tensors during push(), before the next step.
-        return NcclPayload(version, state_dict)
+        return NcclPayload(version, weights if isinstance(weights, WeightBuckets) else WeightBuckets(weights, None))
 
     async def _build_group(self, session: aiohttp.ClientSession, urls: list[str]) -> None:
         await self._teardown(session)
@@ -123,6 +126,15 @@ class NcclWeightSync(WeightSync):
                              return_exceptions=True)  # a dead server has nothing to shut down
 
     async def _push_all(self, session, urls: list[str], payload: NcclPayload, version: int) -> dict[str, str]:
+        if payload.weights.spent:  # a resync of sharded weights: their gathers were the last push's
+            return {u: "sharded weights are gathered once, by a push: the next push brings it up" for u in urls}
+        try:
+            return await self._push_group(session, payload, version)
+        finally:
+            # a sharded source that a failure left unread is read to its end: the other ranks are gathering
+            await asyncio.to_thread(payload.weights.finish)
+
+    async def _push_group(self, session, payload: NcclPayload, version: int) -> dict[str, str]:
         # A collective: every server that answers takes part, whatever subset the caller asked for.
         alive_flags = await asyncio.gather(*(healthy(session, u) for u in self.urls))
         alive = [u for u, ok in zip(self.urls, alive_flags) if ok]
@@ -143,15 +155,14 @@ class NcclWeightSync(WeightSync):
         return failed
 
     async def _group_push(self, session, urls: list[str], payload: NcclPayload, version: int) -> None:
-        tensors = [(name, t) for name, t in payload.tensors.items()]
-        update_info = {"names": [n for n, _ in tensors],
-                       "dtype_names": [str(t.dtype).split(".")[-1] for _, t in tensors],
-                       "shapes": [list(t.shape) for _, t in tensors]}
+        specs = payload.weights.specs  # known before any tensor is gathered
+        update_info = {"names": [s.name for s in specs], "dtype_names": [str(s.dtype).split(".")[-1] for s in specs],
+                       "shapes": [list(s.shape) for s in specs]}
         await self._pause(session, urls)
         try:
             await asyncio.gather(*(post(session, f"{u}/start_weight_update", {}) for u in urls))
             await asyncio.gather(*(post(session, f"{u}/update_weights", {"update_info": update_info}) for u in urls),
-                                 asyncio.to_thread(self.transport.send, tensors))
+                                 asyncio.to_thread(self.transport.send, payload.weights.items()))
             await asyncio.gather(*(post(session, f"{u}/finish_weight_update", {"weight_version": str(version)})
                                    for u in urls))
         finally:

@@ -33,6 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("make-tiny-model", help="build the tiny local model (nothing is downloaded)")
     p.add_argument("dir")
     p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("export", help="write the policy of a learner checkpoint (sharded or not) as a plain "
+                       "Hugging Face directory: config, safetensors, tokenizer")
+    p.add_argument("checkpoint", help="a checkpoint directory (run_dir/checkpoints/step-N), or a run or "
+                   "checkpoints directory: its latest checkpoint")
+    p.add_argument("dir", help="output directory (new or empty)")
+    p.add_argument("--dtype", default="auto", help="auto (the model's config dtype), float32, bfloat16, float16")
+    p.add_argument("--shard-mb", type=int, default=2048, help="size of each safetensors file, MiB")
     p = sub.add_parser("report", help="plot a run directory's learning curve")
     p.add_argument("run_dir")
     sub.add_parser("envs", help="list the registered environments")
@@ -70,6 +77,11 @@ def _dispatch(args) -> int:
         from turnstream.tiny_model import make_tiny_model
 
         print(make_tiny_model(args.dir, seed=args.seed))
+        return 0
+    if args.command == "export":
+        from turnstream.learner.checkpoint_export import export
+
+        print(export(args.checkpoint, args.dir, args.dtype, args.shard_mb))
         return 0
     if args.command == "report":
         from turnstream.report import main as report_main

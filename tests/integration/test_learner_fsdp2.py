@@ -1,9 +1,12 @@
-"""learner.parallel = "fsdp2" over 2 gloo ranks under torchrun gives the one-rank update (policy and critic).
+"""learner.parallel = "fsdp2" over 2 gloo ranks under torchrun gives the one-rank update (policy and critic),
+resumes from sharded checkpoints on 2 -> 2, 2 -> 1 and 1 -> 2 ranks, and pushes one bucket at a time.
 
 One torchrun launch (real processes, 127.0.0.1, a free port) runs every case of CASES on both ranks; rank 0
-writes the full weights the learner would push (its `full_model`) and the critic state a checkpoint would
-hold, both gathered from the shards. The test compares them with the same steps taken by one plain process.
-This file is also the ranks' script (`python -m torch.distributed.run ... test_learner_fsdp2.py OUT`).
+writes the full weights a push reads (gathered from the shards bucket by bucket) and the critic's, and the
+test compares them with the same steps taken by one plain process. The cases of RESUMED also write sharded
+checkpoints (learner/checkpoint_dcp.py), which fresh trainers load on 2 ranks and on 1 (the test process),
+next to checkpoints the test process wrote on 1 rank before the launch. This file is also the ranks' script
+(`python -m torch.distributed.run ... test_learner_fsdp2.py OUT`).
 """
 from __future__ import annotations
 
@@ -25,8 +28,10 @@ CASES = {
     "spo_one_microbatch": ("spo", 0, "shared", "batch", False, 0.0),  # rank 1 has none: all stand-in
     "turn_gae_shared_checkpointing": ("turn_gae", 40, "shared", "microbatch", True, 0.0),  # value head, recompute
     "spo_kl_reference": ("spo", 40, "shared", "batch", False, 0.1),  # the sharded frozen reference model
-    "turn_gae_separate": ("turn_gae", 40, "separate", "batch", False, 0.0),  # critic sharded too; resumed (last)
+    "turn_gae_separate": ("turn_gae", 40, "separate", "batch", False, 0.0),  # critic sharded too
 }
+RESUMED = ("spo_microbatches", "turn_gae_separate")  # the SPO tracker; the separate critic and its AdamW state
+PUSH_BUCKET_BYTES = 6000  # bf16: the tiny model's ~25 kB in several buckets
 
 
 def _config(name: str, parallel: str):
@@ -53,20 +58,21 @@ def _train(name: str, parallel: str, critic_path: str, steps: int = STEPS):
     return trainer, model
 
 
-def _weights(model, critic_state: dict, critic_prefix: str) -> dict[str, torch.Tensor]:
-    out = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
-    out.update({f"{critic_prefix}.{k}": v.detach().clone() for k, v in critic_state.items()})
+def _weights(trainer) -> dict[str, torch.Tensor]:
+    """The policy's weights as a push reads them and the critic's, full tensors (gathered from the shards on
+    every rank: a collective under fsdp2)."""
+    from torch.distributed.tensor import DTensor
+
+    out = {f"model.{k}": v.detach().clone() for k, v in trainer.weight_buckets(None, 0).items()}
+    critic = trainer._critic_module()
+    prefix = "head" if trainer.net.head is not None else "critic"
+    for k, v in (critic.state_dict() if critic is not None else {}).items():
+        out[f"{prefix}.{k}"] = (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
     return out
 
 
-def _plain_weights(trainer, model) -> dict[str, torch.Tensor]:
-    """An unsharded trainer's policy and critic weights, named as _rank_main names them."""
-    critic = trainer._critic_module()
-    return _weights(model, critic.state_dict() if critic is not None else {}, _critic_prefix(trainer))
-
-
-def _critic_prefix(trainer) -> str:
-    return "head" if trainer.net.head is not None else "critic"
+def _plain_weights(trainer, model=None) -> dict[str, torch.Tensor]:
+    return _weights(trainer)
 
 
 def _critic_path(out: Path) -> str:
@@ -96,49 +102,103 @@ def _rank_main(out: Path) -> None:
     dist.init_process_group("gloo")
     # FSDP2's gradient reduction is one reduce_scatter_single per FSDP unit; count them against the backwards
     counts: dict[str, dict[str, int]] = {}
+    trained = {}
     reduce_scatter, forward_backward = dist.reduce_scatter_single, Trainer._forward_backward
     try:
         for name in CASES:
             counts[name] = {"reductions": 0, "backwards": 0}
             dist.reduce_scatter_single = _counting(counts[name], "reductions", reduce_scatter)
             Trainer._forward_backward = _counting(counts[name], "backwards", forward_backward)
-            trainer, model = _train(name, "fsdp2", str(out / "critic"))
+            trainer, _ = _train(name, "fsdp2", str(out / "critic"))
             assert trainer.sharded
+            weights = _weights(trainer)
             if dist.get_rank() == 0:
-                state = trainer.state_dict()  # what rank 0 checkpoints: gathered at max_steps
-                assert trainer.full_model is model and state["optimizer"]["state"], name
-                torch.save(_weights(model, state["critic"], _critic_prefix(trainer)), out / f"{name}.pt")
+                torch.save(weights, out / f"{name}.pt")
+            if name in RESUMED:
+                trained[name] = trainer
         (out / f"counts{dist.get_rank()}.json").write_text(json.dumps(counts))
         dist.reduce_scatter_single, Trainer._forward_backward = reduce_scatter, forward_backward
-        _resume(out, trainer, model)
+        for name, trainer in trained.items():
+            _resume(out, name, trainer)
+        _push_memory(out, trainer)
     finally:
         dist.reduce_scatter_single, Trainer._forward_backward = reduce_scatter, forward_backward
         dist.destroy_process_group()
 
 
-def _resume(out: Path, trainer, model) -> None:
-    """Rank 0's checkpoint state of the last case (a separate critic), loaded by fresh sharded trainers on both
-    ranks, then one more step on each side: the resumed weights must equal those of the run that went on."""
-    import torch.distributed as dist
+def _save_checkpoint(out: Path, name: str, trainer, ranks: int) -> None:
+    from turnstream.learner import checkpoint_dcp
 
-    from tests.learner_batches import synthetic_batch, tiny_causal_lm
+    checkpoint_dcp.save(out / f"ckpt{ranks}-{name}", trainer, out / "critic", trainer.tracker.state_dict(), 2, "tmp")
+
+
+def _resumed(out: Path, name: str, ranks: int):
+    """A fresh trainer (sharded on 2 ranks, plain in one process) from the `ranks`-rank checkpoint of `name`."""
+    from tests.learner_batches import tiny_causal_lm
+    from turnstream.learner import checkpoint, checkpoint_dcp
     from turnstream.learner.trainer import Trainer
 
+    trainer = Trainer(tiny_causal_lm(seed=0), _config(name, "fsdp2"), seed=0, critic_path=str(out / "critic"))
+    checkpoint_dcp.load(checkpoint.latest(out / f"ckpt{ranks}-{name}"), trainer)
+    return trainer
+
+
+def _next_step(trainer) -> dict[str, torch.Tensor]:
+    from tests.learner_batches import synthetic_batch
+
+    trainer.step(synthetic_batch(12, group=4, seed=100 + STEPS))
+    return _weights(trainer)
+
+
+def _resume(out: Path, name: str, trainer) -> None:
+    """2 -> 2 and 1 -> 2: the sharded checkpoints of version STEPS (this launch's and the test process's),
+    loaded by fresh 2-rank trainers, then one more step; rank 0 writes their weights and what they loaded."""
+    import json
+
+    import torch.distributed as dist
+
+    _save_checkpoint(out, name, trainer, ranks=2)
+    results = {"went_on": _next_step(trainer)}
+    for ranks in (2, 1):
+        resumed = _resumed(out, name, ranks)
+        loaded = {"version": resumed.version, "tracker": resumed.tracker.state_dict()}
+        results[f"from{ranks}"] = _next_step(resumed)
+        if dist.get_rank() == 0:
+            (out / f"loaded{ranks}-to2-{name}.json").write_text(json.dumps(loaded))
     if dist.get_rank() == 0:
-        torch.save({"trainer": trainer.state_dict(), "tracker": trainer.tracker.state_dict(),
-                    "weights": model.state_dict()}, out / "checkpoint.pt")
-    dist.barrier()
-    saved = torch.load(out / "checkpoint.pt", weights_only=False)  # every rank reads it, as the learner does
-    resumed_model = tiny_causal_lm(seed=0)
-    resumed_model.load_state_dict(saved["weights"])
-    resumed = Trainer(resumed_model, trainer.cfg, seed=0, critic_path=str(out / "critic"))
-    resumed.load_state_dict(saved["trainer"], saved["tracker"])
-    for t in (trainer, resumed):
-        t.step(synthetic_batch(12, group=4, seed=100 + STEPS))
-    if dist.get_rank() == 0:
-        went_on, came_back = model.state_dict(), resumed_model.state_dict()
-        diff = max((went_on[k] - came_back[k]).abs().max().item() for k in went_on)
-        (out / "resume.json").write_text(f"{diff}")
+        torch.save(results, out / f"resume2-{name}.pt")
+
+
+def _push_memory(out: Path, trainer) -> None:
+    """Bytes of gathered full tensors alive at once while a bf16 push of the sharded policy is written to disk
+    in buckets (weak references see which ones are still held), on each rank."""
+    import gc
+    import json
+    import weakref
+
+    import torch.distributed as dist
+
+    from turnstream.learner.weight_sync_disk import write_shards
+
+    source = trainer.weight_buckets(torch.bfloat16, PUSH_BUCKET_BYTES)
+    alive, peak = [], 0
+
+    def watched():
+        nonlocal peak
+        for bucket in source:
+            gc.collect()
+            alive[:] = [r for r in alive if r() is not None]
+            alive.extend(weakref.ref(t) for _, t in bucket)
+            peak = max(peak, sum(t.numel() * t.element_size() for t in (r() for r in alive) if t is not None))
+            yield bucket
+            del bucket
+
+    rank = dist.get_rank()
+    (out / f"push{rank}").mkdir()
+    write_shards(out / f"push{rank}", watched(), len(source.buckets))
+    (out / f"push_memory{rank}.json").write_text(json.dumps({
+        "peak": peak, "buckets": len(source.buckets), "total": source.nbytes,
+        "largest": max(s.nbytes for s in source.specs)}))
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +207,10 @@ def two_rank_results(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("fsdp2")
     _critic_path(out)
+    for name in RESUMED:  # one process's checkpoints, for 1 -> 2; and the weights of its next step
+        trainer, _ = _train(name, "fsdp2", str(out / "critic"))
+        _save_checkpoint(out, name, trainer, ranks=1)
+        torch.save(_next_step(trainer), out / f"went_on1-{name}.pt")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), __file__, str(out)]
@@ -225,11 +289,44 @@ def test_bench_learner_parallel_reports_state_bytes_and_throughput_of_both_modes
 
 
 
-def test_fsdp2_resumes_from_the_state_rank_0_checkpoints(two_rank_results):
-    """Weights, AdamW moments and RNG of version 2, gathered and loaded back into shards: step 3 is the same."""
-    diff = float((two_rank_results / "resume.json").read_text())
-    print(f"fsdp2 resumed vs went on, one step later: max |difference| {diff:.3g}")
-    assert diff < TOLERANCE
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.mark.parametrize("name", RESUMED)
+def test_fsdp2_resumes_from_sharded_checkpoints_on_2_and_1_ranks(two_rank_results, name):
+    """Version 2's sharded checkpoint (weights, AdamW moments, critic, SPO tracker, RNG) loaded on 2 ranks from
+    a 2-rank and a 1-rank checkpoint, and on 1 rank (here) from the 2-rank one: step 3 is the step of the run
+    that went on."""
+    import json
+
+    out = two_rank_results
+    two = torch.load(out / f"resume2-{name}.pt")
+    went_on_one = torch.load(out / f"went_on1-{name}.pt")
+    one_from_two = _resumed(out, name, ranks=2)  # 2 -> 1
+    assert one_from_two.version == STEPS and not one_from_two.sharded
+    tracker = one_from_two.tracker.state_dict()
+    diffs = {"2->2": _max_diff(two["from2"], two["went_on"]), "1->2": _max_diff(two["from1"], went_on_one),
+             "2->1": _max_diff(_next_step(one_from_two), two["went_on"])}
+    print(f"{name}: resumed at version {STEPS} vs went on, one step later: max |difference| {diffs}")
+    assert all(d < TOLERANCE for d in diffs.values())
+    assert _max_diff(two["went_on"], went_on_one) < TOLERANCE  # and both runs are the one-rank run
+    for ranks in (2, 1):
+        loaded = json.loads((out / f"loaded{ranks}-to2-{name}.json").read_text())
+        assert loaded["version"] == STEPS and loaded["tracker"] == tracker
+    assert bool(tracker["state"]) == (name.startswith("spo"))  # an SPO case really carried a tracker
+
+
+def test_fsdp2_push_holds_one_bucket_of_full_weights_at_a_time(two_rank_results):
+    """Measured on each rank while the sharded policy is gathered and written in bf16 buckets."""
+    import json
+
+    for rank in (0, 1):
+        m = json.loads((two_rank_results / f"push_memory{rank}.json").read_text())
+        print(f"rank {rank}: {m['buckets']} buckets of at most {PUSH_BUCKET_BYTES} B, {m['total']} B in all: "
+              f"at most {m['peak']} B of full tensors held at once")
+        assert m["buckets"] >= 3 and m["peak"] <= max(PUSH_BUCKET_BYTES, m["largest"]) < m["total"] / 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,71 @@
+"""What rank 0 asks of the other ranks, in its order: a step (the Batch itself), a push's gathers, a sharded
+checkpoint, stop (None). Each arrives through learner/distributed.py's broadcast, so every rank runs the same
+collectives in the same order, whether rank 0 gathers a push before the next step (disk backend) or during
+the push itself (nccl: the servers receive each bucket as it is gathered).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from turnstream.core.config import Config
+from turnstream.learner import checkpoint, checkpoint_dcp
+from turnstream.learner.distributed import broadcast
+from turnstream.learner.weight_sync_buckets import WeightBuckets
+
+log = logging.getLogger("turnstream.learner")
+
+
+@dataclass(frozen=True)
+class Push:
+    dtype: torch.dtype
+    bucket_bytes: int
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    tmp: str  # the temporary directory rank 0 picked: every rank writes its shards there
+
+
+def bucket_bytes(cfg: Config) -> int:
+    return cfg.learner.push_bucket_mb << 20
+
+
+def push_source(cfg: Config, trainer, dtype: torch.dtype) -> WeightBuckets:
+    """Rank 0's weights for a push. Sharded, reading them first tells the other ranks to gather along."""
+    order = Push(dtype, bucket_bytes(cfg))
+    announce = (lambda: broadcast(order, 0, trainer.world)) if trainer.sharded else None
+    return trainer.weight_buckets(dtype, order.bucket_bytes, announce)
+
+
+def save_checkpoint(cfg: Config, trainer) -> Path:
+    """Rank 0: the current version's checkpoint, sharded (every rank writes) for fsdp2, else one file."""
+    root, lc = Path(cfg.run.run_dir) / "checkpoints", cfg.learner
+    if lc.parallel != "fsdp2":
+        return checkpoint.save(root, trainer.version, trainer.net.model, cfg.model.path, trainer.state_dict(),
+                               trainer.tracker.state_dict(), lc.keep_checkpoints)
+    order = Checkpoint(checkpoint_dcp.tmp_name(trainer.version, os.getpid()))
+    if trainer.sharded:
+        broadcast(order, 0, trainer.world)
+    return checkpoint_dcp.save(root, trainer, cfg.model.path, trainer.tracker.state_dict(), lc.keep_checkpoints,
+                               order.tmp)
+
+
+def follow(cfg: Config, trainer) -> None:
+    """Ranks above 0: do what rank 0 broadcasts until it says stop."""
+    rank, world = trainer.rank, trainer.world
+    while (order := broadcast(None, rank, world)) is not None:
+        if isinstance(order, Push):
+            trainer.weight_buckets(order.dtype, order.bucket_bytes).finish()
+        elif isinstance(order, Checkpoint):
+            checkpoint_dcp.save(Path(cfg.run.run_dir) / "checkpoints", trainer, cfg.model.path, {},
+                                cfg.learner.keep_checkpoints, order.tmp)
+        else:
+            try:
+                trainer.step(order)
+            except ValueError as exc:  # rank 0 skips the same batch for the same reason
+                log.error("rank %d skipped a batch: %s", rank, exc)
