@@ -89,9 +89,11 @@ class AgentEpisode:
         if (sampling.max_turns and self.turns >= sampling.max_turns) or \
                 len(context) + max_tokens > sampling.max_context_tokens:
             await self._close(truncated=True)
-            raise BadRequest("context_length_exceeded", f"the episode's context ({len(context)} tokens) and "
-                             f"max_tokens ({max_tokens}) exceed the model's context, or actor.max_turns turns were "
-                             "played: the episode is truncated")
+            # worded as OpenAI words it: clients (verifiers, LiteLLM) recognise an overlong prompt by it
+            raise BadRequest("context_length_exceeded", f"This model's maximum context length is "
+                             f"{sampling.max_context_tokens} tokens: the episode's context ({len(context)} tokens) "
+                             f"and max_tokens ({max_tokens}) exceed it, or actor.max_turns turns were played; the "
+                             "episode is truncated")
         t_start, started = time.time(), time.monotonic()
         # generated first, recorded after: a failed call leaves the episode as it was, for the caller to retry
         gen = await r.client.generate(context, max_tokens=max_tokens, temperature=temperature,

@@ -4,9 +4,11 @@ built in memory.
 
 Three assistant turns; after each reply the environment answers with a user message that names the turn.
 The rubric scores what the model wrote, so the reward is checkable from the generated tokens: one hundredth
-of the characters of the assistant replies. A row whose info says `boom` fails in the environment's code
-after the first turn (the error path); a row whose info says `setup_boom` fails before any call.
+of the characters of the assistant replies. For the error paths, a row can fail in the environment's code
+after the first turn (`boom_rows`), fail before any call (`setup_boom_rows`) or never start (`stall_rows`).
 """
+import asyncio
+
 import verifiers as vf
 from datasets import Dataset
 
@@ -28,8 +30,11 @@ def characters_written(completion, **kwargs) -> float:
 
 class GuessGame(vf.MultiTurnEnv):
     async def setup_state(self, state, **kwargs):
-        if (state.get("info") or {}).get("setup_boom"):
+        info = state.get("info") or {}
+        if info.get("setup_boom"):
             raise RuntimeError("the environment failed before the first call")
+        if info.get("stall"):
+            await asyncio.sleep(3600)
         return state
 
     async def env_response(self, messages, state, **kwargs):
@@ -39,11 +44,11 @@ class GuessGame(vf.MultiTurnEnv):
         return [{"role": "user", "content": f"not yet ({turn}); guess again"}]
 
 
-def load_environment(rows: int = len(WORDS), boom_rows: list | None = None, setup_boom: bool = False,
-                     max_turns: int = 3) -> vf.Environment:
-    boom_rows = boom_rows or []
+def load_environment(rows: int = len(WORDS), boom_rows: tuple = (), setup_boom_rows: tuple = (),
+                     stall_rows: tuple = (), max_turns: int = 3) -> vf.Environment:
     dataset = Dataset.from_list([
         {"question": f"Guess my word ({i}).", "answer": WORDS[i % len(WORDS)],
-         "info": {"boom": i in boom_rows, "setup_boom": setup_boom}} for i in range(rows)])
+         "info": {"boom": i in boom_rows, "setup_boom": i in setup_boom_rows, "stall": i in stall_rows}}
+        for i in range(rows)])
     return GuessGame(dataset=dataset, system_prompt="You play a guessing game.", max_turns=max_turns,
                      rubric=vf.Rubric(funcs=[characters_written]))
