@@ -5,9 +5,12 @@ the `--model-config` shapes (bench/model_configs; `--layers` and `--vocab` shrin
 fits them) with random weights, and times the real `Trainer.step` of both modes, alternated in the same
 processes, on the synthetic multi-turn batch of bench/learner_mfu.py. Reported per mode: the bytes one rank
 holds of parameters, gradients and AdamW state (the fuller rank's; a sharded tensor counts its local shard),
-step seconds and tokens/s; the tokens ratio is the median over step pairs. fsdp2's step includes gathering
-the full weights onto rank 0 for the push; rank 0's CPU copy of those weights is reported on its own line.
-Prints a table, then one JSON line with the ratios fsdp2/ddp.
+step seconds and tokens/s; the tokens ratio is the median over step pairs. Then the push of the sharded
+(fsdp2) policy, `--push-rounds` times: the weights cast to `--push-dtype` on the shards, gathered bucket by
+bucket (`--push-bucket-mb`, learner.push_bucket_mb) while rank 0 writes each bucket as a safetensors file with
+the disk backend's `save`, then every byte of those files read back, as a server's reload reads them; its
+baseline is rank 0 writing the same number of bytes as one safetensors file and reading them back (bench
+weight-sync's raw cost). `push_ratio` = median push / median raw. Prints a table, then one JSON line.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import time
 from pathlib import Path
 
 MODES = ("ddp", "fsdp2")
-TARGETS = {"fsdp2_state_bytes_ratio": 0.55, "fsdp2_tokens_ratio": 0.8}  # issue 26: at most, at least
+TARGETS = {"fsdp2_state_bytes_ratio": 0.55, "fsdp2_tokens_ratio": 0.8, "push_ratio": 1.5}  # issue 26
 
 
 def add_arguments(p) -> None:
@@ -32,13 +35,17 @@ def add_arguments(p) -> None:
                    "(--parallel); 0: all")
     p.add_argument("--vocab", type=int, default=0, help="vocabulary size instead of --model-config's (--parallel); 0: "
                    "its own")
+    p.add_argument("--push-bucket-mb", type=int, default=512, help="bucket of the sharded push (--parallel), MiB")
+    p.add_argument("--push-dtype", default="bfloat16", help="dtype the push casts to (--parallel): the servers'")
+    p.add_argument("--push-rounds", type=int, default=3, help="timed pushes and raw write+reads (--parallel)")
 
 
 def _spec(args) -> dict:
     return {"model_config": args.model_config or "0.5b", "layers": args.layers, "vocab": args.vocab,
             "seq_len": args.seq_len, "microbatches": args.microbatches, "group": args.group,
             "estimator": args.estimator, "steps": args.steps, "threads": args.threads, "seed": args.seed,
-            "device": args.device, "precision": args.precision, "checkpointing": args.checkpointing}
+            "device": args.device, "precision": args.precision, "checkpointing": args.checkpointing,
+            "push_bucket_mb": args.push_bucket_mb, "push_dtype": args.push_dtype, "push_rounds": args.push_rounds}
 
 
 def _launch(spec: dict, ranks: int, out: Path) -> list[dict]:
@@ -98,11 +105,44 @@ def _rank(spec: dict, out: Path) -> None:
               "params": sum(p.numel() for p in trainers["ddp"].model.parameters()), "times": times}
     for mode, trainer in trainers.items():  # gradients of the last update are still held
         result[mode] = fsdp.state_bytes(trainer._params(), trainer.optimizer)
-    copy = trainers["fsdp2"].full_model  # rank 0's full weights for pushes
-    result["push_copy_bytes"] = sum(t.numel() * t.element_size() for t in copy.state_dict().values()) if copy else 0
+    result.update(_pushes(trainers["fsdp2"], spec, out, rank))
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _pushes(trainer, spec: dict, out: Path, rank: int) -> dict:
+    """Seconds of each sharded push (rank 0's: gathered, written, read back) and of each raw write + read."""
+    import torch
+    import torch.distributed as dist
+
+    from turnstream.bench.weight_sync import _raw_write_read
+    from turnstream.learner.weight_sync_disk import DiskWeightSync
+
+    dtype, bucket = getattr(torch, spec["push_dtype"]), spec["push_bucket_mb"] << 20
+    sync = DiskWeightSync([], out / "weights", out / "side-files") if rank == 0 else None
+    times: dict[str, list[float]] = {"push": [], "raw": []}
+    source = trainer.weight_buckets(dtype, bucket)
+    raw = {"bytes": torch.ones(source.nbytes, dtype=torch.uint8)} if rank == 0 else None
+    for version in range(spec["push_rounds"]):
+        source = trainer.weight_buckets(dtype, bucket)
+        dist.barrier()
+        started = time.perf_counter()
+        if sync is not None:
+            _read_every_byte(sync.save(source, version))
+            times["push"].append(time.perf_counter() - started)
+            times["raw"].append(_raw_write_read(raw, out / "raw.safetensors"))
+        else:
+            source.finish()  # the other ranks' side of the gathers
+    return {"push_times": times, "push_bytes": source.nbytes, "push_buckets": len(source.buckets),
+            "push_largest_bucket_bytes": max(sum(s.nbytes for s in b) for b in source.buckets)}
+
+
+def _read_every_byte(directory: Path) -> None:
+    for f in sorted(directory.glob("*.safetensors")):
+        with f.open("rb") as fh:
+            while fh.read(16 << 20):
+                pass
 
 
 def main(args) -> int:
@@ -121,17 +161,23 @@ def main(args) -> int:
         parts = r0[mode]
         print(f"{mode:<8}{state[mode] / gib:>16.3f}{parts['params'] / gib:>9.3f}{parts['grads'] / gib:>9.3f}"
               f"{parts['optimizer'] / gib:>9.3f}{step_s[mode]:>9.2f}{tokens / step_s[mode]:>10.0f}")
-    print(f"fsdp2 rank 0 also keeps the full weights on its CPU for pushes: {r0['push_copy_bytes'] / gib:.3f} GiB; "
-          f"peak RSS of a rank (both modes built): {max(r['max_rss_bytes'] for r in per_rank) / gib:.2f} GiB")
+    push_s, raw_s = (statistics.median(r0["push_times"][k]) for k in ("push", "raw"))
+    print(f"fsdp2 push of {r0['push_bytes'] / gib:.3f} GiB ({spec['push_dtype']}) in {r0['push_buckets']} bucket(s) "
+          f"of at most {r0['push_largest_bucket_bytes'] / gib:.3f} GiB: {push_s:.2f} s (gather, write, read back); "
+          f"raw write + read of the same bytes {raw_s:.2f} s; no rank keeps a full copy between pushes")
+    print(f"peak RSS of a rank (both modes built): {max(r['max_rss_bytes'] for r in per_rank) / gib:.2f} GiB")
     result = {"fsdp2_state_bytes_ratio": round(state["fsdp2"] / state["ddp"], 4),
-              "fsdp2_tokens_ratio": round(statistics.median(pairs), 4), "push_ratio": None,
+              "fsdp2_tokens_ratio": round(statistics.median(pairs), 4), "push_ratio": round(push_s / raw_s, 4),
               "lora_push_bytes_ratio": None}
     for key, target in TARGETS.items():
-        word = "at most" if key.endswith("bytes_ratio") else "at least"
-        print(f"{key} {result[key]} (baseline ddp = 1; target {word} {target})")
+        word = "at least" if key == "fsdp2_tokens_ratio" else "at most"
+        baseline = "raw write + read = 1" if key == "push_ratio" else "ddp = 1"
+        print(f"{key} {result[key]} (baseline {baseline}; target {word} {target})")
     result.update({f"{mode}_state_bytes_per_rank": state[mode] for mode in MODES})
     result.update({f"{mode}_tokens_per_s": round(tokens / step_s[mode], 2) for mode in MODES})
-    result.update(fsdp2_push_copy_bytes=r0["push_copy_bytes"], params=r0["params"], tokens_per_step=tokens,
+    result.update(push_s=round(push_s, 3), push_raw_s=round(raw_s, 3), push_bytes=r0["push_bytes"],
+                  push_buckets=r0["push_buckets"], push_largest_bucket_bytes=r0["push_largest_bucket_bytes"],
+                  push_bucket_mb=args.push_bucket_mb, params=r0["params"], tokens_per_step=tokens,
                   ranks=args.ranks, steps=args.steps, threads=args.threads, seq_len=args.seq_len, targets=TARGETS,
                   **{k: spec[k] for k in ("model_config", "layers", "vocab")})
     print(json.dumps(result))

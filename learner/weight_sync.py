@@ -16,8 +16,9 @@ server, so the next push brings it back; between pushes `resync()` (run by `watc
 brings it to the latest version as soon as it answers `/health` again. Actors do not send it requests
 while its version is outside the staleness bound (actors/fleet.py).
 
-Interface used by learner/main.py: `save(state_dict, version) -> path`, `await push(path, version)`,
-`await set_version(version)`.
+Interface used by learner/serve.py: `save(weights, version) -> path`, `await push(path, version)`,
+`await set_version(version)`; `weights` is a state dict or, from the learner, a WeightBuckets source read
+bucket by bucket (learner/weight_sync_buckets.py, learner.push_bucket_mb).
 """
 from __future__ import annotations
 

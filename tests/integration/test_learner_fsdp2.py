@@ -172,30 +172,15 @@ def _resume(out: Path, name: str, trainer) -> None:
 def _push_memory(out: Path, trainer) -> None:
     """Bytes of gathered full tensors alive at once while a bf16 push of the sharded policy is written to disk
     in buckets (weak references see which ones are still held), on each rank."""
-    import gc
     import json
-    import weakref
 
     import torch.distributed as dist
 
-    from turnstream.learner.weight_sync_disk import write_shards
-
-    source = trainer.weight_buckets(torch.bfloat16, PUSH_BUCKET_BYTES)
-    alive, peak = [], 0
-
-    def watched():
-        nonlocal peak
-        for bucket in source:
-            gc.collect()
-            alive[:] = [r for r in alive if r() is not None]
-            alive.extend(weakref.ref(t) for _, t in bucket)
-            peak = max(peak, sum(t.numel() * t.element_size() for t in (r() for r in alive) if t is not None))
-            yield bucket
-            del bucket
+    from tests.push_memory import peak_bytes_held
 
     rank = dist.get_rank()
-    (out / f"push{rank}").mkdir()
-    write_shards(out / f"push{rank}", watched(), len(source.buckets))
+    source = trainer.weight_buckets(torch.bfloat16, PUSH_BUCKET_BYTES)
+    peak = peak_bytes_held(source, out / f"push{rank}")
     (out / f"push_memory{rank}.json").write_text(json.dumps({
         "peak": peak, "buckets": len(source.buckets), "total": source.nbytes,
         "largest": max(s.nbytes for s in source.specs)}))
@@ -275,15 +260,17 @@ def test_fsdp2_learner_process_under_torchrun_pushes_and_checkpoints_the_one_ran
 
 def test_bench_learner_parallel_reports_state_bytes_and_throughput_of_both_modes():
     """`turnstream bench learner --parallel` on the tiny shapes: fsdp2 holds half of ddp's state per rank
-    (a count of bytes, not a timing; the tokens ratio is only checked to be reported)."""
+    (a count of bytes, not a timing; the tokens and push ratios are only checked to be reported), and the push
+    came in buckets."""
     import json
 
     cmd = [sys.executable, "-m", "turnstream.cli", "bench", "learner", "--parallel", "--model-config", "tiny",
-           "--seq-len", "256", "--microbatches", "2", "--steps", "1"]
+           "--seq-len", "256", "--microbatches", "2", "--steps", "1", "--push-bucket-mb", "1", "--push-rounds", "1"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["push_ratio"] is None and result["lora_push_bytes_ratio"] is None
+    assert result["push_ratio"] > 0 and result["push_buckets"] > 1 and result["lora_push_bytes_ratio"] is None
+    assert result["push_largest_bucket_bytes"] < result["push_bytes"] / 2  # (the 4 MiB embedding is one alone)
     assert 0.49 < result["fsdp2_state_bytes_ratio"] <= 0.55
     assert result["fsdp2_tokens_ratio"] > 0 and result["ddp_tokens_per_s"] > 0
 

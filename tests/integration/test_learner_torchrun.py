@@ -19,6 +19,7 @@ from turnstream.protocol.codec import decode, encode
 from turnstream.protocol.messages import CreditRequest
 from tests.helpers import acks_in, chunk, chunk_frames, http_json, wait_for_child
 from turnstream.core.config import Config
+from turnstream.learner.checkpoint_export import export
 from turnstream.processes import ProcessGroup, free_port
 
 pytestmark = pytest.mark.vllm
@@ -56,6 +57,8 @@ def _train(tmp_path: Path, tiny_model, vllm_url: str, ranks: int, parallel: str 
     cfg.buffer.eta, cfg.buffer.max_staleness = 2, 4
     cfg.learner.device = "cpu"
     cfg.learner.parallel = parallel  # fsdp2: tests/integration/test_learner_fsdp2.py
+    if parallel == "fsdp2":  # the tiny model's 1.8 MB: pushes in 2 buckets, files vLLM reloads with their index
+        cfg.learner.push_bucket_mb = 1
     cfg.learner.lr = 1e-2
     cfg.learner.behaviour_weight_mode = "none"  # the test's log-probs are made up: no off-policy weight
     cfg.learner.max_tokens_per_microbatch = 6  # one episode per micro-batch: each rank gets its share
@@ -68,7 +71,7 @@ def _train(tmp_path: Path, tiny_model, vllm_url: str, ranks: int, parallel: str 
               "--master-addr", "127.0.0.1", "--master-port", str(free_port())] if ranks > 1 else [sys.executable]
     procs = ProcessGroup(tmp_path)
     ctx = zmq.Context()
-    checkpoint = tmp_path / "run" / "checkpoints" / f"step-{STEPS:06d}" / "model" / "model.safetensors"
+    checkpoint = tmp_path / "run" / "checkpoints" / f"step-{STEPS:06d}"
     try:
         buffer = procs.start("buffer", [sys.executable, "-m", "turnstream.cli", "buffer", "--config", str(path)])
         learner = procs.start("learner", [*launch, "-m", "turnstream.cli", "learner", "--config", str(path)])
@@ -78,12 +81,17 @@ def _train(tmp_path: Path, tiny_model, vllm_url: str, ranks: int, parallel: str 
         actor.setsockopt(zmq.LINGER, 0)
         actor.connect(f"tcp://127.0.0.1:{cfg.network.buffer_ingest_port}")
         _send_episodes(actor, 2 * STEPS)
-        wait_for_child(checkpoint.exists, f"checkpoint {STEPS}", learner, timeout_s=180)
+        wait_for_child((checkpoint / "trainer.pt").exists, f"checkpoint {STEPS}", learner, timeout_s=180)
         assert buffer.proc.poll() is None
         learner.proc.wait(120)  # max_steps reached: every rank exits
         assert learner.proc.returncode == 0, learner.log_path.read_text()[-3000:]
         assert f"{ranks} rank(s)" in learner.log_path.read_text()
-        return load_file(checkpoint)
+        # fsdp2 writes shards (dcp/), ddp a Hugging Face model/: `turnstream export` reads either
+        assert (checkpoint / "dcp").is_dir() == (parallel == "fsdp2")
+        if parallel == "fsdp2":
+            pushed = sorted(p.name for p in (tmp_path / "run" / "weights" / f"v{STEPS:06d}").glob("*.safetensors"))
+            assert len(pushed) > 1, pushed  # the last push really came in buckets
+        return load_file(export(checkpoint, tmp_path / "exported") / "model.safetensors")
     finally:
         procs.stop_all()
         ctx.destroy(linger=0)

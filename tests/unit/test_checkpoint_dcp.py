@@ -3,22 +3,21 @@ it into a Hugging Face directory that transformers loads, and a push's buckets h
 Several ranks: tests/integration/test_learner_fsdp2.py."""
 from __future__ import annotations
 
-import gc
 import subprocess
 import sys
-import weakref
 
 import pytest
 import torch
 
 from tests.learner_batches import synthetic_batch, tiny_causal_lm
+from tests.push_memory import peak_bytes_held
 from turnstream.core.config import LearnerSection
 from turnstream.core.configtools import ConfigError
 from turnstream.learner import checkpoint, checkpoint_dcp
 from turnstream.learner.checkpoint_export import export
 from turnstream.learner.trainer import Trainer
 from turnstream.learner.weight_sync_buckets import TensorSpec, WeightBuckets, plan
-from turnstream.learner.weight_sync_disk import DiskWeightSync, write_shards
+from turnstream.learner.weight_sync_disk import DiskWeightSync
 
 
 def _trainer(estimator: str = "spo") -> Trainer:
@@ -106,21 +105,7 @@ def test_a_push_holds_one_bucket_of_weights_at_a_time(tmp_path):
     tensors = dict(model.state_dict(keep_vars=True))
     bucket_bytes = 20_000
     source = WeightBuckets(tensors, torch.bfloat16, bucket_bytes)
-    alive: list[weakref.ref] = []
-    peak = 0
-
-    def watched():
-        nonlocal peak
-        for bucket in source:
-            gc.collect()
-            alive[:] = [r for r in alive if r() is not None]
-            alive.extend(weakref.ref(t) for _, t in bucket)
-            peak = max(peak, sum(r().numel() * r().element_size() for r in alive if r() is not None))
-            yield bucket
-            del bucket  # as write_shards drops its own before the next bucket is gathered
-
-    (tmp_path / "out").mkdir()
-    write_shards(tmp_path / "out", watched(), len(source.buckets))
+    peak = peak_bytes_held(source, tmp_path / "out")
     largest = max(s.nbytes for s in source.specs)
     print(f"{len(source.buckets)} buckets of at most {bucket_bytes} B ({source.nbytes} B in all): peak held {peak} B")
     assert len(source.buckets) > 3 and peak <= max(bucket_bytes, largest) < source.nbytes / 3
