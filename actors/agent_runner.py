@@ -64,6 +64,7 @@ async def play_agent(runner, solve: Callable[..., Awaitable], task, *, episode_i
             # DefaultAioHttpClient): httpx's pool and h11 parser cost ~1 ms of CPU a call more, taken from
             # generation
             endpoint.http_client = openai.DefaultAioHttpClient(timeout=runner_timeout(runner))
+            quiet_request_logs()
         client = openai.AsyncOpenAI(base_url=base_url, api_key="turnstream", http_client=endpoint.http_client)
         return await solve(client, task)
 
@@ -93,6 +94,15 @@ async def play_at_endpoint(runner, run: Callable[[OpenAIEndpoint, str], Awaitabl
         streams.update(enumerate(episode.segments))  # what the slot reads: streamed chunks, prompt keys
     outcome = await episode.finish(reward)
     return "success" if outcome == "done" and reward >= success_at else outcome
+
+
+def quiet_request_logs() -> None:
+    """The openai client's transport (httpx, httpx2 from openai 3) logs every request at INFO: a line per turn
+    in the actor's log, and its CPU taken from the turns. Left as they are when the user set their level."""
+    for name in ("httpx", "httpx2"):
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
 
 
 def _reward(result) -> float:

@@ -78,8 +78,8 @@ class Worker:
         import verifiers as vf
 
         self.env, self.tasks, self.out = env, tasks, out
-        self.http = openai.DefaultAsyncHttpxClient()  # one connection pool for every rollout's client
         self.vf, self.openai = vf, openai
+        self.http = None  # one connection pool for every rollout's client, made on the running loop
         self.running: dict = {}  # request id -> its task
 
     def send(self, message: dict) -> None:
@@ -112,6 +112,10 @@ class Worker:
         self.send({"id": request.get("id"), **result})
 
     async def serve(self) -> None:
+        try:  # aiohttp's pool costs less CPU a call than httpx's (as in the actor, actors/agent_runner.py)
+            self.http = self.openai.DefaultAioHttpClient()
+        except RuntimeError:  # openai without its aiohttp extra
+            self.http = self.openai.DefaultAsyncHttpxClient()
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=1 << 26)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
