@@ -299,18 +299,33 @@ class Trainer:
         return {**self.meta_state(), "optimizer": self.optimizer.state_dict(), "critic": self.net.critic_state_dict()}
 
     def load_state_dict(self, state: dict, tracker_state: dict) -> None:
-        if self.sharded:
-            from turnstream.core.configtools import ConfigError
-
-            raise ConfigError("learner.parallel: this checkpoint was written by a ddp learner (one file, not "
-                              "sharded); resume it with learner.parallel = 'ddp', or start fsdp2 from its weights "
-                              "with model.path = <checkpoint>/model and learner.resume = false")
+        """A single-file checkpoint's state; its weights came with the model (its model/ directory)."""
         if state["optimizer"] is None:
             log.warning("the checkpoint holds no optimizer state: AdamW starts its moments afresh")
+        elif self.sharded:
+            self._scatter_optimizer_state(state["optimizer"])
         else:
             self.optimizer.load_state_dict(state["optimizer"])
-        self.net.load_critic_state_dict(state["critic"] or {})
+        critic = self._critic_module()
+        if critic is not None and state["critic"] and self.sharded:  # each rank keeps its shards
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(critic, state["critic"], options=StateDictOptions(full_state_dict=True))
+        elif not self.sharded:
+            self.net.load_critic_state_dict(state["critic"] or {})
         self._load_meta(state, tracker_state)
+
+    def _scatter_optimizer_state(self, saved: dict) -> None:
+        """fsdp2 from a ddp or one-process checkpoint (every rank read it): AdamW's state, kept there by parameter
+        index, is keyed by name (both learners build their parameter groups in the same order), and each rank
+        keeps its shards of it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        names = {id(p): n for n, p in self.net.named_parameters()}
+        order = [names[id(p)] for p in self._params()]
+        named = {"state": {order[int(i)]: s for i, s in saved["state"].items()},
+                 "param_groups": [{**g, "params": [order[int(i)] for i in g["params"]]} for g in saved["param_groups"]]}
+        set_optimizer_state_dict(self.net, self.optimizer, named, options=StateDictOptions(full_state_dict=True))
 
     def _load_meta(self, meta: dict, tracker_state: dict) -> None:
         self.version = int(meta["version"])

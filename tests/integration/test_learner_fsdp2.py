@@ -132,14 +132,24 @@ def _save_checkpoint(out: Path, name: str, trainer, ranks: int) -> None:
     checkpoint_dcp.save(out / f"ckpt{ranks}-{name}", trainer, out / "critic", trainer.tracker.state_dict(), 2, "tmp")
 
 
-def _resumed(out: Path, name: str, ranks: int):
-    """A fresh trainer (sharded on 2 ranks, plain in one process) from the `ranks`-rank checkpoint of `name`."""
+def _resumed(out: Path, name: str, ranks):
+    """A fresh fsdp2 trainer (sharded on 2 ranks, plain in one process) from the `ranks`-rank sharded
+    checkpoint of `name`, or ("ddp") from its one-process single-file checkpoint, as learner/main.py loads them."""
+    from transformers import AutoModelForCausalLM
+
     from tests.learner_batches import tiny_causal_lm
     from turnstream.learner import checkpoint, checkpoint_dcp
     from turnstream.learner.trainer import Trainer
 
-    trainer = Trainer(tiny_causal_lm(seed=0), _config(name, "fsdp2"), seed=0, critic_path=str(out / "critic"))
-    checkpoint_dcp.load(checkpoint.latest(out / f"ckpt{ranks}-{name}"), trainer)
+    path = checkpoint.latest(out / f"ckpt{ranks}-{name}")
+    sharded = checkpoint_dcp.is_sharded(path)
+    model = tiny_causal_lm(seed=0) if sharded else AutoModelForCausalLM.from_pretrained(
+        path / "model", dtype=torch.float32, attn_implementation="eager")
+    trainer = Trainer(model, _config(name, "fsdp2"), seed=0, critic_path=str(out / "critic"))
+    if sharded:
+        checkpoint_dcp.load(path, trainer)
+    else:
+        trainer.load_state_dict(*checkpoint.load(path))
     return trainer
 
 
@@ -159,7 +169,7 @@ def _resume(out: Path, name: str, trainer) -> None:
 
     _save_checkpoint(out, name, trainer, ranks=2)
     results = {"went_on": _next_step(trainer)}
-    for ranks in (2, 1):
+    for ranks in (2, 1, "ddp"):
         resumed = _resumed(out, name, ranks)
         loaded = {"version": resumed.version, "tracker": resumed.tracker.state_dict()}
         results[f"from{ranks}"] = _next_step(resumed)
@@ -188,6 +198,7 @@ def _push_memory(out: Path, trainer) -> None:
 
 @pytest.fixture(scope="module")
 def two_rank_results(tmp_path_factory):
+    from turnstream.learner import checkpoint
     from turnstream.processes import free_port
 
     out = tmp_path_factory.mktemp("fsdp2")
@@ -196,6 +207,9 @@ def two_rank_results(tmp_path_factory):
         trainer, _ = _train(name, "fsdp2", str(out / "critic"))
         _save_checkpoint(out, name, trainer, ranks=1)
         torch.save(_next_step(trainer), out / f"went_on1-{name}.pt")
+        plain, _ = _train(name, "ddp", str(out / "critic"))  # and the single-file format of the same state
+        checkpoint.save(out / f"ckptddp-{name}", plain.version, plain.net.model, out / "critic", plain.state_dict(),
+                        plain.tracker.state_dict())
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), __file__, str(out)]
@@ -284,8 +298,8 @@ def _max_diff(a: dict, b: dict) -> float:
 @pytest.mark.parametrize("name", RESUMED)
 def test_fsdp2_resumes_from_sharded_checkpoints_on_2_and_1_ranks(two_rank_results, name):
     """Version 2's sharded checkpoint (weights, AdamW moments, critic, SPO tracker, RNG) loaded on 2 ranks from
-    a 2-rank and a 1-rank checkpoint, and on 1 rank (here) from the 2-rank one: step 3 is the step of the run
-    that went on."""
+    a 2-rank and a 1-rank checkpoint, and on 1 rank (here) from the 2-rank one, and a one-process ddp learner's
+    single-file checkpoint loaded on 2 fsdp2 ranks: step 3 is the step of the run that went on."""
     import json
 
     out = two_rank_results
@@ -295,11 +309,12 @@ def test_fsdp2_resumes_from_sharded_checkpoints_on_2_and_1_ranks(two_rank_result
     assert one_from_two.version == STEPS and not one_from_two.sharded
     tracker = one_from_two.tracker.state_dict()
     diffs = {"2->2": _max_diff(two["from2"], two["went_on"]), "1->2": _max_diff(two["from1"], went_on_one),
-             "2->1": _max_diff(_next_step(one_from_two), two["went_on"])}
+             "2->1": _max_diff(_next_step(one_from_two), two["went_on"]),
+             "ddp 1 -> fsdp2 2": _max_diff(two["fromddp"], went_on_one)}
     print(f"{name}: resumed at version {STEPS} vs went on, one step later: max |difference| {diffs}")
     assert all(d < TOLERANCE for d in diffs.values())
     assert _max_diff(two["went_on"], went_on_one) < TOLERANCE  # and both runs are the one-rank run
-    for ranks in (2, 1):
+    for ranks in (2, 1, "ddp"):
         loaded = json.loads((out / f"loaded{ranks}-to2-{name}.json").read_text())
         assert loaded["version"] == STEPS and loaded["tracker"] == tracker
     assert bool(tracker["state"]) == (name.startswith("spo"))  # an SPO case really carried a tracker

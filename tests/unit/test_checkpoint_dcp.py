@@ -84,13 +84,6 @@ def test_export_command_of_a_single_file_checkpoint_in_shards(tmp_path):
         assert torch.equal(loaded.state_dict()[name], t.to(torch.bfloat16))
 
 
-def test_a_sharded_learner_refuses_a_single_file_checkpoint_in_one_line():
-    trainer = _trainer()
-    trainer.sharded = True  # as on several ranks
-    with pytest.raises(ConfigError, match="resume it with learner.parallel = 'ddp'"):
-        trainer.load_state_dict({}, {})
-
-
 def test_plan_keeps_buckets_under_the_size_and_a_larger_tensor_alone():
     specs = [TensorSpec(str(i), (n,), torch.float32) for i, n in enumerate([10, 10, 30, 5, 5, 5])]
     sizes = [[s.nbytes for s in b] for b in plan(specs, 80)]
