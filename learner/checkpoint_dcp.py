@@ -1,4 +1,4 @@
-"""Sharded checkpoints (`learner.parallel = "fsdp2"`): every rank writes its own shards with torch.distributed.checkpoint.
+"""Sharded checkpoints (`learner.parallel = "fsdp2"`): each rank writes its own shards (torch.distributed.checkpoint).
 
 Layout of <run_dir>/checkpoints/step-000012/ (learner/checkpoint.py has the single-file one):
   dcp/            torch.distributed.checkpoint: `net.*` (policy `net.model.*`, value head or separate critic)

@@ -1,7 +1,8 @@
 """`turnstream learner`: request batches, train, push weights, announce versions.
 
 Every rank builds the model and a Trainer; rank 0 talks to the buffer and the servers (learner/serve.py) and
-hands each batch to the other ranks, which step on it alongside (learner/distributed.py)."""
+hands each batch to the other ranks, which step on it alongside (learner/distributed.py); under fsdp2 it also
+tells them when to join a push's gathers and a sharded checkpoint (learner/rank_commands.py)."""
 from __future__ import annotations
 
 import asyncio

@@ -21,8 +21,8 @@ from turnstream.learner import checkpoint
 from turnstream.learner.batch_client import BatchClient
 from turnstream.learner.device import served_dtype
 from turnstream.learner.distributed import broadcast
-from turnstream.learner.rank_commands import push_source, save_checkpoint as write_checkpoint
 from turnstream.learner.metrics import LearnerMetrics
+from turnstream.learner.rank_commands import push_source, save_checkpoint as write_checkpoint
 from turnstream.learner.trackers import Trackers, open_trackers
 from turnstream.learner.trainer import NothingToTrain, Trainer
 from turnstream.learner.weight_sync import WeightSyncError, weight_sync_from_config

@@ -16,7 +16,6 @@ advantages) stays on the CPU; each micro-batch's inputs and per-token loss terms
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 
 import torch
@@ -26,7 +25,6 @@ from torch.nn.parallel import DistributedDataParallel
 from turnstream.core.config import LearnerSection
 from turnstream.learner import estimators, forward, fsdp
 from turnstream.learner.batching import TensorBatch, logprobs_from_action_logits, max_entropy, to_tensors
-from turnstream.learner.checkpoint import rng_state, set_rng_state
 from turnstream.learner.critic import PolicyAndValue
 from turnstream.learner.device import Placement, enable_checkpointing, keep_checkpointing_active, placement
 from turnstream.learner.distributed import sum_over_ranks
@@ -37,16 +35,15 @@ from turnstream.learner.spo import SpoTracker, fold_batch
 from turnstream.learner.step_inputs import (StepInputs, fill_values, prox_from_training_forward, proximal_logp,
                                             values_from_training_forward)
 from turnstream.learner.step_stats import MeanMax, batch_stats
-from turnstream.learner.weight_sync_buckets import WeightBuckets, policy_tensors
+from turnstream.learner.trainer_state import TrainerState
 from turnstream.protocol.messages import Batch
 
 __all__ = ["NothingToTrain", "Trainer"]  # NothingToTrain: raised by step(), caught by learner/main.py
 
 STEP_KL_EPISODES = 32  # episodes step_kl is measured on (all of a smaller batch)
-log = logging.getLogger("turnstream.learner")
 
 
-class Trainer:
+class Trainer(TrainerState):
     def __init__(self, model, cfg: LearnerSection, seed: int = 0, *, critic_path: str = "", ref_model=None,
                  where: Placement | None = None):
         self.where = where or placement(cfg.device, cfg.precision)
@@ -260,75 +257,3 @@ class Trainer:
 
     def _sum_over_ranks(self, *tensors: torch.Tensor) -> None:
         sum_over_ranks(self.world, self.device, *tensors)
-
-    # ---- weights for pushes, checkpoint state --------------------------------------------------------
-
-    def weight_buckets(self, dtype: torch.dtype | None, bucket_bytes: int, announce=None) -> WeightBuckets:
-        """The policy's weights for a push, cast to `dtype`, gathered bucket by bucket (learner/weight_sync_buckets.py);
-        sharded, every rank must read it (rank 0 hands it to the backend, the others `finish()` it)."""
-        return WeightBuckets(policy_tensors(self.net.model), dtype, bucket_bytes, announce)
-
-    def _critic_module(self) -> torch.nn.Module | None:
-        return self.net.head if self.net.head is not None else self.net.critic
-
-    def meta_state(self) -> dict:
-        """What every checkpoint holds besides tensors: version, scheduler, RNG, the writer's parallel mode."""
-        return {"version": self.version, "scheduler": self.scheduler.state_dict(), "rng": rng_state(self.generator),
-                "parallel": self.cfg.parallel}
-
-    def sharded_state(self) -> dict:
-        """Policy, critic and AdamW state as torch.distributed.checkpoint saves and loads them: each rank's shards
-        under fsdp2 (a collective), the plain tensors otherwise; keyed by parameter name, so a checkpoint
-        written on N ranks loads on M."""
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-        return {"net": get_model_state_dict(self.net), "optimizer": get_optimizer_state_dict(self.net, self.optimizer)}
-
-    def load_sharded_state(self, state: dict, meta: dict, tracker_state: dict) -> None:
-        """`state`: sharded_state()'s structure, filled by torch.distributed.checkpoint.load."""
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-
-        set_model_state_dict(self.net, state["net"])
-        set_optimizer_state_dict(self.net, self.optimizer, state["optimizer"])
-        self._load_meta(meta, tracker_state)
-
-    def state_dict(self) -> dict:
-        """Today's single-file state (ddp and one process): optimizer by parameter index, critic, meta."""
-        if self.sharded:
-            raise RuntimeError("fsdp2 state is sharded: write it with learner/checkpoint_dcp.py (sharded_state)")
-        return {**self.meta_state(), "optimizer": self.optimizer.state_dict(), "critic": self.net.critic_state_dict()}
-
-    def load_state_dict(self, state: dict, tracker_state: dict) -> None:
-        """A single-file checkpoint's state; its weights came with the model (its model/ directory)."""
-        if state["optimizer"] is None:
-            log.warning("the checkpoint holds no optimizer state: AdamW starts its moments afresh")
-        elif self.sharded:
-            self._scatter_optimizer_state(state["optimizer"])
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
-        critic = self._critic_module()
-        if critic is not None and state["critic"] and self.sharded:  # each rank keeps its shards
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-            set_model_state_dict(critic, state["critic"], options=StateDictOptions(full_state_dict=True))
-        elif not self.sharded:
-            self.net.load_critic_state_dict(state["critic"] or {})
-        self._load_meta(state, tracker_state)
-
-    def _scatter_optimizer_state(self, saved: dict) -> None:
-        """fsdp2 from a ddp or one-process checkpoint (every rank read it): AdamW's state, kept there by parameter
-        index, is keyed by name (both learners build their parameter groups in the same order), and each rank
-        keeps its shards of it."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        names = {id(p): n for n, p in self.net.named_parameters()}
-        order = [names[id(p)] for p in self._params()]
-        named = {"state": {order[int(i)]: s for i, s in saved["state"].items()},
-                 "param_groups": [{**g, "params": [order[int(i)] for i in g["params"]]} for g in saved["param_groups"]]}
-        set_optimizer_state_dict(self.net, self.optimizer, named, options=StateDictOptions(full_state_dict=True))
-
-    def _load_meta(self, meta: dict, tracker_state: dict) -> None:
-        self.version = int(meta["version"])
-        self.scheduler.load_state_dict(meta["scheduler"])
-        set_rng_state(meta["rng"], self.generator)
-        self.tracker.load_state_dict(tracker_state)
