@@ -94,6 +94,8 @@ class AgentEpisode:
                              f"{sampling.max_context_tokens} tokens: the episode's context ({len(context)} tokens) "
                              f"and max_tokens ({max_tokens}) exceed it, or actor.max_turns turns were played; the "
                              "episode is truncated")
+        if request.min_tokens:
+            extra["min_tokens"] = min(request.min_tokens, max_tokens)
         t_start, started = time.time(), time.monotonic()
         # generated first, recorded after: a failed call leaves the episode as it was, for the caller to retry
         gen = await r.client.generate(context, max_tokens=max_tokens, temperature=temperature,

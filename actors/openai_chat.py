@@ -44,6 +44,7 @@ class ChatRequest:
     tool_choice: str | dict = "auto"
     stream: bool = False  # answer as server-sent chat.completion.chunk events
     include_usage: bool = False  # stream_options.include_usage: a last event with the usage
+    min_tokens: int = 0  # vLLM's extra parameter: no end of turn before this many tokens
 
 
 def _text(content) -> str:
@@ -112,7 +113,8 @@ def parse_request(body) -> ChatRequest:
     return ChatRequest([parse_message(m) for m in messages], [t["function"] for t in tools],
                        _number(body, "temperature", float, 0.0, 2.0),
                        None if max_tokens is None else _number({"max_tokens": max_tokens}, "max_tokens", int, 1, 1 << 20),
-                       stop, body.get("tool_choice") or "auto", stream, bool(options.get("include_usage")))
+                       stop, body.get("tool_choice") or "auto", stream, bool(options.get("include_usage")),
+                       _number(body, "min_tokens", int, 0, 1 << 20) or 0)
 
 
 def tools_block(tools: list[dict]) -> str:

@@ -23,12 +23,15 @@ pytestmark = pytest.mark.vllm
 
 HARNESS_PYTHON = Path(__file__).resolve().parents[2] / ".venv-verifiers" / "bin" / "python"
 MAX_TOKENS = 8
+# every reply exactly MAX_TOKENS long: verifiers counts an empty reply (the tiny random model's end of turn
+# first) as a failed rollout, which would abandon the episode
+SAMPLING = {"max_tokens": MAX_TOKENS, "min_tokens": MAX_TOKENS}
 
 
 def verifiers_env(**env_args):
     assert HARNESS_PYTHON.is_file(), "scripts/setup.sh makes .venv-verifiers (the verifiers harness's Python)"
     return make_env("verifiers", environment="tests.e2e.verifiers_game:load_environment", env_args=env_args,
-                    python=str(HARNESS_PYTHON), sampling_args={"max_tokens": MAX_TOKENS}, success_at=0.0)
+                    python=str(HARNESS_PYTHON), sampling_args=SAMPLING, success_at=0.0)
 
 
 def test_a_multi_turn_verifiers_environment_trains_on_the_generated_tokens_with_its_rubrics_score(
@@ -66,10 +69,57 @@ def test_a_multi_turn_verifiers_environment_trains_on_the_generated_tokens_with_
             sent = [g for c, g in record if c == stream]
             assert len(sent) == 1 and t.gen_tokens.tolist() == sent[0].tokens
             assert np.array_equal(t.gen_logprobs, np.asarray(sent[0].logprobs, np.float32))
-            assert len(sent[0].tokens) <= MAX_TOKENS  # the environment's sampling_args reached the server
+            assert len(sent[0].tokens) == MAX_TOKENS  # the environment's sampling_args reached the server
             stream += t.gen_tokens.tolist()
             replies.append(chat.decode(t.gen_tokens.tolist()))
         observations = chat.decode(np.concatenate([t.obs_tokens for t in turns[:3]]).tolist())
         assert f"Guess my word ({name[2:]})." in observations and "not yet (2); guess again" in observations
         # the rubric (one hundredth of the characters the assistant wrote) scored what the server generated
         assert turns[3].reward == pytest.approx(sum(len(r) for r in replies) / 100)
+
+
+@pytest.mark.e2e
+def test_a_verifiers_environment_trains_through_the_actor_buffer_and_learner_processes(vllm_url, tiny_model,
+                                                                                        tmp_path):
+    """The actor process starts the harness worker in .venv-verifiers itself, its episodes reach the real
+    buffer and the learner trains on them; the worker ends with the actor."""
+    import psutil
+
+    from turnstream.processes import ProcessGroup, free_port
+    from tests.e2e.test_agent_processes import jsonl
+    from tests.helpers import restore_served_weights, roles_log, run_until, scrape, session_server_config, start_run
+
+    assert HARNESS_PYTHON.is_file(), "scripts/setup.sh makes .venv-verifiers (the verifiers harness's Python)"
+    cfg = session_server_config(vllm_url, tiny_model, tmp_path)
+    cfg.env.name = "verifiers"
+    cfg.env.args = {"environment": "tests.e2e.verifiers_game:load_environment", "env_args": {"rows": 3},
+                    "python": str(HARNESS_PYTHON), "sampling_args": SAMPLING, "success_at": 0.0}
+    cfg.buffer.batch_episodes = cfg.actor.concurrent_episodes = 8
+    cfg.actor.metrics_port = free_port()
+    config = tmp_path / "run.toml"
+    config.write_text(cfg.dumps())
+    steps_log, audit_log = tmp_path / "run" / "learner.jsonl", tmp_path / "run" / "audit" / "learner.jsonl"
+    procs = ProcessGroup(tmp_path)
+    try:
+        start_run(procs, config, learner_env={"TURNSTREAM_AUDIT": "1"})
+        run_until(procs, lambda: len(jsonl(steps_log)) >= 2, lambda: f"{len(jsonl(steps_log))} steps", 240)
+        actor = scrape(f"http://127.0.0.1:{cfg.actor.metrics_port}/metrics")
+        batches = [r for r in jsonl(audit_log) if "episodes" in r]
+        actor_proc = next(c.proc for c in procs.children if c.name == "actor-0")
+        harness = [p for p in psutil.Process(actor_proc.pid).children()
+                   if "verifiers_harness.py" in " ".join(p.cmdline())]
+        assert all(c.proc.poll() is None for c in procs.children), roles_log(procs)
+    finally:
+        procs.stop_all()
+        restore_served_weights(vllm_url, tiny_model, tmp_path)
+    assert len(harness) == 1, "one harness worker serves the actor's episodes"
+    psutil.wait_procs(harness, timeout=10)
+    assert not harness[0].is_running(), "the harness worker ended with the actor"
+    steps = jsonl(steps_log)
+    assert all(s["episodes"] == 8 and s["action_tokens"] > 0 for s in steps)
+    assert {k for b in batches for k in b["prompt_keys"]} <= {"task-0", "task-1", "task-2"}
+    completions = actor.get('turnstream_actor_openai_requests_total{status="200"}', 0.0)
+    trained = [e for b in batches for e in b["episodes"]]
+    assert completions >= 3 * len(trained)  # three turns an episode, every one through the endpoint
+    errors = {k: v for k, v in actor.items() if k.startswith("turnstream_actor_agent_errors_total") and v}
+    assert not errors, errors
