@@ -22,6 +22,14 @@ from turnstream.actors.openai_endpoint import AgentMetrics, OpenAIEndpoint
 
 log = logging.getLogger("turnstream.actor")
 
+class AgentFailed(Exception):
+    """A failure of the episode's player that names its own reason (the label of the agent errors counter)."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
 _endpoints: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, OpenAIEndpoint]" = weakref.WeakKeyDictionary()
 _starting = weakref.WeakKeyDictionary()
 _holders: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list]" = weakref.WeakKeyDictionary()
@@ -85,7 +93,8 @@ async def play_at_endpoint(runner, run: Callable[[OpenAIEndpoint, str], Awaitabl
     except Exception as exc:  # the user's code: never the actor's end
         if episode.outcome is not None:  # truncated, or ended by the reward route: the outcome stands
             return episode.outcome
-        reason = "timeout" if isinstance(exc, asyncio.TimeoutError) else getattr(exc, "reason", type(exc).__name__)
+        reason = "timeout" if isinstance(exc, asyncio.TimeoutError) else \
+            exc.reason if isinstance(exc, AgentFailed) else type(exc).__name__
         endpoint.metrics.agent_errors.labels(reason).inc()
         log.warning("episode %s abandoned: the agent failed (%s): %s", episode_id, reason, exc)
         return "agent_error"

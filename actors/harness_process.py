@@ -17,18 +17,16 @@ import subprocess
 import weakref
 from pathlib import Path
 
+from turnstream.actors.agent_runner import AgentFailed, close_with_loop
+
 log = logging.getLogger("turnstream.actor")
 
 SCRIPT = Path(__file__).with_name("verifiers_harness.py")
 START_TIMEOUT_S = 300.0  # loading an environment may build its dataset
 
 
-class HarnessError(Exception):
+class HarnessError(AgentFailed):
     """A rollout the harness could not score; `reason` labels turnstream_actor_agent_errors_total."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
 
 
 def describe(python: str, spec: dict, timeout_s: float = START_TIMEOUT_S) -> dict:
@@ -141,8 +139,6 @@ _locks: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = w
 
 async def shared_harness(python: str, spec: dict) -> HarnessProcess:
     """The running worker for (python, spec) on this loop, started (again) when there is none alive."""
-    from turnstream.actors.agent_runner import close_with_loop
-
     loop = asyncio.get_running_loop()
     key = (python, json.dumps(spec, sort_keys=True))
     async with _locks.setdefault(loop, asyncio.Lock()):
