@@ -78,6 +78,49 @@ def test_a_multi_turn_verifiers_environment_trains_on_the_generated_tokens_with_
         assert turns[3].reward == pytest.approx(sum(len(r) for r in replies) / 100)
 
 
+def test_a_verifiers_tool_env_gets_its_calls_as_tool_calls_and_its_results_back_on_the_same_tokens(
+        vllm_url, tiny_model):
+    """vf.ToolEnv: the model's Hermes tool call (forced through the environment's sampling_args) reaches
+    verifiers as OpenAI tool_calls, verifiers runs the tool and sends its result as a `tool` message, and the
+    next call continues the recorded tokens (no new segment); the rubric scores the call the server
+    generated."""
+    import json
+
+    assert HARNESS_PYTHON.is_file(), "scripts/setup.sh makes .venv-verifiers (the verifiers harness's Python)"
+    forced = {"type": "function", "function": {"name": "weather"}}
+    env = make_env("verifiers", environment="tests.e2e.verifiers_game:load_tool_environment",
+                   python=str(HARNESS_PYTHON), sampling_args={"max_tokens": 96, "tool_choice": forced},
+                   success_at=0.0)
+
+    async def run():
+        async with RecordingFleet([vllm_url], health_interval_s=60) as fleet:
+            link = CollectingLink()
+            runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=lambda: env, chat=ChatTokens(tiny_model),
+                                   client=fleet, link=link, sampling=Sampling(1.0, 96, 1024),
+                                   metrics=ActorMetrics(), tasks=TaskSource(RandomOrder(0)))
+            outcomes = await asyncio.gather(*(runner.play(f"tool{i}", seed=i, task=i) for i in range(3)))
+            return fleet.record, link.chunks, outcomes, runner
+
+    record, chunks, outcomes, runner = asyncio.run(run())
+    assert outcomes == ["success"] * 3, outcomes
+    assert not runner.m.registry.get_sample_value("turnstream_actor_agent_segments_total")
+    chat = ChatTokens(tiny_model)
+    cities = ["paris", "rome", "oslo"]
+    for name, e in {e.episode_id: e for e in _episodes(chunks)}.items():
+        turns = [t for _, t in sorted(e.turns.items())]
+        assert len(turns) == 3 and turns[2].done  # two calls (max_turns), then the closing chunk
+        stream: list[int] = []
+        for t in turns[:2]:
+            stream += t.obs_tokens.tolist()
+            assert [g.tokens for c, g in record if c == stream] == [t.gen_tokens.tolist()]
+            stream += t.gen_tokens.tolist()
+        first = chat.decode(turns[0].gen_tokens.tolist())
+        assert first.startswith("<tool_call>\n") and first.endswith("</tool_call>"), first
+        city = json.loads(first[len("<tool_call>\n"):-len("\n</tool_call>")])["arguments"]["city"]
+        assert f"<tool_response>\nsunny in {city}\n</tool_response>" in chat.decode(turns[1].obs_tokens.tolist())
+        assert turns[2].reward == (1.0 if city == cities[int(name[4:])] else 0.0)  # the rubric's score
+
+
 @pytest.mark.e2e
 def test_a_verifiers_environment_trains_through_the_actor_buffer_and_learner_processes(vllm_url, tiny_model,
                                                                                         tmp_path):

@@ -8,6 +8,7 @@ of the characters of the assistant replies. For the error paths, a row can fail 
 after the first turn (`boom_rows`), fail before any call (`setup_boom_rows`) or never start (`stall_rows`).
 """
 import asyncio
+from typing import Literal
 
 import verifiers as vf
 from datasets import Dataset
@@ -52,3 +53,35 @@ def load_environment(rows: int = len(WORDS), boom_rows: tuple = (), setup_boom_r
         for i in range(rows)])
     return GuessGame(dataset=dataset, system_prompt="You play a guessing game.", max_turns=max_turns,
                      rubric=vf.Rubric(funcs=[characters_written]))
+
+
+CITIES = ["paris", "rome", "oslo"]
+
+
+def weather(city: Literal["paris", "rome", "oslo"]) -> str:
+    """Today's weather in a city.
+
+    Args:
+        city: the city, one of paris, rome, oslo
+    """
+    return f"sunny in {city}"
+
+
+def asked_city_first(completion, answer, **kwargs) -> float:
+    """1 when the first tool call asked for the task's city."""
+    import json
+
+    for m in completion:
+        calls = m.get("tool_calls") if isinstance(m, dict) else getattr(m, "tool_calls", None)
+        if calls:
+            call = calls[0]
+            arguments = call.get("arguments") if isinstance(call, dict) else getattr(call, "arguments", "")
+            return 1.0 if json.loads(arguments).get("city") == answer else 0.0
+    return 0.0
+
+
+def load_tool_environment(max_turns: int = 2) -> vf.Environment:
+    """A ToolEnv over the weather tool: the rollout's calls come back to the model as `tool` messages."""
+    dataset = Dataset.from_list([{"question": f"weather in {c}?", "answer": c} for c in CITIES])
+    return vf.ToolEnv(dataset=dataset, tools=[weather], max_turns=max_turns,
+                      rubric=vf.Rubric(funcs=[asked_city_first]))
