@@ -19,15 +19,11 @@ def jsonl(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_an_agent_function_trains_through_the_actor_buffer_and_learner(vllm_url, tiny_model, tmp_path):
+def train_through_processes(cfg, vllm_url, tiny_model, tmp_path, inspect=lambda procs: None):
+    """Buffer, learner and one actor on `cfg` until the learner took STEPS steps: (the learner's steps, the
+    actor's metrics, the audited batches, what `inspect(procs)` returned while every role ran)."""
     from turnstream.processes import ProcessGroup, free_port
 
-    cfg = session_server_config(vllm_url, tiny_model, tmp_path)
-    cfg.env.name = "agent"
-    cfg.env.args = {"entry": "tests.e2e.test_agent_endpoint:weather_agent", "tasks": ["paris", "rome", "oslo"]}
-    cfg.actor.max_new_tokens = 96  # room for the forced tool call
-    cfg.buffer.batch_episodes = 8
-    cfg.actor.concurrent_episodes = 8
     cfg.actor.metrics_port = free_port()
     config = tmp_path / "run.toml"
     config.write_text(cfg.dumps())
@@ -38,11 +34,22 @@ def test_an_agent_function_trains_through_the_actor_buffer_and_learner(vllm_url,
         run_until(procs, lambda: len(jsonl(steps_log)) >= STEPS, lambda: f"{len(jsonl(steps_log))} steps", 240)
         actor = scrape(f"http://127.0.0.1:{cfg.actor.metrics_port}/metrics")
         batches = [r for r in jsonl(audit_log) if "episodes" in r]
+        seen = inspect(procs)
         assert all(c.proc.poll() is None for c in procs.children), roles_log(procs)
     finally:
         procs.stop_all()
         restore_served_weights(vllm_url, tiny_model, tmp_path)
-    steps = jsonl(steps_log)
+    return jsonl(steps_log), actor, batches, seen
+
+
+def test_an_agent_function_trains_through_the_actor_buffer_and_learner(vllm_url, tiny_model, tmp_path):
+    cfg = session_server_config(vllm_url, tiny_model, tmp_path)
+    cfg.env.name = "agent"
+    cfg.env.args = {"entry": "tests.e2e.test_agent_endpoint:weather_agent", "tasks": ["paris", "rome", "oslo"]}
+    cfg.actor.max_new_tokens = 96  # room for the forced tool call
+    cfg.buffer.batch_episodes = 8
+    cfg.actor.concurrent_episodes = 8
+    steps, actor, batches, _ = train_through_processes(cfg, vllm_url, tiny_model, tmp_path)
     completions = actor.get('turnstream_actor_openai_requests_total{status="200"}', 0.0)
     print(f"agent run: {len(steps)} steps, returns {[round(s['return_mean'], 2) for s in steps]}, "
           f"{completions:.0f} chat completions")

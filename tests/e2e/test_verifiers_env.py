@@ -34,22 +34,28 @@ def verifiers_env(**env_args):
                     python=str(HARNESS_PYTHON), sampling_args=SAMPLING, success_at=0.0)
 
 
+def play_at_once(vllm_url, tiny_model, env, prefix: str, n: int, max_context: int):
+    """Episodes <prefix>0 .. <prefix>n-1 of tasks 0 .. n-1, all in flight together on one runner: (what the
+    server got and generated, the chunks streamed, the outcomes, the runner)."""
+    async def run():
+        async with RecordingFleet([vllm_url], health_interval_s=60) as fleet:
+            link = CollectingLink()
+            runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=lambda: env, chat=ChatTokens(tiny_model),
+                                   client=fleet, link=link, sampling=Sampling(1.0, 96, max_context),
+                                   metrics=ActorMetrics(), tasks=TaskSource(RandomOrder(0)))
+            outcomes = await asyncio.gather(*(runner.play(f"{prefix}{i}", seed=i, task=i) for i in range(n)))
+            return fleet.record, link.chunks, outcomes, runner
+
+    return asyncio.run(run())
+
+
 def test_a_multi_turn_verifiers_environment_trains_on_the_generated_tokens_with_its_rubrics_score(
         vllm_url, tiny_model):
     env = verifiers_env(rows=4, boom_rows=[3])
     assert env.num_tasks == 4  # the dataset's rows, enumerated for the task source
 
-    async def run():
-        async with RecordingFleet([vllm_url], health_interval_s=60) as fleet:
-            link = CollectingLink()
-            runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=lambda: env, chat=ChatTokens(tiny_model),
-                                   client=fleet, link=link, sampling=Sampling(1.0, 32, 512),
-                                   metrics=ActorMetrics(), tasks=TaskSource(RandomOrder(0)))
-            # four episodes at once through one harness worker; the fourth's environment fails mid-rollout
-            outcomes = await asyncio.gather(*(runner.play(f"vf{i}", seed=i, task=i) for i in range(4)))
-            return fleet.record, link.chunks, outcomes, runner
-
-    record, chunks, outcomes, runner = asyncio.run(run())
+    # four episodes at once through one harness worker; the fourth's environment fails mid-rollout
+    record, chunks, outcomes, runner = play_at_once(vllm_url, tiny_model, env, "vf", 4, max_context=512)
     assert outcomes[:3] == ["success"] * 3 and outcomes[3] == "agent_error", outcomes
     errors = runner.m.registry.get_sample_value
     assert errors("turnstream_actor_agent_errors_total", {"reason": "exception"}) == 1
@@ -92,16 +98,7 @@ def test_a_verifiers_tool_env_gets_its_calls_as_tool_calls_and_its_results_back_
                    python=str(HARNESS_PYTHON), sampling_args={"max_tokens": 96, "tool_choice": forced},
                    success_at=0.0)
 
-    async def run():
-        async with RecordingFleet([vllm_url], health_interval_s=60) as fleet:
-            link = CollectingLink()
-            runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=lambda: env, chat=ChatTokens(tiny_model),
-                                   client=fleet, link=link, sampling=Sampling(1.0, 96, 1024),
-                                   metrics=ActorMetrics(), tasks=TaskSource(RandomOrder(0)))
-            outcomes = await asyncio.gather(*(runner.play(f"tool{i}", seed=i, task=i) for i in range(3)))
-            return fleet.record, link.chunks, outcomes, runner
-
-    record, chunks, outcomes, runner = asyncio.run(run())
+    record, chunks, outcomes, runner = play_at_once(vllm_url, tiny_model, env, "tool", 3, max_context=1024)
     assert outcomes == ["success"] * 3, outcomes
     assert not runner.m.registry.get_sample_value("turnstream_actor_agent_segments_total")
     chat = ChatTokens(tiny_model)
@@ -128,9 +125,8 @@ def test_a_verifiers_environment_trains_through_the_actor_buffer_and_learner_pro
     buffer and the learner trains on them; the worker ends with the actor."""
     import psutil
 
-    from turnstream.processes import ProcessGroup, free_port
-    from tests.e2e.test_agent_processes import jsonl
-    from tests.helpers import restore_served_weights, roles_log, run_until, scrape, session_server_config, start_run
+    from tests.e2e.test_agent_processes import train_through_processes
+    from tests.helpers import session_server_config
 
     assert HARNESS_PYTHON.is_file(), "scripts/setup.sh makes .venv-verifiers (the verifiers harness's Python)"
     cfg = session_server_config(vllm_url, tiny_model, tmp_path)
@@ -138,27 +134,15 @@ def test_a_verifiers_environment_trains_through_the_actor_buffer_and_learner_pro
     cfg.env.args = {"environment": "tests.e2e.verifiers_game:load_environment", "env_args": {"rows": 3},
                     "python": str(HARNESS_PYTHON), "sampling_args": SAMPLING, "success_at": 0.0}
     cfg.buffer.batch_episodes = cfg.actor.concurrent_episodes = 8
-    cfg.actor.metrics_port = free_port()
-    config = tmp_path / "run.toml"
-    config.write_text(cfg.dumps())
-    steps_log, audit_log = tmp_path / "run" / "learner.jsonl", tmp_path / "run" / "audit" / "learner.jsonl"
-    procs = ProcessGroup(tmp_path)
-    try:
-        start_run(procs, config, learner_env={"TURNSTREAM_AUDIT": "1"})
-        run_until(procs, lambda: len(jsonl(steps_log)) >= 2, lambda: f"{len(jsonl(steps_log))} steps", 240)
-        actor = scrape(f"http://127.0.0.1:{cfg.actor.metrics_port}/metrics")
-        batches = [r for r in jsonl(audit_log) if "episodes" in r]
-        actor_proc = next(c.proc for c in procs.children if c.name == "actor-0")
-        harness = [p for p in psutil.Process(actor_proc.pid).children()
-                   if "verifiers_harness.py" in " ".join(p.cmdline())]
-        assert all(c.proc.poll() is None for c in procs.children), roles_log(procs)
-    finally:
-        procs.stop_all()
-        restore_served_weights(vllm_url, tiny_model, tmp_path)
+
+    def harness_workers(procs) -> list:
+        actor = next(c.proc for c in procs.children if c.name == "actor-0")
+        return [p for p in psutil.Process(actor.pid).children() if "verifiers_harness.py" in " ".join(p.cmdline())]
+
+    steps, actor, batches, harness = train_through_processes(cfg, vllm_url, tiny_model, tmp_path, harness_workers)
     assert len(harness) == 1, "one harness worker serves the actor's episodes"
     psutil.wait_procs(harness, timeout=10)
     assert not harness[0].is_running(), "the harness worker ended with the actor"
-    steps = jsonl(steps_log)
     assert all(s["episodes"] == 8 and s["action_tokens"] > 0 for s in steps)
     assert {k for b in batches for k in b["prompt_keys"]} <= {"task-0", "task-1", "task-2"}
     completions = actor.get('turnstream_actor_openai_requests_total{status="200"}', 0.0)
