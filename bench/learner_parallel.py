@@ -6,9 +6,9 @@ fits them) with random weights, and times the real `Trainer.step` of both modes,
 processes, on the synthetic multi-turn batch of bench/learner_mfu.py. Reported per mode: the bytes one rank
 holds of parameters, gradients and AdamW state (the fuller rank's; a sharded tensor counts its local shard),
 step seconds and tokens/s; the tokens ratio is the median over step pairs. Then the push of the sharded
-(fsdp2) policy, `--push-rounds` times: the weights cast to `--push-dtype` on the shards, gathered bucket by
-bucket (`--push-bucket-mb`, learner.push_bucket_mb) while rank 0 writes each bucket as a safetensors file with
-the disk backend's `save`, then every byte of those files read back, as a server's reload reads them; its
+(fsdp2) policy with the disk backend's `save`, `--push-rounds` times: a safetensors file per bucket
+(`--push-bucket-mb`, learner.push_bucket_mb) laid out by rank 0, every rank writing the rows of its shards
+cast to `--push-dtype` into them, then every byte of those files read back, as a server's reload reads them; its
 baseline is rank 0 writing the same number of bytes as one safetensors file and reading them back (bench
 weight-sync's raw cost), alternated round by round. `push_ratio` = least push time / least raw time over the
 rounds: on a shared machine other work only adds time, so the least of several rounds is the work's own cost
@@ -119,6 +119,7 @@ def _pushes(trainer, spec: dict, out: Path, rank: int) -> dict:
     import torch.distributed as dist
 
     from turnstream.bench.weight_sync import _raw_write_read
+    from turnstream.learner.distributed import broadcast
     from turnstream.learner.weight_sync_disk import DiskWeightSync
 
     dtype, bucket = getattr(torch, spec["push_dtype"]), spec["push_bucket_mb"] << 20
@@ -127,7 +128,9 @@ def _pushes(trainer, spec: dict, out: Path, rank: int) -> dict:
     source = trainer.weight_buckets(dtype, bucket)
     raw = {"bytes": torch.ones(source.nbytes, dtype=torch.uint8)} if rank == 0 else None
     for version in range(spec["push_rounds"]):
-        source = trainer.weight_buckets(dtype, bucket)
+        # rank 0 tells the others where to write their rows, as learner/rank_commands.py does in the learner
+        announce = (lambda directory: broadcast(directory, 0, trainer.world)) if rank == 0 else None
+        source = trainer.weight_buckets(dtype, bucket, announce)
         dist.barrier()
         started = time.perf_counter()
         if sync is not None:
@@ -135,7 +138,7 @@ def _pushes(trainer, spec: dict, out: Path, rank: int) -> dict:
             times["push"].append(time.perf_counter() - started)
             times["raw"].append(_raw_write_read(raw, out / "raw.safetensors"))
         else:
-            source.finish()  # the other ranks' side of the gathers
+            source.write_rows(broadcast(None, rank, trainer.world))  # the other ranks' rows
     return {"push_times": times, "push_bytes": source.nbytes, "push_buckets": len(source.buckets),
             "push_largest_bucket_bytes": max(sum(s.nbytes for s in b) for b in source.buckets)}
 

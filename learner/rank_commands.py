@@ -24,6 +24,7 @@ log = logging.getLogger("turnstream.learner")
 class Push:
     dtype: torch.dtype
     bucket_bytes: int
+    directory: Path | None = None  # disk: every rank writes its rows of the bucket files there; None: gathers
 
 
 @dataclass(frozen=True)
@@ -36,10 +37,13 @@ def bucket_bytes(cfg: Config) -> int:
 
 
 def push_source(cfg: Config, trainer, dtype: torch.dtype) -> WeightBuckets:
-    """Rank 0's weights for a push. Sharded, reading them first tells the other ranks to gather along."""
-    order = Push(dtype, bucket_bytes(cfg))
-    announce = (lambda: broadcast(order, 0, trainer.world)) if trainer.sharded else None
-    return trainer.weight_buckets(dtype, order.bucket_bytes, announce)
+    """Rank 0's weights for a push. Sharded, reading or writing them first tells the other ranks to join in."""
+    size = bucket_bytes(cfg)
+
+    def announce(directory: Path | None) -> None:
+        broadcast(Push(dtype, size, directory), 0, trainer.world)
+
+    return trainer.weight_buckets(dtype, size, announce if trainer.sharded else None)
 
 
 def save_checkpoint(cfg: Config, trainer) -> Path:
@@ -59,7 +63,9 @@ def follow(cfg: Config, trainer) -> None:
     """Ranks above 0: do what rank 0 broadcasts until it says stop."""
     rank, world = trainer.rank, trainer.world
     while (order := broadcast(None, rank, world)) is not None:
-        if isinstance(order, Push):
+        if isinstance(order, Push) and order.directory is not None:
+            trainer.weight_buckets(order.dtype, order.bucket_bytes).write_rows(order.directory)
+        elif isinstance(order, Push):
             trainer.weight_buckets(order.dtype, order.bucket_bytes).finish()
         elif isinstance(order, Checkpoint):
             checkpoint_dcp.save(Path(cfg.run.run_dir) / "checkpoints", trainer, cfg.model.path, {},

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -57,8 +58,8 @@ class WeightBuckets:
     """Iterable of buckets [(name, full tensor)] over `tensors` (name -> tensor or DTensor shard)."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype | None, bucket_bytes: int = 0,
-                 announce: Callable[[], None] | None = None):
-        self.tensors, self.dtype, self.announce = tensors, dtype, announce
+                 announce: Callable[[Path | None], None] | None = None):
+        self.tensors, self.dtype, self.announce = tensors, dtype, announce  # announce(directory or None)
         self.specs = [TensorSpec(n, tuple(t.shape), self._dtype(t)) for n, t in tensors.items()]
         self.buckets = plan(self.specs, bucket_bytes)
         self.replayable = not any(_is_sharded(t) for t in tensors.values())
@@ -78,12 +79,27 @@ class WeightBuckets:
         return t.full_tensor() if _is_sharded(t) else t
 
     def _read(self) -> Iterator[Bucket]:
-        if self.announce is not None:
-            self.announce()
+        self._start(None)
         for specs in self.buckets:
             bucket = [(s.name, self._full(self.tensors[s.name])) for s in specs]
             yield bucket
             del bucket  # the caller's references are the only ones left while the next bucket is gathered
+        self._read_to_end = True
+
+    def _start(self, directory: Path | None) -> None:
+        """Tell the other ranks to join: in the gathers (directory None) or in writing rows into `directory`."""
+        if self.announce is not None:
+            self.announce(directory)
+        self.announce = None
+
+    def write_rows(self, directory: Path) -> None:
+        """Sharded: every rank writes its own rows of every tensor into the bucket files in `directory` (a
+        filesystem all ranks see), no gathers (learner/weight_sync_disk.py). Rank 0 announces it; the other
+        ranks call it with the directory announced."""
+        from turnstream.learner.weight_sync_disk import write_rows
+
+        self._start(directory)
+        write_rows(directory, [[(s, self.tensors[s.name]) for s in specs] for specs in self.buckets])
         self._read_to_end = True
 
     @property

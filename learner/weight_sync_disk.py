@@ -2,20 +2,26 @@
 
 Per server, independently and in parallel: pause(keep) -> `/collective_rpc reload_weights(weights_path)` ->
 `update_weight_version` -> resume. Works on CPU and across hosts that share the weights directory. `save`
-writes the weights bucket by bucket (learner/weight_sync_buckets.py), one safetensors file each, so a sharded
-learner's rank 0 holds one bucket of full tensors at a time; the push itself reads only files.
+writes the weights bucket by bucket (learner/weight_sync_buckets.py), one safetensors file each. Under fsdp2
+nothing is gathered: rank 0 lays out each file and every rank writes the rows of its own shards into it
+(write_rows), so no rank holds a full tensor, and the bytes go to the file once, from the rank that has them
+(a gather onto rank 0 first cost 5 to 7 times the raw write and read; BENCHMARKS.md). The push itself reads
+only files.
 """
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
 import aiohttp
 
+import torch
+
 from turnstream.learner.weight_sync_base import WeightSync, post
-from turnstream.learner.weight_sync_buckets import Bucket, WeightBuckets
+from turnstream.learner.weight_sync_buckets import Bucket, TensorSpec, WeightBuckets
 
 MODEL_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                     "chat_template.jinja", "special_tokens_map.json")
@@ -42,11 +48,10 @@ class DiskWeightSync(WeightSync):
         for name in MODEL_SIDE_FILES:
             if (self.model_dir / name).exists():
                 shutil.copy2(self.model_dir / name, tmp / name)
-        if isinstance(weights, WeightBuckets):
-            try:
-                write_shards(tmp, weights, len(weights.buckets))
-            finally:
-                weights.finish()  # a failed write still reads the rest: the other ranks gather with us
+        if isinstance(weights, WeightBuckets) and not weights.replayable:
+            weights.write_rows(tmp)  # sharded: each rank writes its own rows, nothing is gathered
+        elif isinstance(weights, WeightBuckets):
+            write_shards(tmp, weights, len(weights.buckets))
         else:
             write_shards(tmp, [list(weights.items())], 1)
         shutil.rmtree(final, ignore_errors=True)
@@ -88,3 +93,95 @@ def write_shards(directory: Path, buckets: Iterable[Bucket], count: int) -> None
     if count > 1:
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
+              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+              torch.bool: "BOOL"}
+
+
+def write_rows(directory: Path, buckets: list[list[tuple[TensorSpec, torch.Tensor]]]) -> None:
+    """The bucket files of write_shards, written by every rank at once (a collective under fsdp2): rank 0 lays
+    out each file (safetensors header, full size), then each rank writes the rows of its dim-0 shards at their
+    offsets, cast tensor by tensor; an unsharded tensor is written by rank 0. No rank holds a full tensor, and
+    the bytes go to the file straight from their owner instead of through a gather onto rank 0."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    count = len(buckets)
+    names = ["model.safetensors"] if count == 1 else [f"model-{i + 1:05d}-of-{count:05d}.safetensors"
+                                                      for i in range(count)]
+    starts, failure = [], None
+    if rank == 0:
+        starts = [_lay_out(directory / name, [s for s, _ in bucket]) for name, bucket in zip(names, buckets)]
+        weight_map = {s.name: name for name, bucket in zip(names, buckets) for s, _ in bucket}
+        if count > 1:
+            index = {"metadata": {"total_size": sum(s.nbytes for b in buckets for s, _ in b)}, "weight_map": weight_map}
+            (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    starts = _from_rank_0(starts)
+    try:
+        for name, start, bucket in zip(names, starts, buckets):
+            with (directory / name).open("r+b") as f:
+                offset = start
+                for spec, t in bucket:
+                    _write_own_rows(f.fileno(), offset, spec, t, rank)
+                    offset += spec.nbytes
+    except Exception as exc:  # still meet the other ranks below, then fail
+        failure = exc
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # every rank's rows are in the files
+    if failure is not None:
+        raise failure
+
+
+def _from_rank_0(obj):
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _lay_out(path: Path, specs: list[TensorSpec]) -> int:
+    """A safetensors file of the right size with its header (data still zero); returns where the data starts."""
+    import struct
+
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for s in specs:
+        header[s.name] = {"dtype": _ST_DTYPES[s.dtype], "shape": list(s.shape),
+                          "data_offsets": [offset, offset + s.nbytes]}
+        offset += s.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + offset)
+    return 8 + len(raw)
+
+
+def _write_own_rows(fd: int, offset: int, spec: TensorSpec, t: torch.Tensor, rank: int) -> None:
+    """This rank's part of tensor `t` (cast to spec.dtype) at `offset`, the tensor's first byte in the file."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    t = t.detach()
+    if isinstance(t, DTensor) and tuple(t.placements) == (Shard(0),):
+        mesh = t.device_mesh
+        per_rank = -(-t.shape[0] // mesh.size())  # torch.chunk's split, as FSDP2 and DTensor shard dim 0
+        first_row = min(mesh.get_local_rank() * per_rank, t.shape[0])
+        local = t.to_local()
+        offset += first_row * (spec.nbytes // max(t.shape[0], 1))
+    elif isinstance(t, DTensor):  # another placement: gathered (a collective: every rank takes part)
+        local = t.full_tensor()
+        if rank != 0:
+            return
+    elif rank == 0:
+        local = t
+    else:
+        return
+    data = local.to(spec.dtype).contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written

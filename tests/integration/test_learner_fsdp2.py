@@ -188,9 +188,23 @@ def _push_memory(out: Path, trainer) -> None:
 
     from tests.push_memory import peak_bytes_held
 
+    from turnstream.learner.distributed import broadcast
+    from turnstream.learner.weight_sync_disk import DiskWeightSync
+
     rank = dist.get_rank()
     source = trainer.weight_buckets(torch.bfloat16, PUSH_BUCKET_BYTES)
     peak = peak_bytes_held(source, out / f"push{rank}")
+    # the disk backend's sharded push: each rank writes its rows into the files rank 0 laid out, nothing gathered
+    if rank == 0:
+        rows = trainer.weight_buckets(torch.bfloat16, PUSH_BUCKET_BYTES, lambda directory: broadcast(directory, 0, 2))
+        (out / "side").mkdir()
+        (out / "side" / "config.json").write_text(trainer.net.model.config.to_json_string())
+        DiskWeightSync([], out / "rows", out / "side").save(rows, 1)
+    else:
+        trainer.weight_buckets(torch.bfloat16, PUSH_BUCKET_BYTES).write_rows(broadcast(None, rank, 2))
+    gathered = {k: v.clone() for k, v in trainer.weight_buckets(torch.bfloat16, 0).items()}
+    if rank == 0:
+        torch.save(gathered, out / "rows_expected.pt")
     (out / f"push_memory{rank}.json").write_text(json.dumps({
         "peak": peak, "buckets": len(source.buckets), "total": source.nbytes,
         "largest": max(s.nbytes for s in source.specs)}))
@@ -329,6 +343,22 @@ def test_fsdp2_push_holds_one_bucket_of_full_weights_at_a_time(two_rank_results)
         print(f"rank {rank}: {m['buckets']} buckets of at most {PUSH_BUCKET_BYTES} B, {m['total']} B in all: "
               f"at most {m['peak']} B of full tensors held at once")
         assert m["buckets"] >= 3 and m["peak"] <= max(PUSH_BUCKET_BYTES, m["largest"]) < m["total"] / 2
+
+
+def test_fsdp2_disk_push_written_by_every_rank_is_the_gathered_policy(two_rank_results):
+    """The disk backend's sharded push (every rank writes its rows into the bucket files, nothing gathered):
+    a Hugging Face directory in several safetensors files whose tensors are the gathered weights, exactly."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    pushed = two_rank_results / "rows" / "v000001"
+    files = sorted(pushed.glob("*.safetensors"))
+    expected = torch.load(two_rank_results / "rows_expected.pt")
+    written = {k: v for f in files for k, v in load_file(f).items()}
+    assert len(files) >= 3 and (pushed / "model.safetensors.index.json").is_file()
+    assert written.keys() == expected.keys() and all(torch.equal(written[k], expected[k]) for k in expected)
+    loaded = AutoModelForCausalLM.from_pretrained(pushed)  # what a server's reload reads
+    assert all(torch.equal(loaded.state_dict()[k], expected[k]) for k in expected)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from turnstream.learner.weight_sync_nccl import NcclWeightSync
 
 
 def _read_once(announced: list) -> WeightBuckets:
-    source = WeightBuckets(_state(), torch.bfloat16, bucket_bytes=12, announce=lambda: announced.append(1))
+    source = WeightBuckets(_state(), torch.bfloat16, bucket_bytes=12, announce=lambda _: announced.append(1))
     source.replayable = False  # as a sharded source, whose gathers are collectives
     return source
 
