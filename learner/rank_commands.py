@@ -16,6 +16,7 @@ from turnstream.core.config import Config
 from turnstream.learner import checkpoint, checkpoint_dcp
 from turnstream.learner.distributed import broadcast
 from turnstream.learner.weight_sync_buckets import WeightBuckets
+from turnstream.learner.weight_sync_disk import write_source_rows
 
 log = logging.getLogger("turnstream.learner")
 
@@ -64,7 +65,7 @@ def follow(cfg: Config, trainer) -> None:
     rank, world = trainer.rank, trainer.world
     while (order := broadcast(None, rank, world)) is not None:
         if isinstance(order, Push) and order.directory is not None:
-            trainer.weight_buckets(order.dtype, order.bucket_bytes).write_rows(order.directory)
+            write_source_rows(order.directory, trainer.weight_buckets(order.dtype, order.bucket_bytes))
         elif isinstance(order, Push):
             trainer.weight_buckets(order.dtype, order.bucket_bytes).finish()
         elif isinstance(order, Checkpoint):

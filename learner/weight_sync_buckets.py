@@ -92,15 +92,13 @@ class WeightBuckets:
             self.announce(directory)
         self.announce = None
 
-    def write_rows(self, directory: Path) -> None:
-        """Sharded: every rank writes its own rows of every tensor into the bucket files in `directory` (a
-        filesystem all ranks see), no gathers (learner/weight_sync_disk.py). Rank 0 announces it; the other
-        ranks call it with the directory announced."""
-        from turnstream.learner.weight_sync_disk import write_rows
-
+    def rows_to_write(self, directory: Path) -> list[list[tuple[TensorSpec, torch.Tensor]]]:
+        """Sharded, for the disk backend: instead of gathers, every rank writes its own rows of each tensor into
+        the bucket files in `directory` (learner/weight_sync_disk.py, write_source_rows). Announced to the other
+        ranks by rank 0; returns each bucket's specs with the tensors (shards) to write."""
         self._start(directory)
-        write_rows(directory, [[(s, self.tensors[s.name]) for s in specs] for specs in self.buckets])
         self._read_to_end = True
+        return [[(s, self.tensors[s.name]) for s in specs] for specs in self.buckets]
 
     @property
     def spent(self) -> bool:

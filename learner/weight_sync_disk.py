@@ -49,7 +49,7 @@ class DiskWeightSync(WeightSync):
             if (self.model_dir / name).exists():
                 shutil.copy2(self.model_dir / name, tmp / name)
         if isinstance(weights, WeightBuckets) and not weights.replayable:
-            weights.write_rows(tmp)  # sharded: each rank writes its own rows, nothing is gathered
+            write_source_rows(tmp, weights)  # sharded: each rank writes its own rows, nothing is gathered
         elif isinstance(weights, WeightBuckets):
             write_shards(tmp, weights, len(weights.buckets))
         else:
@@ -98,6 +98,11 @@ def write_shards(directory: Path, buckets: Iterable[Bucket], count: int) -> None
 _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
               torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
               torch.bool: "BOOL"}
+
+
+def write_source_rows(directory: Path, source: WeightBuckets) -> None:
+    """A sharded push's files, written by every rank (rank 0 announces the directory to the others)."""
+    write_rows(directory, source.rows_to_write(directory))
 
 
 def write_rows(directory: Path, buckets: list[list[tuple[TensorSpec, torch.Tensor]]]) -> None:

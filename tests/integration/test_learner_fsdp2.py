@@ -189,7 +189,7 @@ def _push_memory(out: Path, trainer) -> None:
     from tests.push_memory import peak_bytes_held
 
     from turnstream.learner.distributed import broadcast
-    from turnstream.learner.weight_sync_disk import DiskWeightSync
+    from turnstream.learner.weight_sync_disk import DiskWeightSync, write_source_rows
 
     rank = dist.get_rank()
     source = trainer.weight_buckets(torch.bfloat16, PUSH_BUCKET_BYTES)
@@ -201,7 +201,7 @@ def _push_memory(out: Path, trainer) -> None:
         (out / "side" / "config.json").write_text(trainer.net.model.config.to_json_string())
         DiskWeightSync([], out / "rows", out / "side").save(rows, 1)
     else:
-        trainer.weight_buckets(torch.bfloat16, PUSH_BUCKET_BYTES).write_rows(broadcast(None, rank, 2))
+        write_source_rows(broadcast(None, rank, 2), trainer.weight_buckets(torch.bfloat16, PUSH_BUCKET_BYTES))
     gathered = {k: v.clone() for k, v in trainer.weight_buckets(torch.bfloat16, 0).items()}
     if rank == 0:
         torch.save(gathered, out / "rows_expected.pt")

@@ -88,10 +88,14 @@ def _train(tmp_path: Path, tiny_model, vllm_url: str, ranks: int, parallel: str 
         assert f"{ranks} rank(s)" in learner.log_path.read_text()
         # fsdp2 writes shards (dcp/), ddp a Hugging Face model/: `turnstream export` reads either
         assert (checkpoint / "dcp").is_dir() == (parallel == "fsdp2")
-        if parallel == "fsdp2":
-            pushed = sorted(p.name for p in (tmp_path / "run" / "weights" / f"v{STEPS:06d}").glob("*.safetensors"))
-            assert len(pushed) > 1, pushed  # the last push really came in buckets
-        return load_file(export(checkpoint, tmp_path / "exported") / "model.safetensors")
+        exported = load_file(export(checkpoint, tmp_path / "exported") / "model.safetensors")
+        if parallel == "fsdp2":  # the last push came in buckets, written by both ranks: the checkpoint's weights
+            files = sorted((tmp_path / "run" / "weights" / f"v{STEPS:06d}").glob("*.safetensors"))
+            pushed = {k: v for f in files for k, v in load_file(f).items()}
+            assert len(files) > 1 and pushed.keys() == exported.keys()
+            assert all(torch.equal(pushed[k], exported[k]) for k in pushed)
+            assert "failed" not in learner.log_path.read_text()  # vLLM took every push
+        return exported
     finally:
         procs.stop_all()
         ctx.destroy(linger=0)
