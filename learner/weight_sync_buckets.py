@@ -4,9 +4,10 @@ A push reads the policy's tensors in state-dict order, cast to the served dtype,
 most `bucket_bytes` (a tensor larger than that is a bucket of its own). Under fsdp2 each tensor is a shard
 (DTensor): it is cast on the shard, then all-gathered (`full_tensor()`, a collective), so every rank iterates
 the same buckets in the same order and holds one bucket of full tensors at a time; rank 0 hands each bucket
-to the backend (the disk backend writes it as one safetensors file, nccl broadcasts it) and drops it before
-the next is gathered. The names, shapes and dtypes of every tensor are known before any is gathered (the
-nccl backend announces them to the servers first).
+to the nccl backend, which broadcasts it, and drops it before the next is gathered. The disk backend gathers
+nothing: each rank writes the rows of its shards straight into the bucket's safetensors file
+(`rows_to_write`, learner/weight_sync_disk.py). The names, shapes and dtypes of every tensor are known before
+any is gathered (the nccl backend announces them to the servers first).
 
 A sharded source can be read once (its gathers are collectives that the other ranks join when rank 0
 `announce`s the push); `finish()` runs whatever a failed transfer did not read, so the ranks stay in step.
@@ -121,7 +122,7 @@ class WeightBuckets:
 
     def finish(self) -> None:
         """Read what is left of a sharded source (the other ranks are gathering with us); nothing otherwise."""
-        if not self.replayable:
+        if not self.replayable and not self._read_to_end:
             deque(self, maxlen=0)  # holds none of the buckets
 
 

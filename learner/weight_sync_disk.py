@@ -116,14 +116,20 @@ def write_rows(directory: Path, buckets: list[list[tuple[TensorSpec, torch.Tenso
     count = len(buckets)
     names = ["model.safetensors"] if count == 1 else [f"model-{i + 1:05d}-of-{count:05d}.safetensors"
                                                       for i in range(count)]
-    starts, failure = [], None
+    starts, failure = None, None
     if rank == 0:
-        starts = [_lay_out(directory / name, [s for s, _ in bucket]) for name, bucket in zip(names, buckets)]
-        weight_map = {s.name: name for name, bucket in zip(names, buckets) for s, _ in bucket}
-        if count > 1:
-            index = {"metadata": {"total_size": sum(s.nbytes for b in buckets for s, _ in b)}, "weight_map": weight_map}
-            (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        try:
+            starts = [_lay_out(directory / name, [s for s, _ in bucket]) for name, bucket in zip(names, buckets)]
+            weight_map = {s.name: name for name, bucket in zip(names, buckets) for s, _ in bucket}
+            if count > 1:
+                index = {"metadata": {"total_size": sum(s.nbytes for b in buckets for s, _ in b)},
+                         "weight_map": weight_map}
+                (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        except OSError as exc:  # the other ranks learn it below instead of waiting for offsets
+            failure, starts = exc, None
     starts = _from_rank_0(starts)
+    if starts is None:
+        raise failure or OSError(f"weight push: rank 0 could not lay out the files in {directory}")
     try:
         for name, start, bucket in zip(names, starts, buckets):
             with (directory / name).open("r+b") as f:
