@@ -40,6 +40,8 @@ def add_arguments(p) -> None:
     p.add_argument("--push-bucket-mb", type=int, default=512, help="bucket of the sharded push (--parallel), MiB")
     p.add_argument("--push-dtype", default="bfloat16", help="dtype the push casts to (--parallel): the servers'")
     p.add_argument("--push-rounds", type=int, default=5, help="timed pushes and raw write+reads (--parallel)")
+    p.add_argument("--keep-gathered", action="store_true", help="fsdp2 with learner.reshard_after_forward = false "
+                   "(--parallel): a layer's gathered parameters stay until its backward")
 
 
 def _spec(args) -> dict:
@@ -47,7 +49,8 @@ def _spec(args) -> dict:
             "seq_len": args.seq_len, "microbatches": args.microbatches, "group": args.group,
             "estimator": args.estimator, "steps": args.steps, "threads": args.threads, "seed": args.seed,
             "device": args.device, "precision": args.precision, "checkpointing": args.checkpointing,
-            "push_bucket_mb": args.push_bucket_mb, "push_dtype": args.push_dtype, "push_rounds": args.push_rounds}
+            "push_bucket_mb": args.push_bucket_mb, "push_dtype": args.push_dtype, "push_rounds": args.push_rounds,
+            "reshard_after_forward": not args.keep_gathered}
 
 
 def _launch(spec: dict, ranks: int, out: Path) -> list[dict]:
@@ -74,7 +77,8 @@ def _trainer(spec: dict, shapes, parallel: str):
     model = AutoModelForCausalLM.from_config(shapes, attn_implementation="sdpa", dtype=torch.float32)
     lc = LearnerSection(estimator=spec["estimator"], lr=1e-6, max_tokens_per_microbatch=spec["seq_len"],
                         pack_sequences=True, device=spec["device"], precision=spec["precision"],
-                        activation_checkpointing=spec["checkpointing"], parallel=parallel)
+                        activation_checkpointing=spec["checkpointing"], parallel=parallel,
+                        reshard_after_forward=spec["reshard_after_forward"])
     return Trainer(model, lc, seed=spec["seed"])
 
 
@@ -190,7 +194,7 @@ def main(args) -> int:
                   push_buckets=r0["push_buckets"], push_largest_bucket_bytes=r0["push_largest_bucket_bytes"],
                   push_bucket_mb=args.push_bucket_mb, params=r0["params"], tokens_per_step=tokens,
                   ranks=args.ranks, steps=args.steps, threads=args.threads, seq_len=args.seq_len, targets=TARGETS,
-                  **{k: spec[k] for k in ("model_config", "layers", "vocab")})
+                  **{k: spec[k] for k in ("model_config", "layers", "vocab", "reshard_after_forward")})
     print(json.dumps(result))
     return 0
 

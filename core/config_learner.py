@@ -115,6 +115,11 @@ class LearnerSection(Section):
         "holds the whole model, its gradients and AdamW state. fsdp2: those three are sharded over the ranks "
         "(torch.distributed.fsdp.fully_shard per decoder layer; learner/fsdp.py), for models that do not fit one "
         "device; each forward then all-gathers a layer's parameters")
+    reshard_after_forward: bool = Field(
+        True, description="fsdp2: free each decoder layer's gathered parameters after its forward and gather them "
+        "again for its backward (least memory). false: keep them until the backward, one all-gather per layer and "
+        "micro-batch instead of two, for a model's worth of parameters more at the peak (bench learner --parallel "
+        "--keep-gathered: tokens/s 0.68 of ddp against 0.57 on 2 CPU ranks)")
     activation_checkpointing: bool = Field(
         False, description="recompute each decoder layer in backward: less memory, ~1/3 more compute")
     attn_implementation: str = Field(

@@ -53,25 +53,26 @@ def _options(device: torch.device, compute_dtype: torch.dtype | None) -> dict:
     return kw
 
 
-def shard_model(model: nn.Module, options: dict) -> None:
-    """fully_shard per decoder layer, then the model itself (in place)."""
+def shard_model(model: nn.Module, options: dict, reshard_after_forward: bool = True) -> None:
+    """fully_shard per decoder layer, then the model itself (in place). `reshard_after_forward`: whether a
+    layer frees its gathered parameters between its forward and its backward (learner.reshard_after_forward)."""
     from torch.distributed.fsdp import fully_shard
 
     for layer in decoder_layers(model):
-        fully_shard(layer, **options)
+        fully_shard(layer, reshard_after_forward=reshard_after_forward, **options)
     fully_shard(model, **options)
 
 
 def shard_network(net: nn.Module, device: torch.device, compute_dtype: torch.dtype | None,
-                  ref_model: nn.Module | None = None) -> None:
+                  ref_model: nn.Module | None = None, reshard_after_forward: bool = True) -> None:
     """Shard the policy, the separate critic if any, and the network root (value head) in place; the frozen
     reference model is sharded too (no gradients, no optimizer state: its parameters alone)."""
     from torch.distributed.fsdp import fully_shard
 
     options = _options(device, compute_dtype)
-    shard_model(net.model, options)
+    shard_model(net.model, options, reshard_after_forward)
     if getattr(net, "critic", None) is not None:
-        shard_model(net.critic.backbone, options)
+        shard_model(net.critic.backbone, options, reshard_after_forward)
     fully_shard(net, **options)
     if ref_model is not None:
         shard_model(ref_model, _options(device, None))  # held in the compute dtype already

@@ -73,7 +73,8 @@ class Trainer(TrainerState):
         if cfg.activation_checkpointing:
             enable_checkpointing(model, self.net.critic.backbone if self.net.critic is not None else None)
         if self.sharded:  # before the optimizer: sharding replaces the parameters with DTensor ones
-            fsdp.shard_network(self.net, self.device, self.where.compute_dtype, ref_model)
+            fsdp.shard_network(self.net, self.device, self.where.compute_dtype, ref_model,
+                                cfg.reshard_after_forward)
         groups = [{"params": list(model.parameters()), "lr": cfg.lr}]
         if self.net.critic_parameters():
             groups.append({"params": self.net.critic_parameters(), "lr": cfg.critic.lr})

@@ -29,6 +29,8 @@ CASES = {
     "turn_gae_shared_checkpointing": ("turn_gae", 40, "shared", "microbatch", True, 0.0),  # value head, recompute
     "spo_kl_reference": ("spo", 40, "shared", "batch", False, 0.1),  # the sharded frozen reference model
     "turn_gae_separate": ("turn_gae", 40, "separate", "batch", False, 0.0),  # critic sharded too
+    # learner.reshard_after_forward = false: layers keep their gathered parameters from forward to backward
+    "turn_gae_separate_kept_gathered": ("turn_gae", 40, "separate", "batch", False, 0.0),
 }
 RESUMED = ("spo_microbatches", "turn_gae_separate")  # the SPO tracker; the separate critic and its AdamW state
 PUSH_BUCKET_BYTES = 6000  # bf16: the tiny model's ~25 kB in several buckets
@@ -41,6 +43,7 @@ def _config(name: str, parallel: str):
     cfg = LearnerSection(estimator=estimator, lr=1e-2, max_tokens_per_microbatch=budget, device="cpu",
                          activation_checkpointing=checkpointing, kl_coef=kl, parallel=parallel, max_steps=STEPS)
     cfg.critic.mode, cfg.critic.whiten = critic, whiten
+    cfg.reshard_after_forward = not name.endswith("_kept_gathered")
     return cfg
 
 
