@@ -86,4 +86,4 @@ def test_the_installed_cli_lists_shipped_and_plugin_environments(installed):
     out = run([python.parent / "turnstream", "envs"], cwd=work)
     names = {line.split()[0] for line in out.splitlines() if line.strip()}
     assert {"follow_signs", "goal_walk", "tictactoe"} <= names  # shipped
-    assert {"textarena", "textworld", "reasoning_gym", "gymnasium", "agent"} <= names  # entry points of the wheel
+    assert {"textarena", "textworld", "reasoning_gym", "gymnasium", "agent", "verifiers"} <= names  # entry points of the wheel
