@@ -70,7 +70,8 @@ class InferenceFleet:
     def __init__(self, urls: list[str], timeout_s: float = 60.0, *, retries: int = 2,
                  health_interval_s: float = 2.0, health_timeout_s: float = 5.0, wait_for_server_s: float = 10.0,
                  max_staleness: int | None = None, learner_version: Callable[[], int] = lambda: 0,
-                 metrics: ActorMetrics | None = None, clock: Callable[[], float] = time.monotonic):
+                 metrics: ActorMetrics | None = None, clock: Callable[[], float] = time.monotonic,
+                 model: str | None = None):
         if not urls:
             raise ValueError("no vLLM server URLs")
         self.servers: dict[str, Server] = {}
@@ -78,6 +79,7 @@ class InferenceFleet:
         self.max_staleness, self.learner_version = max_staleness, learner_version
         self.m = metrics or ActorMetrics()
         self.clock = clock
+        self.model = model  # the served LoRA adapter to sample from (learner.lora); None: the base model
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.health_timeout = aiohttp.ClientTimeout(total=health_timeout_s)
         self._rotation = itertools.count()
@@ -178,7 +180,8 @@ class InferenceFleet:
             self.m.server_outstanding.labels(s.url).set(s.outstanding)
             try:
                 request = dict(max_tokens=max_tokens, temperature=temperature,
-                               allowed_token_ids=allowed_token_ids, cache_salt=cache_salt, extra_params=extra_params)
+                               allowed_token_ids=allowed_token_ids, cache_salt=cache_salt, extra_params=extra_params,
+                               model=self.model)
                 try:
                     gen = await post_generate(self._session, s.url, token_ids, **request)
                 except StaleConnection:

@@ -61,17 +61,25 @@ def parse_generation(body: dict) -> Generation:
 
 async def post_generate(session: aiohttp.ClientSession, url: str, token_ids: list[int], *, max_tokens: int,
                         temperature: float, allowed_token_ids: list[int] | None = None,
-                        cache_salt: str | None = None, extra_params: dict | None = None) -> Generation:
-    """One token-in/token-out request to one server. ServerFailure: try another server; InferenceError: don't."""
+                        cache_salt: str | None = None, extra_params: dict | None = None,
+                        model: str | None = None) -> Generation:
+    """One token-in/token-out request to one server. ServerFailure: try another server; InferenceError: don't.
+    `model`: a LoRA adapter the server serves (learner.lora), else the base model."""
     params: dict = {**(extra_params or {}), "max_tokens": max_tokens, "temperature": temperature, "logprobs": 0}
     if allowed_token_ids:
         params["allowed_token_ids"] = allowed_token_ids
     body: dict = {"token_ids": token_ids, "sampling_params": params}
     if cache_salt:
         body["cache_salt"] = cache_salt
+    if model:
+        body["model"] = model
     endpoint = url + "/inference/v1/generate"
     try:
         async with session.post(endpoint, json=body) as resp:
+            if resp.status == 404 and model:
+                # the server does not hold the adapter (yet): it started or restarted after the learner's last
+                # push, whose re-sync loads it; another server may have it
+                raise ServerFailure(f"{endpoint}: HTTP 404 for adapter {model!r}: {(await resp.text())[:200]}")
             if 400 <= resp.status < 500:  # our request is wrong (e.g. too long): another server will agree
                 raise InferenceError(f"{endpoint}: HTTP {resp.status}: {(await resp.text())[:200]}")
             if resp.status != 200:

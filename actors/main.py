@@ -55,7 +55,7 @@ async def serve(cfg: Config, actor_index: int) -> None:
     fleet = InferenceFleet(v.urls, timeout_s=a.request_timeout_s, retries=v.retries,
                            health_interval_s=v.health_interval_s, wait_for_server_s=v.wait_for_server_s,
                            max_staleness=cfg.buffer.max_staleness, learner_version=lambda: link.learner_version,
-                           metrics=metrics)
+                           metrics=metrics, model=cfg.learner.lora.served_adapter() if cfg.learner.lora else None)
     # the fixed policy never moves: its servers stay at their version, which is always "fresh enough"
     frozen = InferenceFleet(v.frozen_urls, timeout_s=a.request_timeout_s, retries=v.retries,
                             health_interval_s=v.health_interval_s, wait_for_server_s=v.wait_for_server_s,

@@ -6,6 +6,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from turnstream.core.config_fields import CpuIds, Port, Section
+from turnstream.core.config_lora import LoraSection
 from turnstream.core.configtools import require
 
 
@@ -151,6 +152,9 @@ class LearnerSection(Section):
     critic: CriticSection = Field(default_factory=CriticSection, description="the value function of turn_gae and "
                                   "token_gae")
     gigpo: GigpoSection = Field(default_factory=GigpoSection, description="the gigpo estimator")
+    lora: LoraSection | None = Field(
+        None, description="train low-rank adapters only, the base frozen and never pushed again (learner/lora.py); "
+        "unset: every weight trains")
 
     def values_in_step(self) -> bool:
         """Whether a value-based step reads the critic in its training forward (critic.whiten resolved)."""

