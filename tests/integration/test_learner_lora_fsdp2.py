@@ -1,0 +1,112 @@
+"""learner.lora under learner.parallel = "fsdp2" on 2 gloo ranks (torchrun, real processes) gives the one-rank
+update, with activation checkpointing and with the shared value head; the base stays frozen in its shards,
+and what a push carries (the adapters, or the merged weights, computed on the shards) equals the one-rank
+push. This file is also the ranks' script (`python -m torch.distributed.run ... THIS_FILE OUT`)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+TOLERANCE = 1e-5  # float32 summation order of the reduce-scatter, as tests/integration/test_learner_fsdp2.py
+STEPS = 2
+# name: (estimator, micro-batch token budget, activation checkpointing)
+CASES = {"spo_checkpointing": ("spo", 40, True), "turn_gae_shared_head": ("turn_gae", 40, False)}
+
+
+def _lora(push: str = "adapter"):
+    from turnstream.core.config_lora import LoraSection
+
+    return LoraSection(rank=4, alpha=8.0, target_modules=["q_proj", "o_proj", "up_proj"], push=push)
+
+
+def _train(name: str, parallel: str):
+    from tests.learner_batches import synthetic_batch, tiny_causal_lm
+    from turnstream.core.config import LearnerSection
+    from turnstream.learner import lora
+    from turnstream.learner.trainer import Trainer
+
+    estimator, budget, checkpointing = CASES[name]
+    cfg = LearnerSection(estimator=estimator, lr=1e-2, max_tokens_per_microbatch=budget, device="cpu",
+                         activation_checkpointing=checkpointing, parallel=parallel, lora=_lora())
+    cfg.critic.whiten = "batch"
+    trainer = Trainer(lora.attach(tiny_causal_lm(seed=0), cfg.lora), cfg, seed=0)
+    for s in range(STEPS):
+        trainer.step(synthetic_batch(12, group=4, seed=100 + s))
+    return trainer
+
+
+def _full(tensors: dict) -> dict[str, torch.Tensor]:
+    """Full tensors of a state dict whose values may be shards (DTensor): a collective on every rank."""
+    from torch.distributed.tensor import DTensor
+
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in tensors.items()}
+
+
+def _pushes(trainer) -> dict[str, dict[str, torch.Tensor]]:
+    """The policy's weights and both kinds of push, computed from its (possibly sharded) state dict."""
+    from turnstream.learner.lora import push_tensors
+
+    state = trainer.net.model.state_dict()
+    return {"weights": _full(state), "adapter": _full(push_tensors(state, _lora("adapter"))),
+            "merged": _full(push_tensors(state, _lora("merged")))}
+
+
+def _rank_main(out: Path) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        for name in CASES:
+            trainer = _train(name, "fsdp2")
+            assert trainer.sharded
+            pushes = _pushes(trainer)  # every rank gathers
+            if dist.get_rank() == 0:
+                torch.save(pushes, out / f"{name}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(tmp_path_factory):
+    from turnstream.processes import free_port
+
+    out = tmp_path_factory.mktemp("lora-fsdp2")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), __file__, str(out)]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return out
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_lora_fsdp2_two_ranks_match_one_rank(two_rank_results, name):
+    from tests.learner_batches import tiny_causal_lm
+    from turnstream.learner import lora
+
+    one, two = _pushes(_train(name, "ddp")), torch.load(two_rank_results / f"{name}.pt")
+    base = tiny_causal_lm(seed=0).state_dict()
+    for kind in ("weights", "adapter", "merged"):
+        assert one[kind].keys() == two[kind].keys(), kind
+        diff = max((one[kind][k] - two[kind][k]).abs().max().item() for k in one[kind])
+        print(f"{name}, {kind}: fsdp2 2 ranks vs 1 rank after {STEPS} steps: max |difference| {diff:.3g}")
+        assert diff < TOLERANCE, kind
+    weights = two["weights"]
+    for k, v in weights.items():  # the base, sharded, never moved; the adapters did
+        if lora.is_adapter(k):
+            assert ".lora_A." in k or v.abs().max() > 1e-3, k
+        else:
+            assert torch.equal(v, base[k.replace(".base_layer.", ".")]), k
+    assert max((two["merged"][k] - base[k]).abs().max().item() for k in base) > 1e-3
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    _rank_main(Path(sys.argv[1]))
