@@ -1,0 +1,107 @@
+"""`turnstream bench lora-push`: bytes a LoRA push moves against a full push of the same model.
+
+The model is built from `--model-config` alone (bench/model_configs, random weights, nothing downloaded) with
+`[learner.lora]`'s adapters attached (`--rank`, `--target-modules`; the defaults are the config's). Both pushes
+are written by the learner's own backends into a scratch directory, in the served dtype (`--dtype`; auto: the
+config's): the full push by the disk backend (every weight, a tied embedding once), the LoRA push by the lora
+backend (the adapters alone, which is all a server loads per version; the base never moves). The figure is the
+bytes of the weight files each writes: `lora_push_bytes_ratio` = LoRA push / full push. The ratio is a count
+of bytes, so it does not depend on the machine; the save times are printed for scale only.
+Prints a line per push and, last, one JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+WEIGHT_SUFFIX = ".safetensors"
+
+
+def _parse(argv):
+    from turnstream.core.config_lora import LoraSection
+
+    defaults = LoraSection()
+    p = argparse.ArgumentParser(prog="turnstream bench lora-push")
+    p.add_argument("--model-config", default="0.5b", help="tiny, 0.5b, 1.5b (bench/model_configs) or a .json path")
+    p.add_argument("--rank", type=int, default=defaults.rank)
+    p.add_argument("--alpha", type=float, default=defaults.alpha)
+    p.add_argument("--target-modules", default=",".join(defaults.target_modules))
+    p.add_argument("--dtype", default="auto", help="served dtype: auto (the config's), bfloat16, float16, float32")
+    p.add_argument("--out", default="runs/bench-lora-push")
+    return p.parse_args(argv)
+
+
+def _weight_bytes(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.iterdir() if f.name.endswith(WEIGHT_SUFFIX))
+
+
+def _unique(state: dict) -> dict:
+    """A tied weight once (the input embeddings keep it), as a push writes it."""
+    out, seen = {}, set()
+    for name, t in state.items():
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            out[name] = t
+    return out
+
+
+def measure(model_config: str, lora, dtype: str = "auto", out: str | Path = "runs/bench-lora-push") -> dict:
+    """Both pushes of the `model_config` shapes with `lora` (a LoraSection) attached; the bytes and the ratio."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from turnstream.bench.learner_mfu import model_config as shapes_of
+    from turnstream.learner import lora as lora_layers
+    from turnstream.learner.device import serving_state_dict
+    from turnstream.learner.weight_sync import DiskWeightSync, LoraAdapterSync
+
+    shapes = shapes_of(model_config)
+    served = getattr(torch, dtype) if dtype != "auto" else (shapes.torch_dtype or torch.float32)
+    if isinstance(served, str):
+        served = getattr(torch, served)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(shapes, dtype=torch.float32)
+    base_state = _unique(model.state_dict())
+    params = sum(p.numel() for p in model.parameters())
+    out = Path(out)
+    shutil.rmtree(out, ignore_errors=True)
+    nowhere = ["http://127.0.0.1:9"]  # saves only: nothing is pushed to a server
+
+    started = time.monotonic()
+    full_dir = DiskWeightSync(nowhere, out / "full", out).save(
+        {k: v.to(served) if v.is_floating_point() else v for k, v in base_state.items()}, 1)
+    full_s = time.monotonic() - started
+    del base_state
+
+    lora_layers.attach(model, lora)
+    sync = LoraAdapterSync(nowhere, out / "lora", lora, out)
+    started = time.monotonic()
+    lora_dir = sync.save(serving_state_dict(model, served, lora), 1)
+    lora_s = time.monotonic() - started
+
+    full_bytes, lora_bytes = _weight_bytes(full_dir), _weight_bytes(lora_dir)
+    adapters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    shutil.rmtree(out, ignore_errors=True)
+    return {"model_config": model_config, "dtype": str(served).removeprefix("torch."), "rank": lora.rank,
+            "target_modules": list(lora.target_modules), "params": params, "adapter_params": adapters,
+            "full_push_bytes": full_bytes, "lora_push_bytes": lora_bytes, "full_save_s": round(full_s, 3),
+            "lora_save_s": round(lora_s, 3), "lora_push_bytes_ratio": lora_bytes / full_bytes}
+
+
+def main(argv: list[str]) -> int:
+    from turnstream.core.config_lora import LoraSection
+
+    args = _parse(argv)
+    lora = LoraSection(rank=args.rank, alpha=args.alpha, target_modules=args.target_modules.split(","))
+    r = measure(args.model_config, lora, args.dtype, args.out)
+    print(f"full push (baseline): {r['full_push_bytes'] / 2**20:.1f} MiB of {r['dtype']} weights, "
+          f"{r['params'] / 1e6:.0f}M parameters, saved in {r['full_save_s']:.2f} s")
+    print(f"LoRA push, rank {r['rank']} on {len(r['target_modules'])} module kinds: "
+          f"{r['lora_push_bytes'] / 2**20:.2f} MiB, {r['adapter_params'] / 1e6:.2f}M adapter parameters, "
+          f"saved in {r['lora_save_s']:.2f} s")
+    print(f"lora_push_bytes_ratio {r['lora_push_bytes_ratio']:.4f}")
+    print(json.dumps(r))
+    return 0

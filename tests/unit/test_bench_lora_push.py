@@ -1,0 +1,22 @@
+"""`turnstream bench lora-push`: the bytes each backend writes, and their ratio, on the tiny shapes."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_lora_push_writes_the_adapters_bytes_against_every_weight_s(tmp_path):
+    cmd = [sys.executable, "-m", "turnstream.cli", "bench", "lora-push", "--model-config", "tiny", "--rank", "4",
+           "--target-modules", "q_proj,v_proj", "--dtype", "float32", "--out", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    header = 64 << 10  # safetensors' JSON header: names, shapes, offsets
+    assert 0 <= r["lora_push_bytes"] - 4 * r["adapter_params"] < header
+    assert 0 <= r["full_push_bytes"] - 4 * r["params"] < header  # a tied embedding counted once
+    assert r["lora_push_bytes_ratio"] == r["lora_push_bytes"] / r["full_push_bytes"] < 0.05
+    assert not (tmp_path / "out").exists()  # the scratch files are gone
