@@ -80,7 +80,8 @@ class Config(Section):
         return Path(self.run.run_dir)
 
     def dumps(self) -> str:
-        return dump_toml(self.model_dump())
+        # TOML has no null: an unset optional table (learner.lora) is left out, and reloads as unset
+        return dump_toml(self.model_dump(exclude_none=True))
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

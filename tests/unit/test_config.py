@@ -211,7 +211,7 @@ def test_weight_sync_is_a_table_tagged_by_backend():
 def test_default_config_dump_reloads_equal():
     cfg = Config()
     text = cfg.dumps()
-    assert text == dump_toml(cfg.model_dump())
+    assert text == dump_toml(cfg.model_dump(exclude_none=True))  # unset optional tables (learner.lora) left out
     assert from_dict(Config, tomllib.loads(text)) == cfg
 
 

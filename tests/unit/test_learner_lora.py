@@ -120,3 +120,11 @@ def test_servers_load_adapters_at_run_time_only_for_adapter_pushes():
     for lora_cfg in (None, LoraSection(push="merged")):
         argv, env = vllm_command("/m", "127.0.0.1", 8000, VllmSection(), lora_cfg)
         assert "--enable-lora" not in argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
+
+
+def test_the_lora_table_round_trips_through_the_resolved_config(tmp_path):
+    from turnstream.core.config import Config, load_config
+
+    for cfg in (Config(), Config(learner=LearnerSection(lora=LORA))):
+        (tmp_path / "run.toml").write_text(cfg.dumps())
+        assert load_config(tmp_path / "run.toml") == cfg
