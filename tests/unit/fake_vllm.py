@@ -14,6 +14,9 @@ class FakeVllm:
         self.world = 1  # workers in this server (TP x PP x DP)
         self.fail_status = 0  # answer generate with this status when set
         self.garbage = False
+        self.adapters: set[str] = set()  # LoRA adapters it serves; a request for another one is a 404, as vLLM's
+        self.models: list[str | None] = []  # the `model` of each generate request
+        self.lora_loading = True  # serves /v1/load_lora_adapter (vLLM: with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)
         self.drop_connections = 0  # close this many generate connections without answering
         self.gate: asyncio.Event | None = None  # when set, generate waits for it
         self.in_flight = 0
@@ -30,6 +33,7 @@ class FakeVllm:
         app = web.Application()
         app.add_routes([web.post("/inference/v1/generate", self.generate), web.get("/health", self.health),
                         web.get("/weight_info", self.weight_info), web.post("/{name}", self.control),
+                        web.post("/v1/load_lora_adapter", self.load_lora_adapter),
                         web.get("/get_world_size", self.world_size)])
         self.runner = web.AppRunner(app)
         await self.runner.setup()
@@ -73,8 +77,20 @@ class FakeVllm:
             self.version = body["weight_version"]
         return web.json_response({"status": "ok"})
 
+    async def load_lora_adapter(self, request):
+        """vLLM's answer: plain text; a 404 where runtime adapter loading is off (the route does not exist)."""
+        if not self.lora_loading:
+            return web.Response(status=404, text="Not Found")
+        body = await request.json()
+        self.calls.append(("load_lora_adapter", body))
+        self.adapters.add(body["lora_name"])
+        return web.Response(text=f"Success: LoRA adapter '{body['lora_name']}' added successfully.")
+
     async def generate(self, request):
         body = await request.json()
+        self.models.append(body.get("model"))
+        if body.get("model") not in (None, "policy", *self.adapters):
+            return web.json_response({"error": f"The model `{body['model']}` does not exist."}, status=404)
         if self.drop_connections > 0:
             self.drop_connections -= 1
             request.transport.close()  # what a server closing an idle keep-alive connection looks like

@@ -140,3 +140,17 @@ async def test_dropped_keep_alive_connection_is_retried_on_the_same_server(pair)
         with pytest.raises(InferenceError, match="Server disconnected"):
             await _gen(fleet)
         assert not fleet.servers[a.url].healthy
+
+
+async def test_requests_name_the_lora_adapter_and_a_server_without_it_is_skipped(pair):
+    """learner.lora: actors ask for the served adapter; a server that does not hold it (not yet pushed, or
+    restarted since) answers 404, which fails over like a server failure instead of failing the turn."""
+    a, b = pair
+    b.adapters = {"policy-lora"}
+    async with _fleet(pair, model="policy-lora") as fleet:
+        gens = [await _gen(fleet) for _ in range(4)]
+        assert all(g.tokens == [7, 7] for g in gens) and b.served == 4 and a.served == 0
+        assert not fleet.servers[a.url].healthy and set(a.models + b.models) == {"policy-lora"}
+    async with _fleet([a]) as fleet:  # without LoRA the request names no model
+        await _gen(fleet)
+        assert a.models[-1] is None
