@@ -23,21 +23,22 @@ import aiohttp
 
 from turnstream.core.config_lora import LoraSection
 from turnstream.learner.lora import adapter_files, adapter_tensors, is_adapter
-from turnstream.learner.weight_sync_base import WeightSync, WeightSyncError, post
+from turnstream.learner.weight_sync_base import WeightSyncError, post
+from turnstream.learner.weight_sync_disk import DiskWeightSync
 
 HINT = ("the server does not load LoRA adapters at run time (start vLLM with --enable-lora --max-lora-rank R and "
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1, or set learner.lora.push = \"merged\")")
 
 
-class LoraAdapterSync(WeightSync):
+class LoraAdapterSync(DiskWeightSync):
+    """The disk backend's directory of versions (v000007, the newest `keep` kept), holding adapters."""
+
     backend = "lora"
 
     def __init__(self, urls: list[str], weights_dir: str | Path, lora: LoraSection, base_model: str | Path,
                  keep: int = 2, timeout_s: float = 120.0):
-        super().__init__(urls, timeout_s)
-        self.dir = Path(weights_dir).resolve()
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.lora, self.base_model, self.keep = lora, Path(base_model).resolve(), keep
+        super().__init__(urls, weights_dir, base_model, keep=keep, timeout_s=timeout_s)
+        self.lora = lora
         self.last_bytes = 0  # bytes of tensors in the last adapter saved (bench/lora_push.py reads it)
 
     def save(self, state_dict: dict, version: int) -> Path:
@@ -46,24 +47,15 @@ class LoraAdapterSync(WeightSync):
         tensors = adapter_tensors(state_dict) if any(is_adapter(k) for k in state_dict) else dict(state_dict)
         if not tensors:
             raise ValueError("no LoRA adapter tensors to push (is [learner.lora] attached to the model?)")
-        final, tmp = self.dir / f"lora-v{version:06d}", self.dir / f".tmp-lora-v{version:06d}"
+        final, tmp = self.dir / f"v{version:06d}", self.dir / f".tmp-v{version:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        adapter_files(tmp, tensors, self.lora, str(self.base_model))
+        adapter_files(tmp, tensors, self.lora, str(self.model_dir.resolve()))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         self.last_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
         self._prune(version)
         return final
-
-    def _prune(self, current: int) -> None:
-        for path in self.dir.glob("lora-v*"):
-            try:
-                v = int(path.name[len("lora-v"):])
-            except ValueError:
-                continue
-            if not current - self.keep <= v <= current:
-                shutil.rmtree(path, ignore_errors=True)
 
     async def _transfer(self, session: aiohttp.ClientSession, urls: list[str], path: Path, version: int) -> None:
         for url in urls:

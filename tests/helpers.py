@@ -272,3 +272,14 @@ def run_until(procs: ProcessGroup, done, progress, timeout_s: float) -> None:
         assert all(c.proc.poll() is None for c in procs.children), f"a role died\n{roles_log(procs)}"
         assert time.monotonic() < deadline, f"{progress()} within {timeout_s} s\n{roles_log(procs)}"
         time.sleep(1)
+
+
+def run_on_ranks(script: str | Path, out: Path, ranks: int = 2, timeout_s: float = 600) -> None:
+    """`script OUT` on `ranks` gloo ranks under torchrun (real processes, 127.0.0.1, a free port), with this
+    checkout importable; fails with the ranks' output tails if torchrun does."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr",
+           "127.0.0.1", "--master-port", str(free_port()), str(script), str(out)]
+    proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=timeout_s)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

@@ -63,14 +63,14 @@ def wait_healthy(url: str, timeout_s: float, alive=lambda: True) -> None:
 
 
 def start_vllm_server(procs, model_path: str, cfg: VllmSection, name: str = "vllm",
-                      host: str = "127.0.0.1", timeout_s: float = 300.0) -> str:
+                      host: str = "127.0.0.1", timeout_s: float = 300.0, lora: LoraSection | None = None) -> str:
     """Start one server under `procs` on a free port, wait for /health and return its URL.
 
     On failure the server's last log lines go to stderr, since they are the only clue to why."""
     from turnstream.processes import free_port, tail
 
     port = free_port(host)
-    argv, env = vllm_command(model_path, host, port, cfg)
+    argv, env = vllm_command(model_path, host, port, cfg, lora)
     child = procs.start(name, argv, env, cfg.cpus)
     url = f"http://{host}:{port}"
     try:

@@ -6,7 +6,6 @@ tests/e2e/test_vllm_roundtrip.py checks for full weights; and the `turnstream le
 from __future__ import annotations
 
 import asyncio
-import sys
 
 import pytest
 import torch
@@ -32,20 +31,17 @@ LORA = LoraSection(rank=8, alpha=16.0)  # every projection of the decoder layers
 
 @pytest.fixture(scope="module")
 def lora_url(tiny_model, tmp_path_factory):
-    """A server that loads adapters at run time (vllm_command with learner.lora); stopped by PID."""
-    from turnstream.processes import ProcessGroup, free_port, tail
-    from turnstream.vllm_server import vllm_command, wait_healthy
+    """A server that loads adapters at run time (turnstream's vLLM command with learner.lora); stopped by PID."""
+    from turnstream.processes import ProcessGroup
+    from turnstream.vllm_server import start_vllm_server
 
     procs = ProcessGroup(tmp_path_factory.mktemp("vllm-lora"))
-    port = free_port()
-    argv, env = vllm_command(str(tiny_model), "127.0.0.1", port, VllmSection(max_num_seqs=32, max_model_len=512), LORA)
-    child = procs.start("vllm-lora", argv, env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, 240, alive=lambda: child.proc.poll() is None)
+    try:  # a server that does not start prints its log's tail
+        url = start_vllm_server(procs, str(tiny_model), VllmSection(max_num_seqs=32, max_model_len=512),
+                                name="vllm-lora", timeout_s=240, lora=LORA)
     except Exception:
         procs.stop_all()
-        pytest.fail(f"vLLM with LoRA did not start:\n{tail(child.log_path, 40)}")
+        raise
     yield url
     procs.stop_all()
 
@@ -108,49 +104,20 @@ def test_merged_pushes_sample_exactly_from_the_base_name(lora_url, tiny_model, t
 
 def test_learner_process_pushes_its_adapter_and_checkpoints_it(lora_url, tiny_model, tmp_path):
     """`turnstream learner` with [learner.lora] against a real buffer process and the server: after max_steps
-    the server serves the version-2 adapter, which is the checkpoint's, and samples exactly from it."""
-    import zmq
+    the server serves the last version's adapter, which is the checkpoint's, and samples exactly from it."""
+    from tests.integration.test_learner_torchrun import STEPS, _train as train_process
 
-    from tests.helpers import wait_for_child
-    from tests.integration.test_learner_torchrun import _send_episodes
-    from turnstream.core.config import Config
-    from turnstream.processes import ProcessGroup, free_port
-
-    steps = 2
-    cfg = Config()
-    cfg.run.run_dir, cfg.model.path, cfg.vllm.urls = str(tmp_path / "run"), str(tiny_model), [lora_url]
-    for name in ("buffer_ingest_port", "buffer_serve_port", "learner_pub_port"):
-        setattr(cfg.network, name, free_port())
-    cfg.buffer.metrics_port, cfg.learner.metrics_port = free_port(), free_port()
-    cfg.buffer.batch_episodes, cfg.buffer.eta, cfg.buffer.max_staleness = 2, 2, 4
-    cfg.learner.device, cfg.learner.lr, cfg.learner.lora = "cpu", 1e-2, LORA
-    cfg.learner.behaviour_weight_mode = "none"  # the episodes' log-probs are made up
-    cfg.learner.max_steps = cfg.learner.checkpoint_every = steps
-    path = tmp_path / "config.toml"
-    path.write_text(cfg.dumps())
-    procs, ctx = ProcessGroup(tmp_path), zmq.Context()
-    adapter = tmp_path / "run" / "checkpoints" / f"step-{steps:06d}" / "model" / lora.ADAPTER_FILE
-    try:
-        procs.start("buffer", [sys.executable, "-m", "turnstream.cli", "buffer", "--config", str(path)])
-        learner = procs.start("learner", [sys.executable, "-m", "turnstream.cli", "learner", "--config", str(path)])
-        health = f"http://127.0.0.1:{cfg.learner.metrics_port}/healthz"
-        wait_for_child(lambda: http_json(health)["version"] == 0, "learner up", learner, timeout_s=180)
-        actor = ctx.socket(zmq.DEALER)
-        actor.setsockopt(zmq.LINGER, 0)
-        actor.connect(f"tcp://127.0.0.1:{cfg.network.buffer_ingest_port}")
-        _send_episodes(actor, 2 * steps)
-        learner.proc.wait(180)  # max_steps reached
-        assert learner.proc.returncode == 0, learner.log_path.read_text()[-3000:]
-    finally:
-        procs.stop_all()
-        ctx.destroy(linger=0)
-    assert adapter.is_file() and not (adapter.parent / "model.safetensors").exists()
-    assert (tmp_path / "run" / "weights" / f"lora-v{steps:06d}" / lora.ADAPTER_FILE).is_file()
-    assert http_json(f"{lora_url}/weight_info")["weight_version"] == str(steps)
-    trained = lora.attach(_load_model(tiny_model), LORA, adapter.parent).eval()
+    adapter = train_process(tmp_path / "lora", tiny_model, lora_url, ranks=1, lora=LORA)
+    run = tmp_path / "lora" / "run"
+    assert adapter and all(".lora_A." in k or ".lora_B." in k for k in adapter)
+    assert not (run / "checkpoints" / f"step-{STEPS:06d}" / "model" / "model.safetensors").exists()
+    assert (run / "weights" / f"v{STEPS:06d}" / lora.ADAPTER_FILE).is_file()
+    assert http_json(f"{lora_url}/weight_info")["weight_version"] == str(STEPS)
+    trained = lora.attach(_load_model(tiny_model), LORA, run / "checkpoints" / f"step-{STEPS:06d}" / "model")
     chunks = asyncio.run(_play(lora_url, tiny_model, LORA.served_name))
-    assert all((c.gen_versions == steps).all() for c in chunks)
-    err, n = _max_logprob_error(trained, _as_batch(chunks, version=steps))
-    print(f"learner process, LoRA checkpoint v{steps} against the server: max |logprob difference| {err:.2e}")
+    assert all((c.gen_versions == STEPS).all() for c in chunks)
+    batch = _as_batch(chunks, version=STEPS)
+    err, n = _max_logprob_error(trained.eval(), batch)
+    print(f"learner process, LoRA checkpoint v{STEPS} against the server: max |logprob difference| {err:.2e}")
     assert err < LOGPROB_TOLERANCE
-    assert _max_logprob_error(_load_model(tiny_model), _as_batch(chunks, version=steps))[0] > 10 * LOGPROB_TOLERANCE
+    assert _max_logprob_error(_load_model(tiny_model), batch)[0] > 10 * LOGPROB_TOLERANCE  # the adapter moved

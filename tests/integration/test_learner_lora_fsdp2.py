@@ -4,8 +4,6 @@ and what a push carries (the adapters, or the merged weights, computed on the sh
 push. This file is also the ranks' script (`python -m torch.distributed.run ... THIS_FILE OUT`)."""
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -75,14 +73,10 @@ def _rank_main(out: Path) -> None:
 
 @pytest.fixture(scope="module")
 def two_rank_results(tmp_path_factory):
-    from turnstream.processes import free_port
+    from tests.helpers import run_on_ranks
 
     out = tmp_path_factory.mktemp("lora-fsdp2")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), __file__, str(out)]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    run_on_ranks(__file__, out)
     return out
 
 

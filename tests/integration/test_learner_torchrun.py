@@ -45,7 +45,10 @@ def _send_episodes(sock, n: int) -> None:
             waiting.discard(seq)
 
 
-def _train(tmp_path: Path, tiny_model, vllm_url: str, ranks: int, parallel: str = "ddp") -> dict[str, torch.Tensor]:
+def _train(tmp_path: Path, tiny_model, vllm_url: str, ranks: int, parallel: str = "ddp",
+           lora=None) -> dict[str, torch.Tensor]:
+    """The exported checkpoint's weights after STEPS steps of the learner process; with `lora`
+    (learner.lora), the adapter its last push loaded into the server (tests/e2e/test_lora_vllm.py)."""
     cfg = Config()
     cfg.run.run_dir = str(tmp_path / "run")
     cfg.model.path = str(tiny_model)
@@ -64,6 +67,7 @@ def _train(tmp_path: Path, tiny_model, vllm_url: str, ranks: int, parallel: str 
     cfg.learner.max_tokens_per_microbatch = 6  # one episode per micro-batch: each rank gets its share
     cfg.learner.max_steps = STEPS
     cfg.learner.checkpoint_every = STEPS
+    cfg.learner.lora = lora
     tmp_path.mkdir(parents=True)
     path = tmp_path / "config.toml"
     path.write_text(cfg.dumps())
@@ -88,6 +92,8 @@ def _train(tmp_path: Path, tiny_model, vllm_url: str, ranks: int, parallel: str 
         assert f"{ranks} rank(s)" in learner.log_path.read_text()
         # fsdp2 writes shards (dcp/), ddp a Hugging Face model/: `turnstream export` reads either
         assert (checkpoint / "dcp").is_dir() == (parallel == "fsdp2")
+        if lora is not None:  # the adapter its last push loaded into the server (tests/e2e/test_lora_vllm.py)
+            return load_file(tmp_path / "run" / "weights" / f"v{STEPS:06d}" / "adapter_model.safetensors")
         exported = load_file(export(checkpoint, tmp_path / "exported") / "model.safetensors")
         if parallel == "fsdp2":  # the last push came in buckets, written by both ranks: the checkpoint's weights
             files = sorted((tmp_path / "run" / "weights" / f"v{STEPS:06d}").glob("*.safetensors"))

@@ -69,7 +69,7 @@ def test_adapter_push_is_a_peft_adapter_that_gives_the_trained_model(tmp_path):
     tiny_causal_lm().save_pretrained(base_dir)
     sync = LoraAdapterSync(["http://127.0.0.1:9"], tmp_path / "weights", LORA, base_dir)
     path = sync.save(pushed, version=3)
-    assert path.name == "lora-v000003"
+    assert path.name == "v000003"
     assert {"adapter_config.json", lora.ADAPTER_FILE} <= {p.name for p in path.iterdir()}
     assert sync.last_bytes == sum(t.numel() * t.element_size() for t in pushed.values())
     loaded = PeftModel.from_pretrained(tiny_causal_lm(), str(path))

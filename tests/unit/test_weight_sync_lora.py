@@ -37,7 +37,7 @@ async def test_push_loads_the_adapter_in_place_between_pause_and_resume(servers,
     for version in (1, 2, 3):
         path = sync.save(_adapters(), version)
         await sync.push(path, version)
-    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["lora-v000002", "lora-v000003"]  # keep=1
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["v000002", "v000003"]  # keep=1
     assert set(load_file(path / "adapter_model.safetensors")) == {
         "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
         "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"}  # the base is never pushed
