@@ -41,16 +41,22 @@ def peft_config(cfg: LoraSection, base_model: str = ""):
 
 
 def attach(model: torch.nn.Module, cfg: LoraSection | None, adapter_dir: str | Path | None = None) -> torch.nn.Module:
-    """Adapters on `model` (in place; the base frozen), their weights from `adapter_dir` if it holds some."""
-    if cfg is None:
-        return model
+    """Adapters on `model` (in place; the base frozen), their weights from `adapter_dir`, a resumed checkpoint's
+    model directory, which must hold an adapter exactly when `cfg` asks for one."""
     from turnstream.core.configtools import ConfigError
 
+    saved = adapter_dir is not None and (Path(adapter_dir) / ADAPTER_FILE).is_file()
+    if adapter_dir is not None and saved != (cfg is not None):  # its optimizer state would not fit either
+        raise ConfigError(f"learner.lora: the checkpoint {Path(adapter_dir).parent} was written "
+                          f"{'with' if saved else 'without'} LoRA; resume it {'with' if saved else 'without'} "
+                          "[learner.lora], or start a new run.run_dir")
+    if cfg is None:
+        return model
     try:
         model.add_adapter(peft_config(cfg))
     except ValueError as exc:  # e.g. a target module the model does not have
         raise ConfigError(f"learner.lora.target_modules: {exc}") from None
-    if adapter_dir is not None and (Path(adapter_dir) / ADAPTER_FILE).is_file():
+    if saved:
         load_adapter(model, Path(adapter_dir) / ADAPTER_FILE)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
@@ -83,6 +89,7 @@ def adapter_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {adapter_name(k): v for k, v in state.items() if is_adapter(k)}
 
 
+@torch.no_grad()  # the state may hold the live parameters (keep_vars)
 def merged_tensors(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
     """The base's own names and shapes, each adapted layer's weight with its update merged in."""
     out = {}

@@ -104,6 +104,19 @@ def test_checkpoint_holds_the_adapter_and_a_resume_rebuilds_the_model(tmp_path):
     assert again.version == trainer.version == 2
 
 
+def test_resuming_across_a_change_of_lora_is_a_config_error(tmp_path):
+    from turnstream.core.configtools import ConfigError
+
+    plain = tmp_path / "plain" / "model"
+    tiny_causal_lm().save_pretrained(plain)
+    with pytest.raises(ConfigError, match="written without LoRA; resume it without"):
+        lora.attach(tiny_causal_lm(), LORA, plain)
+    adapted = tmp_path / "adapted" / "model"
+    lora.attach(tiny_causal_lm(), LORA).save_pretrained(adapted)
+    with pytest.raises(ConfigError, match="written with LoRA; resume it with"):
+        lora.attach(tiny_causal_lm(), None, adapted)
+
+
 def test_unknown_target_module_is_a_config_error():
     from turnstream.core.configtools import ConfigError
 
