@@ -21,7 +21,11 @@ class TrainerState:
         """The policy's weights for a push, cast to `dtype`, gathered bucket by bucket (learner/weight_sync_buckets.py);
         sharded, every rank must read it (rank 0 hands it to the backend, the others `finish()` it). With
         learner.lora: the adapters alone, or the merged weights (learner/lora.py, push_tensors)."""
-        return WeightBuckets(push_tensors(policy_tensors(self.net.model), self.cfg.lora), dtype, bucket_bytes, announce)
+        lora = self.cfg.lora
+        if announce is not None and lora is not None and lora.push == "merged":
+            announce()  # merging shards gathers (collectives): the other ranks must be told to join first
+            announce = None
+        return WeightBuckets(push_tensors(policy_tensors(self.net.model), lora), dtype, bucket_bytes, announce)
 
     def _critic_module(self) -> torch.nn.Module | None:
         return self.net.head if self.net.head is not None else self.net.critic

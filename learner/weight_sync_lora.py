@@ -24,6 +24,7 @@ import aiohttp
 from turnstream.core.config_lora import LoraSection
 from turnstream.learner.lora import adapter_files, adapter_tensors, is_adapter
 from turnstream.learner.weight_sync_base import WeightSyncError, post
+from turnstream.learner.weight_sync_buckets import WeightBuckets
 from turnstream.learner.weight_sync_disk import DiskWeightSync
 
 HINT = ("the server does not load LoRA adapters at run time (start vLLM with --enable-lora --max-lora-rank R and "
@@ -41,10 +42,17 @@ class LoraAdapterSync(DiskWeightSync):
         self.lora = lora
         self.last_bytes = 0  # bytes of tensors in the last adapter saved (bench/lora_push.py reads it)
 
-    def save(self, state_dict: dict, version: int) -> Path:
-        """The adapter directory of `version`; `state_dict` holds the adapters (under the model's names or the
-        PEFT file's) and possibly more, which is left out."""
-        tensors = adapter_tensors(state_dict) if any(is_adapter(k) for k in state_dict) else dict(state_dict)
+    def save(self, weights: dict | WeightBuckets, version: int) -> Path:
+        """The adapter directory of `version`; `weights` (a state dict, or the trainer's push source) holds the
+        adapters, under the model's names or the PEFT file's, and possibly more, which is left out. Adapters
+        are small: a sharded source's buckets are gathered whole before the file is written."""
+        try:
+            tensors = {name: t.detach() for name, t in weights.items()}
+        finally:
+            if isinstance(weights, WeightBuckets):
+                weights.finish()  # the other ranks gather with us to the end, whatever happens here
+        if any(is_adapter(k) for k in tensors):
+            tensors = adapter_tensors(tensors)
         if not tensors:
             raise ValueError("no LoRA adapter tensors to push (is [learner.lora] attached to the model?)")
         final, tmp = self.dir / f"v{version:06d}", self.dir / f".tmp-v{version:06d}"

@@ -1,7 +1,8 @@
 """learner.lora under learner.parallel = "fsdp2" on 2 gloo ranks (torchrun, real processes) gives the one-rank
 update, with activation checkpointing and with the shared value head; the base stays frozen in its shards,
-and what a push carries (the adapters, or the merged weights, computed on the shards) equals the one-rank
-push. This file is also the ranks' script (`python -m torch.distributed.run ... THIS_FILE OUT`)."""
+and what a push carries (the adapters, or the merged weights, computed on the shards), read directly and
+through the learner's own push path (rank 0's push_source, the other ranks following its order), equals the
+one-rank push. This file is also the ranks' script (`python -m torch.distributed.run ... THIS_FILE OUT`)."""
 from __future__ import annotations
 
 import sys
@@ -55,6 +56,27 @@ def _pushes(trainer) -> dict[str, dict[str, torch.Tensor]]:
             "merged": _full(push_tensors(state, _lora("merged")))}
 
 
+def _learner_pushes(trainer) -> dict[str, dict[str, torch.Tensor]]:
+    """Rank 0: both kinds of push through the learner's own path (rank_commands.push_source, which tells the
+    other ranks to gather along, and follow() on them); {} on the other ranks."""
+    import torch.distributed as dist
+
+    from turnstream.core.config import Config
+    from turnstream.learner.distributed import broadcast
+    from turnstream.learner.rank_commands import follow, push_source
+
+    out = {}
+    for push in ("adapter", "merged"):
+        trainer.cfg = trainer.cfg.model_copy(update={"lora": _lora(push)})
+        cfg = Config(learner=trainer.cfg)
+        if dist.get_rank() == 0:
+            out[push] = {k: v.clone() for k, v in push_source(cfg, trainer, torch.float32).items()}
+            broadcast(None, 0, trainer.world)  # follow() returns
+        else:
+            follow(cfg, trainer)
+    return out
+
+
 def _rank_main(out: Path) -> None:
     import torch.distributed as dist
 
@@ -65,8 +87,9 @@ def _rank_main(out: Path) -> None:
             trainer = _train(name, "fsdp2")
             assert trainer.sharded
             pushes = _pushes(trainer)  # every rank gathers
+            learner = _learner_pushes(trainer)
             if dist.get_rank() == 0:
-                torch.save(pushes, out / f"{name}.pt")
+                torch.save({**pushes, **{f"learner_{k}": v for k, v in learner.items()}}, out / f"{name}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -87,9 +110,10 @@ def test_lora_fsdp2_two_ranks_match_one_rank(two_rank_results, name):
 
     one, two = _pushes(_train(name, "ddp")), torch.load(two_rank_results / f"{name}.pt")
     base = tiny_causal_lm(seed=0).state_dict()
-    for kind in ("weights", "adapter", "merged"):
-        assert one[kind].keys() == two[kind].keys(), kind
-        diff = max((one[kind][k] - two[kind][k]).abs().max().item() for k in one[kind])
+    for kind in ("weights", "adapter", "merged", "learner_adapter", "learner_merged"):
+        mine = one[kind.removeprefix("learner_")]
+        assert mine.keys() == two[kind].keys(), kind
+        diff = max((mine[k] - two[kind][k]).abs().max().item() for k in mine)
         print(f"{name}, {kind}: fsdp2 2 ranks vs 1 rank after {STEPS} steps: max |difference| {diff:.3g}")
         assert diff < TOLERANCE, kind
     weights = two["weights"]
