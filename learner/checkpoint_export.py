@@ -17,6 +17,7 @@ import torch
 from turnstream.core.configtools import ConfigError
 from turnstream.learner import checkpoint, checkpoint_dcp
 from turnstream.learner.device import model_dtype
+from turnstream.learner.lora import merge
 from turnstream.learner.weight_sync_buckets import TensorSpec, plan
 from turnstream.learner.weight_sync_disk import write_shards
 
@@ -45,8 +46,10 @@ def export(source: str | Path, out: str | Path, dtype: str = "auto", shard_mb: i
     tmp = out.parent / f".tmp-{out.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     checkpoint.copy_side_files(ckpt / "model", tmp)
+    (tmp / "adapter_config.json").unlink(missing_ok=True)  # a LoRA checkpoint's: the export is plain weights
     tied = json.loads((tmp / "config.json").read_text()).get("tie_word_embeddings", False)
     read = _sharded_reader(ckpt) if checkpoint_dcp.is_sharded(ckpt) else _file_reader(ckpt / "model")
+    read = _with_lora_merged(ckpt / "model", read)
     specs = [s for s in read.specs if not (tied and s.name == "lm_head.weight")]  # as save_pretrained drops it
     specs = [TensorSpec(s.name, s.shape, target if s.dtype.is_floating_point else s.dtype) for s in specs]
     buckets = plan(specs, shard_mb << 20)
@@ -86,6 +89,41 @@ class _sharded_reader:
                                                                dtype=self.meta[n].properties.dtype) for n in names}
         dcp.load(state, storage_reader=self.reader, no_dist=True)  # one bucket: the shard files read once
         return list(state.values())
+
+
+def _with_lora_merged(model_dir: Path, read):
+    """`read` itself, or for a learner.lora checkpoint (its model/ holds the adapter) the base's tensors with
+    each adapted layer's update merged in (learner/lora.py, merge)."""
+    if (model_dir / "adapter_config.json").is_file():
+        return _merged_lora_reader(model_dir)
+    if any(".lora_A." in s.name for s in read.specs):
+        raise ConfigError("export: a sharded LoRA checkpoint (learner.lora under fsdp2) is not exported yet; "
+                          "resume it on one process with learner.parallel = \"ddp\" and export that checkpoint")
+    return read
+
+
+class _merged_lora_reader:
+    """A LoRA checkpoint's policy as plain weights: the base (adapter_config.json's base_model_name_or_path,
+    the run's model.path) plus (lora_alpha / r) B A on each adapted weight, under the base's names."""
+
+    def __init__(self, model_dir: Path):
+        config = json.loads((model_dir / "adapter_config.json").read_text())
+        base = Path(config.get("base_model_name_or_path") or "")
+        if not (base / "config.json").is_file():
+            raise ConfigError(f"export: the LoRA checkpoint's base model {str(base)!r} (adapter_config.json "
+                              "base_model_name_or_path, the run's model.path) is not there")
+        self.scaling = config["lora_alpha"] / config["r"]
+        self.base, self.adapter = _file_reader(base), _file_reader(model_dir)
+        self.specs = self.base.specs
+
+    def __call__(self, names: list[str]) -> list[torch.Tensor]:
+        out = []
+        for name, t in zip(names, self.base(names)):
+            a = f"base_model.model.{name.removesuffix('.weight')}.lora_A.weight"
+            if name.endswith(".weight") and a in self.adapter.files:
+                t = merge(t, *self.adapter([a, a.replace(".lora_A.", ".lora_B.")]), self.scaling)
+            out.append(t)
+        return out
 
 
 class _file_reader:

@@ -89,6 +89,12 @@ def adapter_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {adapter_name(k): v for k, v in state.items() if is_adapter(k)}
 
 
+@torch.no_grad()
+def merge(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
+    """W + scaling B A, in fp32 whatever the served dtype, then cast back: the merge rounds once."""
+    return (weight.float() + scaling * (b.float() @ a.float())).to(weight.dtype)
+
+
 @torch.no_grad()  # the state may hold the live parameters (keep_vars)
 def merged_tensors(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
     """The base's own names and shapes, each adapted layer's weight with its update merged in."""
@@ -99,9 +105,8 @@ def merged_tensors(state: dict[str, torch.Tensor], scaling: float) -> dict[str, 
         if _BASE in name:
             layer, param = name.split(_BASE)
             if param == "weight":
-                a, b = state[f"{layer}.lora_A.{ADAPTER}.weight"], state[f"{layer}.lora_B.{ADAPTER}.weight"]
-                # in fp32 whatever the served dtype, then cast back: the merge rounds once, as the server's would
-                t = (t.float() + scaling * (b.float() @ a.float())).to(t.dtype)
+                t = merge(t, state[f"{layer}.lora_A.{ADAPTER}.weight"], state[f"{layer}.lora_B.{ADAPTER}.weight"],
+                          scaling)
             name = f"{layer}.{param}"
         out[name] = t
     return out

@@ -3,7 +3,7 @@ names, or the merged weights) gives the trained model's outputs; checkpoints kee
 command loads adapters at run time. Against a real vLLM server: tests/e2e/test_lora_vllm.py."""
 from __future__ import annotations
 
-import copy
+import shutil
 
 import pytest
 import torch
@@ -141,3 +141,28 @@ def test_the_lora_table_round_trips_through_the_resolved_config(tmp_path):
     for cfg in (Config(), Config(learner=LearnerSection(lora=LORA))):
         (tmp_path / "run.toml").write_text(cfg.dumps())
         assert load_config(tmp_path / "run.toml") == cfg
+
+
+def test_export_of_a_lora_checkpoint_is_the_base_with_the_update_merged_in(tmp_path):
+    """`turnstream export` of a LoRA checkpoint (its model/ holds the adapter): plain weights that transformers
+    loads as the trained model, the base read from adapter_config.json's base_model_name_or_path."""
+    from transformers import AutoModelForCausalLM
+
+    from turnstream.core.configtools import ConfigError
+    from turnstream.learner.checkpoint_export import export
+
+    base_dir = tmp_path / "base"
+    tiny_causal_lm().save_pretrained(base_dir)
+    model = lora.attach(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32), LORA)
+    trainer = Trainer(model, _cfg(), seed=0)
+    trainer.step(synthetic_batch(8, group=4, seed=100))
+    path = checkpoint.save(tmp_path / "ckpt", trainer.version, model, base_dir, trainer.state_dict(),
+                           trainer.tracker.state_dict())
+    out = export(path, tmp_path / "exported", dtype="float32")
+    assert not (out / "adapter_config.json").exists()
+    exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert torch.allclose(_logits(exported), _logits(model), atol=1e-5)
+    assert not torch.allclose(_logits(exported), _logits(tiny_causal_lm()), atol=1e-3)
+    shutil.rmtree(base_dir)
+    with pytest.raises(ConfigError, match="base model"):
+        export(path, tmp_path / "again")
