@@ -2,7 +2,7 @@
 update, with activation checkpointing and with the shared value head; the base stays frozen in its shards,
 and what a push carries (the adapters, or the merged weights, computed on the shards), read directly and
 through the learner's own push path (rank 0's push_source, the other ranks following its order), equals the
-one-rank push. This file is also the ranks' script (`python -m torch.distributed.run ... THIS_FILE OUT`)."""
+one-rank push; a sharded checkpoint of the LoRA learner resumes to the same next step. This file is also the ranks' script (`python -m torch.distributed.run ... THIS_FILE OUT`)."""
 from __future__ import annotations
 
 import sys
@@ -24,7 +24,7 @@ def _lora(push: str = "adapter"):
     return LoraSection(rank=4, alpha=8.0, target_modules=["q_proj", "o_proj", "up_proj"], push=push)
 
 
-def _train(name: str, parallel: str):
+def _train(name: str, parallel: str, steps: int = STEPS):
     from tests.learner_batches import synthetic_batch, tiny_causal_lm
     from turnstream.core.config import LearnerSection
     from turnstream.learner import lora
@@ -35,9 +35,30 @@ def _train(name: str, parallel: str):
                          activation_checkpointing=checkpointing, parallel=parallel, lora=_lora())
     cfg.critic.whiten = "batch"
     trainer = Trainer(lora.attach(tiny_causal_lm(seed=0), cfg.lora), cfg, seed=0)
-    for s in range(STEPS):
+    for s in range(steps):
         trainer.step(synthetic_batch(12, group=4, seed=100 + s))
     return trainer
+
+
+def _resumed_step_difference(name: str, trainer, out: Path) -> float:
+    """A sharded checkpoint (learner/checkpoint_dcp.py) of the LoRA learner, loaded by a fresh one: one more
+    step on each gives the same weights (every rank calls this; rank 0's answer counts)."""
+    import torch.distributed as dist
+
+    from tests.learner_batches import synthetic_batch, tiny_causal_lm
+    from turnstream.learner import checkpoint_dcp
+
+    if dist.get_rank() == 0:
+        tiny_causal_lm(seed=0).save_pretrained(out / "base")  # the side files a checkpoint copies
+    dist.barrier()
+    checkpoint_dcp.save(out / f"ckpt-{name}", trainer, out / "base", trainer.tracker.state_dict(), 2, "tmp")
+    dist.barrier()
+    resumed = _train(name, "fsdp2", steps=0)
+    checkpoint_dcp.load(out / f"ckpt-{name}" / f"step-{STEPS:06d}", resumed)
+    for t in (trainer, resumed):
+        t.step(synthetic_batch(12, group=4, seed=100 + STEPS))
+    went_on, came_back = _full(trainer.net.model.state_dict()), _full(resumed.net.model.state_dict())
+    return max((went_on[k] - came_back[k]).abs().max().item() for k in went_on)
 
 
 def _full(tensors: dict) -> dict[str, torch.Tensor]:
@@ -88,8 +109,10 @@ def _rank_main(out: Path) -> None:
             assert trainer.sharded
             pushes = _pushes(trainer)  # every rank gathers
             learner = _learner_pushes(trainer)
+            resumed = _resumed_step_difference(name, trainer, out)
             if dist.get_rank() == 0:
                 torch.save({**pushes, **{f"learner_{k}": v for k, v in learner.items()}}, out / f"{name}.pt")
+                (out / f"{name}-resumed.txt").write_text(f"{resumed}")
     finally:
         dist.destroy_process_group()
 
@@ -128,3 +151,10 @@ def test_lora_fsdp2_two_ranks_match_one_rank(two_rank_results, name):
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     _rank_main(Path(sys.argv[1]))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_lora_fsdp2_resumes_from_its_sharded_checkpoint(two_rank_results, name):
+    diff = float((two_rank_results / f"{name}-resumed.txt").read_text())
+    print(f"{name}: LoRA fsdp2 resumed vs went on, one step later: max |difference| {diff:.3g}")
+    assert diff < TOLERANCE
