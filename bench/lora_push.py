@@ -48,8 +48,10 @@ def _unique(state: dict) -> dict:
     return out
 
 
-def measure(model_config: str, lora, dtype: str = "auto", out: str | Path = "runs/bench-lora-push") -> dict:
-    """Both pushes of the `model_config` shapes with `lora` (a LoraSection) attached; the bytes and the ratio."""
+def measure(model_config, lora, dtype: str = "auto", out: str | Path = "runs/bench-lora-push") -> dict:
+    """Both pushes of the `model_config` shapes (a bench/model_configs name or path, or a transformers config,
+    e.g. the shrunk shapes of `bench learner --parallel`) with `lora` (a LoraSection) attached; the bytes and
+    the ratio (`lora_push_bytes_ratio`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -58,7 +60,7 @@ def measure(model_config: str, lora, dtype: str = "auto", out: str | Path = "run
     from turnstream.learner.device import serving_state_dict
     from turnstream.learner.weight_sync import DiskWeightSync, LoraAdapterSync
 
-    shapes = shapes_of(model_config)
+    shapes = shapes_of(model_config) if isinstance(model_config, (str, Path)) else model_config
     served = getattr(torch, dtype) if dtype != "auto" else (shapes.torch_dtype or torch.float32)
     if isinstance(served, str):
         served = getattr(torch, served)
@@ -85,7 +87,8 @@ def measure(model_config: str, lora, dtype: str = "auto", out: str | Path = "run
     full_bytes, lora_bytes = _weight_bytes(full_dir), _weight_bytes(lora_dir)
     adapters = sum(p.numel() for p in model.parameters() if p.requires_grad)
     shutil.rmtree(out, ignore_errors=True)
-    return {"model_config": model_config, "dtype": str(served).removeprefix("torch."), "rank": lora.rank,
+    return {"model_config": str(model_config if isinstance(model_config, (str, Path)) else shapes.model_type),
+            "dtype": str(served).removeprefix("torch."), "rank": lora.rank,
             "target_modules": list(lora.target_modules), "params": params, "adapter_params": adapters,
             "full_push_bytes": full_bytes, "lora_push_bytes": lora_bytes, "full_save_s": round(full_s, 3),
             "lora_save_s": round(lora_s, 3), "lora_push_bytes_ratio": lora_bytes / full_bytes}

@@ -20,3 +20,13 @@ def test_lora_push_writes_the_adapters_bytes_against_every_weight_s(tmp_path):
     assert 0 <= r["full_push_bytes"] - 4 * r["params"] < header  # a tied embedding counted once
     assert r["lora_push_bytes_ratio"] == r["lora_push_bytes"] / r["full_push_bytes"] < 0.05
     assert not (tmp_path / "out").exists()  # the scratch files are gone
+
+
+def test_measure_takes_a_transformers_config(tmp_path):
+    """bench learner --parallel can report the figure for the shapes it built."""
+    from turnstream.bench.learner_mfu import model_config
+    from turnstream.bench.lora_push import measure
+    from turnstream.core.config_lora import LoraSection
+
+    r = measure(model_config("tiny"), LoraSection(rank=8), "bfloat16", tmp_path / "out")
+    assert 0 < r["lora_push_bytes_ratio"] < 0.1 and r["dtype"] == "bfloat16"
