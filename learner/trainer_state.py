@@ -21,11 +21,15 @@ class TrainerState:
         """The policy's weights for a push, cast to `dtype`, gathered bucket by bucket (learner/weight_sync_buckets.py);
         sharded, every rank must read it (rank 0 hands it to the backend, the others `finish()` it). With
         learner.lora: the adapters alone, or the merged weights (learner/lora.py, push_tensors)."""
-        lora = self.cfg.lora
-        if announce is not None and lora is not None and lora.push == "merged":
-            announce()  # merging shards gathers (collectives): the other ranks must be told to join first
-            announce = None
-        return WeightBuckets(push_tensors(policy_tensors(self.net.model), lora), dtype, bucket_bytes, announce)
+        lora, tensors = self.cfg.lora, policy_tensors(self.net.model)
+        if announce is None or lora is None or lora.push == "adapter":
+            return WeightBuckets(push_tensors(tensors, lora), dtype, bucket_bytes, announce)
+        # A merged LoRA push on sharded rank 0: merging shards takes collectives, so the other ranks are told to
+        # join first, as in a gathered push (they merge the same way, then gather along); the merged weights are
+        # gathered here whole, and the backend reads them as it reads unsharded weights.
+        announce(None)
+        merged = WeightBuckets(push_tensors(tensors, lora), dtype, bucket_bytes)
+        return WeightBuckets(dict(merged.items()), dtype, bucket_bytes)
 
     def _critic_module(self) -> torch.nn.Module | None:
         return self.net.head if self.net.head is not None else self.net.critic

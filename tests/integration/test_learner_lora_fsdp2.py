@@ -77,25 +77,32 @@ def _pushes(trainer) -> dict[str, dict[str, torch.Tensor]]:
             "merged": _full(push_tensors(state, _lora("merged")))}
 
 
-def _learner_pushes(trainer) -> dict[str, dict[str, torch.Tensor]]:
+def _learner_pushes(trainer, out: Path) -> dict[str, dict[str, torch.Tensor]]:
     """Rank 0: both kinds of push through the learner's own path (rank_commands.push_source, which tells the
-    other ranks to gather along, and follow() on them); {} on the other ranks."""
+    other ranks to join, and follow() on them) into the backend each uses, read back from the files it wrote:
+    the lora backend's adapter, the disk backend's merged weights; {} on the other ranks."""
     import torch.distributed as dist
+    from safetensors.torch import load_file
 
     from turnstream.core.config import Config
     from turnstream.learner.distributed import broadcast
     from turnstream.learner.rank_commands import follow, push_source
+    from turnstream.learner.weight_sync import DiskWeightSync, LoraAdapterSync
 
-    out = {}
+    pushed = {}
     for push in ("adapter", "merged"):
         trainer.cfg = trainer.cfg.model_copy(update={"lora": _lora(push)})
         cfg = Config(learner=trainer.cfg)
         if dist.get_rank() == 0:
-            out[push] = {k: v.clone() for k, v in push_source(cfg, trainer, torch.float32).items()}
+            nowhere, weights = ["http://127.0.0.1:9"], out / f"weights-{push}"
+            sync = (LoraAdapterSync(nowhere, weights, cfg.learner.lora, out) if push == "adapter"
+                    else DiskWeightSync(nowhere, weights, out))
+            path = sync.save(push_source(cfg, trainer, torch.float32), trainer.version)
+            pushed[push] = {k: v for f in sorted(path.glob("*.safetensors")) for k, v in load_file(f).items()}
             broadcast(None, 0, trainer.world)  # follow() returns
         else:
             follow(cfg, trainer)
-    return out
+    return pushed
 
 
 def _rank_main(out: Path) -> None:
@@ -108,7 +115,7 @@ def _rank_main(out: Path) -> None:
             trainer = _train(name, "fsdp2")
             assert trainer.sharded
             pushes = _pushes(trainer)  # every rank gathers
-            learner = _learner_pushes(trainer)
+            learner = _learner_pushes(trainer, out / name)
             resumed = _resumed_step_difference(name, trainer, out)
             if dist.get_rank() == 0:
                 torch.save({**pushes, **{f"learner_{k}": v for k, v in learner.items()}}, out / f"{name}.pt")
