@@ -66,6 +66,16 @@ def _launch(spec: dict, ranks: int, out: Path) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
 
 
+def _shapes(spec: dict):
+    """--model-config's transformers config, with --layers and --vocab applied."""
+    from turnstream.bench.learner_mfu import model_config
+
+    shapes = model_config(spec["model_config"])
+    shapes.num_hidden_layers = spec["layers"] or shapes.num_hidden_layers
+    shapes.vocab_size = spec["vocab"] or shapes.vocab_size
+    return shapes
+
+
 def _trainer(spec: dict, shapes, parallel: str):
     import torch
     from transformers import AutoModelForCausalLM
@@ -88,15 +98,13 @@ def _rank(spec: dict, out: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from turnstream.bench.learner_mfu import _max_rss, model_config, synthetic_batch
+    from turnstream.bench.learner_mfu import _max_rss, synthetic_batch
     from turnstream.learner import fsdp
     from turnstream.learner.distributed import init_from_env
 
     torch.set_num_threads(spec["threads"])
     rank, world = init_from_env(spec["device"])
-    shapes = model_config(spec["model_config"])
-    shapes.num_hidden_layers = spec["layers"] or shapes.num_hidden_layers
-    shapes.vocab_size = spec["vocab"] or shapes.vocab_size
+    shapes = _shapes(spec)
     trainers = {mode: _trainer(spec, shapes, mode) for mode in MODES}
     batch = synthetic_batch(shapes.vocab_size, spec["seq_len"], spec["microbatches"], spec["group"], spec["seed"])
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
@@ -155,6 +163,9 @@ def _read_every_byte(directory: Path) -> None:
 
 
 def main(args) -> int:
+    from turnstream.bench import lora_push
+    from turnstream.core.config_lora import LoraSection
+
     per_rank = _launch(_spec(args), args.ranks, Path(tempfile.mkdtemp(prefix="bench-learner-parallel-")))
     r0, gib = per_rank[0], 2 ** 30
     tokens = r0["tokens"]
@@ -177,14 +188,18 @@ def main(args) -> int:
           f"read back; median {push_median:.3f}); raw write + read of the same bytes {raw_s:.3f} s (median "
           f"{raw_median:.3f}); "
           f"least of {len(r0['push_times']['push'])} rounds; no rank keeps a full copy between pushes")
+    lora = lora_push.measure(_shapes(spec), LoraSection(), dtype=spec["push_dtype"])  # the default adapters
+    print(f"LoRA push (rank {lora['rank']}, {', '.join(lora['target_modules'])}): {lora['lora_push_bytes']} bytes "
+          f"against {lora['full_push_bytes']} for the full weights")
     print(f"peak RSS of a rank (both modes built): {max(r['max_rss_bytes'] for r in per_rank) / gib:.2f} GiB")
     result = {"fsdp2_state_bytes_ratio": round(state["fsdp2"] / state["ddp"], 4),
               "fsdp2_tokens_ratio": round(statistics.median(pairs), 4), "push_ratio": round(push_s / raw_s, 4),
-              "lora_push_bytes_ratio": None}
+              "lora_push_bytes_ratio": round(lora["lora_push_bytes_ratio"], 4)}
     for key, target in TARGETS.items():
         word = "at least" if key == "fsdp2_tokens_ratio" else "at most"
         baseline = "raw write + read = 1" if key == "push_ratio" else "ddp = 1"
         print(f"{key} {result[key]} (baseline {baseline}; target {word} {target})")
+    print(f"lora_push_bytes_ratio {result['lora_push_bytes_ratio']} (baseline a full push = 1)")
     result.update({f"{mode}_state_bytes_per_rank": state[mode] for mode in MODES})
     result.update({f"{mode}_tokens_per_s": round(tokens / step_s[mode], 2) for mode in MODES})
     result.update(push_s=round(push_s, 3), push_raw_s=round(raw_s, 3),

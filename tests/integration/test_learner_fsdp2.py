@@ -300,7 +300,7 @@ def test_bench_learner_parallel_reports_state_bytes_and_throughput_of_both_modes
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["push_ratio"] > 0 and result["push_buckets"] > 1 and result["lora_push_bytes_ratio"] is None
+    assert result["push_ratio"] > 0 and result["push_buckets"] > 1 and 0 < result["lora_push_bytes_ratio"] < 0.05
     assert result["push_largest_bucket_bytes"] < result["push_bytes"] / 2  # (the 4 MiB embedding is one alone)
     assert 0.49 < result["fsdp2_state_bytes_ratio"] <= 0.55
     assert result["fsdp2_tokens_ratio"] > 0 and result["ddp_tokens_per_s"] > 0
