@@ -19,7 +19,7 @@ from turnstream.learner import checkpoint, checkpoint_dcp
 from turnstream.learner.device import model_dtype
 from turnstream.learner.lora import merge
 from turnstream.learner.weight_sync_buckets import TensorSpec, plan
-from turnstream.learner.weight_sync_disk import write_shards
+from turnstream.learner.weight_sync_disk import ST_DTYPES, write_shards
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -147,6 +147,8 @@ class _file_reader:
         return [self.files[n].get_tensor(n) for n in names]
 
 
+_TORCH_DTYPES = {code: dtype for dtype, code in ST_DTYPES.items()}  # safetensors' dtype codes, read back
+
+
 def _st_dtype(name: str) -> torch.dtype:
-    return {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I64": torch.int64,
-            "I32": torch.int32, "BOOL": torch.bool, "F64": torch.float64}[name]
+    return _TORCH_DTYPES[name]

@@ -20,6 +20,7 @@ import aiohttp
 
 import torch
 
+from turnstream.learner.distributed import broadcast
 from turnstream.learner.weight_sync_base import WeightSync, post
 from turnstream.learner.weight_sync_buckets import Bucket, TensorSpec, WeightBuckets
 
@@ -81,21 +82,31 @@ def write_shards(directory: Path, buckets: Iterable[Bucket], count: int) -> None
     model-0000i-of-0000n.safetensors and model.safetensors.index.json (which transformers and vLLM read)."""
     from safetensors.torch import save_file
 
-    weight_map, total, i = {}, 0, 0
-    for bucket in buckets:  # not enumerate(): its cached result tuple holds the last bucket during the next gather
-        i += 1
-        name = "model.safetensors" if count == 1 else f"model-{i:05d}-of-{count:05d}.safetensors"
+    weight_map, total, names = {}, 0, iter(shard_names(count))
+    for bucket in buckets:  # not zip()/enumerate(): their cached result tuple holds the last bucket during a gather
+        name = next(names)
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in bucket}
         save_file(tensors, str(directory / name), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(tensors, name))
         total += sum(t.numel() * t.element_size() for t in tensors.values())
         del tensors, bucket
-    if count > 1:
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    write_index(directory, weight_map, total)
+
+
+def shard_names(count: int) -> list[str]:
+    """Hugging Face's names for `count` safetensors files of one model."""
+    return ["model.safetensors"] if count == 1 else [f"model-{i:05d}-of-{count:05d}.safetensors"
+                                                     for i in range(1, count + 1)]
+
+
+def write_index(directory: Path, weight_map: dict[str, str], total_bytes: int) -> None:
+    """model.safetensors.index.json, which a model in more than one file needs (none for one file)."""
+    if len(set(weight_map.values())) > 1:
+        index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
         (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
-_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
+ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
               torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
               torch.bool: "BOOL"}
 
@@ -114,20 +125,16 @@ def write_rows(directory: Path, buckets: list[list[tuple[TensorSpec, torch.Tenso
 
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     count = len(buckets)
-    names = ["model.safetensors"] if count == 1 else [f"model-{i + 1:05d}-of-{count:05d}.safetensors"
-                                                      for i in range(count)]
+    names = shard_names(count)
     starts, failure = None, None
     if rank == 0:
         try:
             starts = [_lay_out(directory / name, [s for s, _ in bucket]) for name, bucket in zip(names, buckets)]
-            weight_map = {s.name: name for name, bucket in zip(names, buckets) for s, _ in bucket}
-            if count > 1:
-                index = {"metadata": {"total_size": sum(s.nbytes for b in buckets for s, _ in b)},
-                         "weight_map": weight_map}
-                (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+            write_index(directory, {s.name: name for name, bucket in zip(names, buckets) for s, _ in bucket},
+                        sum(s.nbytes for b in buckets for s, _ in b))
         except OSError as exc:  # the other ranks learn it below instead of waiting for offsets
             failure, starts = exc, None
-    starts = _from_rank_0(starts)
+    starts = broadcast(starts, rank, dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
     if starts is None:
         raise failure or OSError(f"weight push: rank 0 could not lay out the files in {directory}")
     try:
@@ -145,23 +152,13 @@ def write_rows(directory: Path, buckets: list[list[tuple[TensorSpec, torch.Tenso
         raise failure
 
 
-def _from_rank_0(obj):
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def _lay_out(path: Path, specs: list[TensorSpec]) -> int:
     """A safetensors file of the right size with its header (data still zero); returns where the data starts."""
     import struct
 
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for s in specs:
-        header[s.name] = {"dtype": _ST_DTYPES[s.dtype], "shape": list(s.shape),
+        header[s.name] = {"dtype": ST_DTYPES[s.dtype], "shape": list(s.shape),
                           "data_offsets": [offset, offset + s.nbytes]}
         offset += s.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
