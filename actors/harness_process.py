@@ -76,6 +76,9 @@ class HarnessProcess:
         except (ValueError, asyncio.TimeoutError) as exc:
             await self.close()
             raise HarnessError("harness_start", f"the verifiers harness did not start: {exc}") from None
+        except asyncio.CancelledError:  # the episode that started it timed out: no worker left behind
+            await self.close()
+            raise
         log.info("verifiers harness worker (pid %d, verifiers %s) serves %d tasks", self.proc.pid,
                  ready["verifiers"], ready["num_tasks"])
         self._reader = asyncio.create_task(self._read(), name="verifiers-harness")
