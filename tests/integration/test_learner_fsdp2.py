@@ -10,7 +10,6 @@ next to checkpoints the test process wrote on 1 rank before the launch. This fil
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -72,10 +71,6 @@ def _weights(trainer) -> dict[str, torch.Tensor]:
     for k, v in (critic.state_dict() if critic is not None else {}).items():
         out[f"{prefix}.{k}"] = (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
     return out
-
-
-def _plain_weights(trainer, model=None) -> dict[str, torch.Tensor]:
-    return _weights(trainer)
 
 
 def _critic_path(out: Path) -> str:
@@ -216,7 +211,7 @@ def _push_memory(out: Path, trainer) -> None:
 @pytest.fixture(scope="module")
 def two_rank_results(tmp_path_factory):
     from turnstream.learner import checkpoint
-    from turnstream.processes import free_port
+    from tests.helpers import run_on_ranks
 
     out = tmp_path_factory.mktemp("fsdp2")
     _critic_path(out)
@@ -227,19 +222,15 @@ def two_rank_results(tmp_path_factory):
         plain, _ = _train(name, "ddp", str(out / "critic"))  # and the single-file format of the same state
         checkpoint.save(out / f"ckptddp-{name}", plain.version, plain.net.model, out / "critic", plain.state_dict(),
                         plain.tracker.state_dict())
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), __file__, str(out)]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    run_on_ranks(__file__, out)
     return out
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_fsdp2_two_ranks_match_one_rank(two_rank_results, name):
     critic_path = _critic_path(two_rank_results)
-    one = _plain_weights(*_train(name, "ddp", critic_path))  # one process: plain training
-    start = _plain_weights(*_train(name, "ddp", critic_path, steps=0))
+    one = _weights(_train(name, "ddp", critic_path)[0])  # one process: plain training
+    start = _weights(_train(name, "ddp", critic_path, steps=0)[0])
     two = torch.load(two_rank_results / f"{name}.pt")
     assert one.keys() == two.keys()
     diff = max((one[k] - two[k]).abs().max().item() for k in one)

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests.helpers import until
 from turnstream.actors.harness_process import shared_harness
 from turnstream.actors.registry import make_env
 from turnstream.core.configtools import ConfigError
@@ -60,8 +61,7 @@ def test_harness_failures_abandon_only_their_episode_with_a_counted_reason():
         assert worker.alive, "the environment's exception ends the rollout, not the worker"
 
         stalled = asyncio.create_task(env.drive(runner, "stalled", seed=1, task=1, streams={}))
-        while not worker.pending:
-            await asyncio.sleep(0.01)
+        await until(lambda: worker.pending, "a rollout in flight")
         os.kill(worker.proc.pid, signal.SIGKILL)  # the worker dies with a rollout in flight
         assert await stalled == "agent_error" and errors("harness_exited") == 1
 
