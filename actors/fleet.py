@@ -5,8 +5,8 @@
 - A server that fails a request (connection refused or dropped, 5xx, timeout, malformed reply) is marked
   down at once and the request is retried on another server: no token of the failed attempt is used, so a
   retried turn is as exact as any other. A 4xx is the request's fault and is not retried.
-- Every `health_interval_s` the fleet asks each server `/health` and `/weight_info`. A server comes back
-  when it answers again; a server whose weights are more than `max_staleness` versions behind the learner
+- Every `health_interval_s` the fleet asks each server `/health` and `/weight_info` (and, when sampling from
+  a LoRA adapter, `/v1/models`). A server comes back when it answers again (and lists the adapter); a server whose weights are more than `max_staleness` versions behind the learner
   (e.g. it was down during a push and has not been re-synced yet) gets no requests, since its tokens would
   be dropped as stale anyway.
 - Servers can be added and removed while running (`set_urls`); a removed server drains: it gets no new
@@ -250,6 +250,9 @@ class InferenceFleet:
                             s.version = parse_version(label)
                         except InferenceError:
                             s.version = None  # a label we did not set: do not judge its staleness
+            if ok and self.model:
+                ok = await self._serves_adapter(s)
+                definite = not ok
         except aiohttp.ClientConnectorError as exc:
             ok, definite, s.last_error = False, True, repr(exc)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
@@ -262,3 +265,22 @@ class InferenceFleet:
             # one slow /health on a busy machine is not evidence enough to take a serving server out
             self._mark_down(s, s.last_error or "health check failed")
         self.m.server_usable.labels(s.url).set(1 if self.usable(s) else 0)
+
+    async def _serves_adapter(self, s: Server) -> bool:
+        """Whether the server lists the adapter in /v1/models. A restarted server answers /health before the
+        learner's re-sync loads the adapter into it; counting it healthy then would send it requests that 404
+        and mark it down again at every check."""
+        async with self._session.get(s.url + "/v1/models", timeout=self.health_timeout) as resp:
+            if resp.status != 200:
+                s.last_error = f"/v1/models answered HTTP {resp.status}"
+                return False
+            payload = await resp.json()
+        try:
+            served = {card["id"] for card in payload["data"]}
+        except (KeyError, TypeError):
+            s.last_error = "/v1/models answered no model list"
+            return False
+        if self.model not in served:
+            s.last_error = f"adapter {self.model!r} not loaded"
+            return False
+        return True

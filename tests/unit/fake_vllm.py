@@ -34,7 +34,7 @@ class FakeVllm:
         app.add_routes([web.post("/inference/v1/generate", self.generate), web.get("/health", self.health),
                         web.get("/weight_info", self.weight_info), web.post("/{name}", self.control),
                         web.post("/v1/load_lora_adapter", self.load_lora_adapter),
-                        web.get("/get_world_size", self.world_size)])
+                        web.get("/get_world_size", self.world_size), web.get("/v1/models", self.list_models)])
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         port = port or free_port()
@@ -52,6 +52,12 @@ class FakeVllm:
 
     async def weight_info(self, request):
         return web.json_response({"weight_version": self.version})
+
+    async def list_models(self, request):
+        """vLLM's list: the base model, then every loaded adapter with the base as its parent."""
+        cards = [{"id": "policy", "object": "model", "parent": None}]
+        cards += [{"id": name, "object": "model", "parent": "policy"} for name in sorted(self.adapters)]
+        return web.json_response({"object": "list", "data": cards})
 
     async def world_size(self, request):
         self.calls.append(("get_world_size", dict(request.query)))

@@ -154,3 +154,28 @@ async def test_requests_name_the_lora_adapter_and_a_server_without_it_is_skipped
     async with _fleet([a]) as fleet:  # without LoRA the request names no model
         await _gen(fleet)
         assert a.models[-1] is None
+
+
+async def test_server_without_the_adapter_stays_down_until_it_is_loaded(pair):
+    """A server answering /health but not holding the adapter (restarted since the last push) is not revived by
+    the health check, which would send it requests that 404 again at every interval; it comes back once the
+    learner's re-sync loads the adapter (listed in /v1/models)."""
+    a, b = pair
+    b.adapters = {"policy-lora"}
+    async with _fleet(pair, model="policy-lora") as fleet:
+        await _gen(fleet)
+        await _gen(fleet)
+        assert not fleet.servers[a.url].healthy
+        for _ in range(2):
+            await fleet.check_health()
+            assert not fleet.servers[a.url].healthy and "not loaded" in fleet.servers[a.url].last_error
+        await asyncio.gather(*(_gen(fleet) for _ in range(4)))
+        assert a.models.count("policy-lora") == 1  # only the first request, before it was marked down
+        a.adapters = {"policy-lora"}  # the re-sync
+        await fleet.check_health()
+        assert fleet.servers[a.url].healthy
+        await asyncio.gather(*(_gen(fleet) for _ in range(4)))
+        assert a.served >= 1
+        b.adapters = set()  # b restarts: the next check takes it out before any request fails on it
+        await fleet.check_health()
+        assert not fleet.servers[b.url].healthy and fleet.servers[a.url].healthy
