@@ -6,9 +6,9 @@
   down at once and the request is retried on another server: no token of the failed attempt is used, so a
   retried turn is as exact as any other. A 4xx is the request's fault and is not retried.
 - Every `health_interval_s` the fleet asks each server `/health` and `/weight_info` (and, when sampling from
-  a LoRA adapter, `/v1/models`). A server comes back when it answers again (and lists the adapter); a server whose weights are more than `max_staleness` versions behind the learner
-  (e.g. it was down during a push and has not been re-synced yet) gets no requests, since its tokens would
-  be dropped as stale anyway.
+  a LoRA adapter, `/v1/models`). A server comes back when it answers again (and lists the adapter); a
+  server whose weights are more than `max_staleness` versions behind the learner (e.g. it was down during a
+  push and has not been re-synced yet) gets no requests, since its tokens would be dropped as stale anyway.
 - Servers can be added and removed while running (`set_urls`); a removed server drains: it gets no new
   requests and its in-flight requests finish.
 - Busy time per server is the union of the intervals during which at least one request from this actor is
