@@ -1,12 +1,14 @@
 """`turnstream bench lora-push`: bytes a LoRA push moves against a full push of the same model.
 
-The model is built from `--model-config` alone (bench/model_configs, random weights, nothing downloaded) with
-`[learner.lora]`'s adapters attached (`--rank`, `--target-modules`; the defaults are the config's). Both pushes
-are written by the learner's own backends into a scratch directory, in the served dtype (`--dtype`; auto: the
-config's): the full push by the disk backend (every weight, a tied embedding once), the LoRA push by the lora
-backend (the adapters alone, which is all a server loads per version; the base never moves). The figure is the
-bytes of the weight files each writes: `lora_push_bytes_ratio` = LoRA push / full push. The ratio is a count
-of bytes, so it does not depend on the machine; the save times are printed for scale only.
+The model is built from `--model-config` alone (bench/model_configs) on the meta device (shapes, no weights:
+the bytes do not depend on the values, and a 1.5b model need not fit in memory) with `[learner.lora]`'s
+adapters attached (`--rank`, `--target-modules`; the defaults are the config's). Both pushes are the
+learner's own backends' files in a scratch directory, in the served dtype (`--dtype`; auto: the config's):
+the full push as the disk backend lays out its file (every weight, a tied embedding once; the header and the
+file's size, the data left sparse), the LoRA push written by the lora backend (the adapters alone, which is
+all a server loads per version; the base never moves). The figure is the bytes of the weight files:
+`lora_push_bytes_ratio` = LoRA push / full push. The ratio is a count of bytes, so it does not depend on the
+machine; the LoRA save time is printed for scale only.
 Prints a line per push and, last, one JSON line.
 """
 from __future__ import annotations
@@ -38,16 +40,6 @@ def _weight_bytes(directory: Path) -> int:
     return sum(f.stat().st_size for f in directory.iterdir() if f.name.endswith(WEIGHT_SUFFIX))
 
 
-def _unique(state: dict) -> dict:
-    """A tied weight once (the input embeddings keep it), as a push writes it."""
-    out, seen = {}, set()
-    for name, t in state.items():
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            out[name] = t
-    return out
-
-
 def measure(model_config, lora, dtype: str = "auto", out: str | Path = "runs/bench-lora-push") -> dict:
     """Both pushes of the `model_config` shapes (a bench/model_configs name or path, or a transformers config,
     e.g. the shrunk shapes of `bench learner --parallel`) with `lora` (a LoraSection) attached; the bytes and
@@ -58,40 +50,44 @@ def measure(model_config, lora, dtype: str = "auto", out: str | Path = "runs/ben
     from turnstream.bench.learner_mfu import model_config as shapes_of
     from turnstream.learner import lora as lora_layers
     from turnstream.learner.device import serving_state_dict
-    from turnstream.learner.weight_sync import DiskWeightSync, LoraAdapterSync
+    from turnstream.learner.weight_sync import LoraAdapterSync
+    from turnstream.learner.weight_sync_buckets import WeightBuckets, policy_tensors
+    from turnstream.learner.weight_sync_disk import _lay_out, shard_names
 
     shapes = shapes_of(model_config) if isinstance(model_config, (str, Path)) else model_config
     served = getattr(torch, dtype) if dtype != "auto" else (shapes.torch_dtype or torch.float32)
     if isinstance(served, str):
         served = getattr(torch, served)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(shapes, dtype=torch.float32)
-    base_state = _unique(model.state_dict())
+    with torch.device("meta"):  # shapes only: the bytes do not depend on the values
+        model = AutoModelForCausalLM.from_config(shapes, dtype=torch.float32)
     params = sum(p.numel() for p in model.parameters())
     out = Path(out)
     shutil.rmtree(out, ignore_errors=True)
     nowhere = ["http://127.0.0.1:9"]  # saves only: nothing is pushed to a server
 
-    started = time.monotonic()
-    full_dir = DiskWeightSync(nowhere, out / "full", out).save(
-        {k: v.to(served) if v.is_floating_point() else v for k, v in base_state.items()}, 1)
-    full_s = time.monotonic() - started
-    del base_state
+    # The full push's file (every weight, a tied one once) laid out by the disk backend: its header, the data
+    # left sparse. In name order, as safetensors writes tensors of one dtype: the header's length depends on the
+    # order (the offsets' digits), and so the file is byte for byte as long as an unsharded push's.
+    (out / "full").mkdir(parents=True)
+    specs = sorted(WeightBuckets(policy_tensors(model), served).specs, key=lambda spec: spec.name)
+    _lay_out(out / "full" / shard_names(1)[0], specs)
+    full_dir = out / "full"
 
     lora_layers.attach(model, lora)
+    adapters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    tensors = {k: torch.zeros(t.shape, dtype=t.dtype) for k, t in serving_state_dict(model, served, lora).items()}
     sync = LoraAdapterSync(nowhere, out / "lora", lora, out)
     started = time.monotonic()
-    lora_dir = sync.save(serving_state_dict(model, served, lora), 1)
+    lora_dir = sync.save(tensors, 1)  # small: written for real, by the backend a LoRA run pushes with
     lora_s = time.monotonic() - started
 
     full_bytes, lora_bytes = _weight_bytes(full_dir), _weight_bytes(lora_dir)
-    adapters = sum(p.numel() for p in model.parameters() if p.requires_grad)
     shutil.rmtree(out, ignore_errors=True)
     return {"model_config": str(model_config if isinstance(model_config, (str, Path)) else shapes.model_type),
             "dtype": str(served).removeprefix("torch."), "rank": lora.rank,
             "target_modules": list(lora.target_modules), "params": params, "adapter_params": adapters,
-            "full_push_bytes": full_bytes, "lora_push_bytes": lora_bytes, "full_save_s": round(full_s, 3),
-            "lora_save_s": round(lora_s, 3), "lora_push_bytes_ratio": lora_bytes / full_bytes}
+            "full_push_bytes": full_bytes, "lora_push_bytes": lora_bytes, "lora_save_s": round(lora_s, 3),
+            "lora_push_bytes_ratio": lora_bytes / full_bytes}
 
 
 def main(argv: list[str]) -> int:
@@ -101,7 +97,7 @@ def main(argv: list[str]) -> int:
     lora = LoraSection(rank=args.rank, alpha=args.alpha, target_modules=args.target_modules.split(","))
     r = measure(args.model_config, lora, args.dtype, args.out)
     print(f"full push (baseline): {r['full_push_bytes'] / 2**20:.1f} MiB of {r['dtype']} weights, "
-          f"{r['params'] / 1e6:.0f}M parameters, saved in {r['full_save_s']:.2f} s")
+          f"{r['params'] / 1e6:.0f}M parameters")
     print(f"LoRA push, rank {r['rank']} on {len(r['target_modules'])} module kinds: "
           f"{r['lora_push_bytes'] / 2**20:.2f} MiB, {r['adapter_params'] / 1e6:.2f}M adapter parameters, "
           f"saved in {r['lora_save_s']:.2f} s")

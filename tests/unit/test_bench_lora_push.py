@@ -30,3 +30,23 @@ def test_measure_takes_a_transformers_config(tmp_path):
 
     r = measure(model_config("tiny"), LoraSection(rank=8), "bfloat16", tmp_path / "out")
     assert 0 < r["lora_push_bytes_ratio"] < 0.1 and r["dtype"] == "bfloat16"
+
+
+def test_counted_full_push_is_the_bytes_the_disk_backend_writes(tmp_path):
+    """The bench counts the full push on a meta-device model; a real model's push writes exactly that many."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from turnstream.bench.learner_mfu import model_config
+    from turnstream.bench.lora_push import _weight_bytes, measure
+    from turnstream.core.config_lora import LoraSection
+    from turnstream.learner.weight_sync import DiskWeightSync
+    from turnstream.learner.weight_sync_buckets import WeightBuckets, policy_tensors
+
+    shapes = model_config("tiny")
+    r = measure(shapes, LoraSection(rank=4), "bfloat16", tmp_path / "out")
+    model = AutoModelForCausalLM.from_config(shapes, dtype=torch.float32)
+    written = DiskWeightSync(["http://127.0.0.1:9"], tmp_path / "w", tmp_path).save(
+        WeightBuckets(policy_tensors(model), torch.bfloat16), 1)  # what the learner's push hands the backend
+    assert r["full_push_bytes"] == _weight_bytes(written)
+    assert r["params"] == sum(p.numel() for p in model.parameters())
