@@ -25,7 +25,8 @@ import os
 import sys
 import traceback
 
-REQUIREMENT = "verifiers>=0.3,<0.4"  # the classic API; scripts/setup.sh installs it in .venv-verifiers
+# the classic API; its one source: scripts/setup.sh reads it from here to install it in .venv-verifiers
+REQUIREMENT = "verifiers>=0.3,<0.4"
 
 
 class Fatal(Exception):

@@ -38,6 +38,21 @@ def test_a_python_without_verifiers_is_a_config_error_naming_what_to_install():
     assert "\n" not in message and "lacks verifiers" in message and "verifiers>=0.3,<0.4" in message
 
 
+def test_setup_installs_the_requirement_the_harness_names():
+    """scripts/setup.sh reads the requirement from the harness (one source, so they cannot drift)."""
+    import subprocess
+
+    from turnstream.actors.verifiers_harness import REQUIREMENT
+
+    root = Path(__file__).resolve().parents[2]
+    setup = (root / "scripts" / "setup.sh").read_text()
+    assert "verifiers>=" not in setup
+    line = next(x for x in setup.splitlines() if x.startswith("VERIFIERS_REQ="))
+    out = subprocess.run(["bash", "-c", f'set -euo pipefail; {line}; printf %s "$VERIFIERS_REQ"'], cwd=root,
+                         env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == REQUIREMENT, out.stderr
+
+
 def test_an_unknown_environment_is_a_config_error():
     assert HARNESS_PYTHON.is_file(), "scripts/setup.sh makes .venv-verifiers (the verifiers harness's Python)"
     with pytest.raises(ConfigError, match="cannot load verifiers environment 'no_such_env_id'"):
