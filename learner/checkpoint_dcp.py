@@ -54,6 +54,22 @@ def save(root: Path, trainer, source_model_dir: str | Path, tracker_state: dict,
     return checkpoint.publish(root / tmp, final, source_model_dir, trainer.meta_state(), tracker_state, keep)
 
 
+def model_to_fill(model_dir: str | Path, **kwargs):
+    """The causal LM of `model_dir`'s config, its weights neither read nor initialised (kwargs: from_config's,
+    e.g. attn_implementation). A sharded resume overwrites every weight from dcp/ (load: strict), so reading
+    `model.path`'s first would be a wasted full load; the non-persistent buffers (rotary frequencies), which
+    dcp/ does not hold, are computed as the model is built. fp32 and eval mode, as from_pretrained gives."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32,
+                                                 **kwargs)
+    model.tie_weights()  # no_init_weights also skips the tying that init_weights does
+    return model.eval()
+
+
 def load(path: Path, trainer) -> None:
     """Weights, critic, AdamW state, scheduler, RNG and tracker of `path` into `trainer` (collective), whatever
     the number of ranks that wrote it."""

@@ -108,6 +108,21 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
     return float(total)
 
 
+def load_full_state_dict(module: nn.Module, state: dict) -> None:
+    """Each rank keeps its shards of a full (unsharded) state that every rank has read, e.g. a single-file
+    checkpoint's critic; on plain tensors, a plain load."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True))
+
+
+def load_full_optimizer_state_dict(net: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """As load_full_state_dict, for AdamW's state keyed by parameter name."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(net, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
 def state_bytes(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes this rank holds of parameters, gradients and optimizer state (a shard's local part only)."""
     def local(t) -> int:

@@ -42,7 +42,10 @@ def build_trainer(cfg: Config, rank: int = 0, world: int = 1):
     model_dir = plain_checkpoint if plain_checkpoint and lc.lora is None else cfg.model.path
     attn = attn_implementation(lc.attn_implementation, where.device)
     kw = {"attn_implementation": attn} if attn else {}
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kw)
+    if sharded_checkpoint:  # every weight comes from the shards: model.path's are not read
+        model = checkpoint_dcp.model_to_fill(cfg.model.path, **kw)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kw)
     model = lora.attach(model, lc.lora, plain_checkpoint)
     ref = None
     if lc.kl_coef > 0:  # the KL anchors to the initial policy, also after a resume

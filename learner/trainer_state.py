@@ -8,6 +8,7 @@ import logging
 import torch
 
 from turnstream.learner.checkpoint import rng_state, set_rng_state
+from turnstream.learner.fsdp import load_full_optimizer_state_dict, load_full_state_dict
 from turnstream.learner.lora import push_tensors
 from turnstream.learner.weight_sync_buckets import WeightBuckets, policy_tensors
 
@@ -71,9 +72,7 @@ class TrainerState:
             self.optimizer.load_state_dict(state["optimizer"])
         critic = self._critic_module()
         if critic is not None and state["critic"] and self.sharded:  # each rank keeps its shards
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-            set_model_state_dict(critic, state["critic"], options=StateDictOptions(full_state_dict=True))
+            load_full_state_dict(critic, state["critic"])
         elif not self.sharded:
             self.net.load_critic_state_dict(state["critic"] or {})
         self._load_meta(state, tracker_state)
@@ -82,13 +81,11 @@ class TrainerState:
         """fsdp2 from a ddp or one-process checkpoint (every rank read it): AdamW's state, kept there by parameter
         index, is keyed by name (both learners build their parameter groups in the same order), and each rank
         keeps its shards of it."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
         names = {id(p): n for n, p in self.net.named_parameters()}
         order = [names[id(p)] for p in self._params()]
         named = {"state": {order[int(i)]: s for i, s in saved["state"].items()},
                  "param_groups": [{**g, "params": [order[int(i)] for i in g["params"]]} for g in saved["param_groups"]]}
-        set_optimizer_state_dict(self.net, self.optimizer, named, options=StateDictOptions(full_state_dict=True))
+        load_full_optimizer_state_dict(self.net, self.optimizer, named)
 
     def _load_meta(self, meta: dict, tracker_state: dict) -> None:
         self.version = int(meta["version"])

@@ -135,14 +135,14 @@ def _resumed(out: Path, name: str, ranks):
     checkpoint of `name`, or ("ddp") from its one-process single-file checkpoint, as learner/main.py loads them."""
     from transformers import AutoModelForCausalLM
 
-    from tests.learner_batches import tiny_causal_lm
     from turnstream.learner import checkpoint, checkpoint_dcp
     from turnstream.learner.trainer import Trainer
 
     path = checkpoint.latest(out / f"ckpt{ranks}-{name}")
     sharded = checkpoint_dcp.is_sharded(path)
-    model = tiny_causal_lm(seed=0) if sharded else AutoModelForCausalLM.from_pretrained(
-        path / "model", dtype=torch.float32, attn_implementation="eager")
+    # sharded: built from the config alone (model/ holds no weights), every weight comes from dcp/
+    model = checkpoint_dcp.model_to_fill(path / "model", attn_implementation="eager") if sharded else \
+        AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32, attn_implementation="eager")
     trainer = Trainer(model, _config(name, "fsdp2"), seed=0, critic_path=str(out / "critic"))
     if sharded:
         checkpoint_dcp.load(path, trainer)

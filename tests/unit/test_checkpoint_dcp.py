@@ -50,6 +50,41 @@ def test_sharded_checkpoint_resumes_weights_adam_tracker_and_rng(tmp_path):
     assert all(torch.equal(p, q) for p, q in zip(a._params(), b._params()))
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_sharded_resume_reads_no_weights_of_model_path(tmp_path, tied):
+    """learner/main.py builds the policy of a sharded resume from model.path's config alone (every weight comes
+    from dcp/): a model.path whose weights file is gone resumes to the checkpoint's weights, tied ones tied."""
+    from transformers import AutoModelForCausalLM
+
+    from turnstream.core.config import Config
+    from turnstream.learner.main import build_trainer
+    from turnstream.learner.rank_commands import save_checkpoint
+
+    config = tiny_causal_lm().config
+    config.tie_word_embeddings = tied
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(tmp_path / "base")
+    cfg = Config()
+    cfg.model.path, cfg.run.run_dir = str(tmp_path / "base"), str(tmp_path / "run")
+    cfg.learner = LearnerSection(estimator="spo", lr=1e-2, max_tokens_per_microbatch=40, device="cpu",
+                                 parallel="fsdp2", attn_implementation="eager")
+    _, a, resumed_from = build_trainer(cfg)
+    assert resumed_from is None
+    a.step(synthetic_batch(12, group=4, seed=100))
+    save_checkpoint(cfg, a)
+    for weights in (tmp_path / "base").glob("*.safetensors"):
+        weights.unlink()
+    model, b, resumed_from = build_trainer(cfg)
+    assert checkpoint_dcp.is_sharded(resumed_from) and b.version == a.version == 1
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
+    for (name, p), q in zip(a.net.model.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(p, q), name
+    assert all(torch.equal(x, y) for x, y in zip(a.net.model.buffers(), model.buffers()))  # rotary frequencies
+    for t in (a, b):
+        t.step(synthetic_batch(12, group=4, seed=101))
+    assert all(torch.equal(p, q) for p, q in zip(a._params(), b._params()))
+
+
 def test_export_of_a_sharded_checkpoint_loads_in_transformers_with_the_learners_logits(tmp_path):
     from transformers import AutoModelForCausalLM
 
