@@ -82,7 +82,8 @@ async def serve(cfg: Config, actor_index: int) -> None:
     async with fleet as client, (frozen or contextlib.nullcontext()) as frozen_client:
         runner = EpisodeRunner(actor_id=actor_id, epoch=epoch, env_factory=env_factory, chat=chat, client=client,
                                link=link,
-                               sampling=Sampling(a.temperature, a.max_new_tokens, v.max_model_len, a.max_turns),
+                               sampling=Sampling(a.temperature, a.max_new_tokens, v.max_model_len, a.max_turns,
+                                                 a.context_turns),
                                metrics=metrics, tasks=tasks_in_play,
                                frozen_clients={agent: frozen_client for agent in a.frozen_agents})
         tasks = [asyncio.create_task(link.run()), asyncio.create_task(_play_then_idle(runner, a.concurrent_episodes))]

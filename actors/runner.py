@@ -35,6 +35,7 @@ class Sampling:
     max_new_tokens: int
     max_context_tokens: int
     max_turns: int = 0  # 0: no limit; otherwise the episode is truncated after this many turns
+    context_turns: int = 0  # 0: the context holds the whole episode; otherwise it restarts after this many turns
 
 
 @dataclass
@@ -46,6 +47,7 @@ class _Stream:
     agent: int
     context: list[int] = field(default_factory=list)
     last_gen: list[int] | None = None  # None until the agent has acted once
+    in_context: int = 0  # turns the context holds
     turn: int = 0  # chunks sent on this stream
     last_seq: int = -1  # the link's sequence number of the last chunk sent
     pending_reward: float = 0.0  # rewards given to this agent since its last chunk
@@ -135,14 +137,19 @@ class EpisodeRunner:
             if s is None:
                 suffix = f"/a{agent}" if n_agents > 1 else ""
                 s = streams[agent] = _Stream(episode_id + suffix, reset.prompt_key + suffix, agent)
-            obs_tokens = (self.chat.first_turn(observation) if s.last_gen is None
-                          else self.chat.next_turn(observation, s.last_gen))
+            # a restarted context is sampled from the observation alone, as a first turn is
+            restart = s.last_gen is not None and 0 < self.sampling.context_turns <= s.in_context
+            if s.last_gen is None or restart:
+                s.context, s.in_context = [], 0
+                obs_tokens = self.chat.first_turn(observation)
+            else:
+                obs_tokens = self.chat.next_turn(observation, s.last_gen)
             s.context += obs_tokens
             over_budget = self.sampling.max_turns and turn >= self.sampling.max_turns
             if over_budget or len(s.context) + max_tokens > self.sampling.max_context_tokens:
                 # Cannot sample this turn; close every stream as truncated with no new tokens.
                 await self._send(s, obs_tokens, None, allowed, s.pending_reward, done=True, truncated=True,
-                                 t_start=time.time())
+                                 t_start=time.time(), context_reset=restart)
                 await self._close_others(streams, s, allowed, truncated=True)
                 return "truncated"
             t_start = time.time()
@@ -158,7 +165,7 @@ class EpisodeRunner:
             reward = self._distribute(step, agent, streams) + s.pending_reward
             s.pending_reward = 0.0
             await self._send(s, obs_tokens, gen, allowed, reward, done=step.done, truncated=step.truncated,
-                             t_start=t_start)
+                             t_start=t_start, context_reset=restart)
             if step.done:
                 await self._close_others(streams, s, allowed, truncated=step.truncated)
                 if step.truncated:
@@ -166,6 +173,7 @@ class EpisodeRunner:
                 return "success" if (step.info or {}).get("success") else "done"
             s.context += gen.tokens
             s.last_gen = gen.tokens
+            s.in_context += 1
             agent = agent if step.agent is None else int(step.agent)
             observation = step.observation
         raise AssertionError("unreachable")
@@ -187,8 +195,9 @@ class EpisodeRunner:
                                  t_start=time.time())
 
     async def _send(self, s: _Stream, obs_tokens, gen: Generation | None, allowed, reward, *, done, truncated,
-                    t_start, temperature: float | None = None) -> None:
-        """`temperature`: the one the turn was sampled at, when not actor.temperature (an agent's request)."""
+                    t_start, temperature: float | None = None, context_reset: bool = False) -> None:
+        """`temperature`: the one the turn was sampled at, when not actor.temperature (an agent's request);
+        `context_reset`: `obs_tokens` are the whole context, restarted (Sampling.context_turns)."""
         if s.agent in self.frozen_clients:
             return  # the fixed policy is not trained: its turns stay out of the buffer
         empty_i, empty_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
@@ -201,6 +210,7 @@ class EpisodeRunner:
             reward=float(reward), done=done, truncated=truncated, agent_id=s.agent,
             temperature=self.sampling.temperature if temperature is None else temperature,
             allowed_tokens=np.asarray(allowed, np.int32), t_start=t_start, t_end=time.time(),
+            context_reset=context_reset,
         )
         s.turn += 1
         await self.link.send(chunk)

@@ -5,6 +5,10 @@ A *segment* (buffer.segment_turns) is the next turns of an episode still being p
 first generated token of turn `end`, which has arrived, closes the segment: the learner reads the critic
 there and bootstraps GAE from it (learner/estimators.py) without training on it. Whatever is flattened,
 each trained turn is served once: `Episode.served` moves past it when its segment leaves the store.
+
+A turn whose context restarted (`TurnChunk.context_reset`, actor.context_turns) was sampled without the turns
+before it, so an item is laid out from the last restart at or before its first trained turn, and each later
+restart is named in `Batch.context_starts`: the learner's forward then sees what vLLM saw.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ class Episode:
     num_tokens: int = 0
     min_version: int = NO_VERSION  # of the turns not yet served
     nbytes: int = 0
+    resets: set[int] = field(default_factory=set)  # turns whose context restarted
 
     def add(self, chunk: TurnChunk) -> None:
         self.turns[chunk.turn] = chunk
@@ -48,6 +53,12 @@ class Episode:
             self.contiguous += 1
         if chunk.done:
             self.last_turn = chunk.turn
+        if chunk.context_reset:
+            self.resets.add(chunk.turn)
+
+    def context_start(self, turn: int) -> int:
+        """The first turn of `turn`'s context: the last restart at or before it, else 0."""
+        return max((t for t in self.resets if t <= turn), default=0)
 
     def serve_through(self, end: int) -> None:
         """Turns before `end` were served in a segment: they no longer count for staleness."""
@@ -113,7 +124,8 @@ class Segment:
     @property
     def num_tokens(self) -> int:
         turns = self.episode.turns
-        return sum(turns[t].obs_tokens.size + turns[t].gen_tokens.size for t in range(self.end)) + \
+        start = self.episode.context_start(self.first)
+        return sum(turns[t].obs_tokens.size + turns[t].gen_tokens.size for t in range(start, self.end)) + \
             turns[self.end].obs_tokens.size + 1
 
     @property
@@ -134,17 +146,22 @@ class Segment:
 def flatten(items: list[Episode | Segment], request_id: int, learner_version: int, dropped_stale: int) -> Batch:
     """Concatenate episodes (or segments) turn by turn: [obs_0, gen_0, obs_1, gen_1, ...] per item. The turns
     before an item's first trained turn are context: their generated tokens are outside the action mask. A
-    segment ends with its bootstrap turn's observation and first generated token."""
+    segment ends with its bootstrap turn's observation and first generated token. An item starts at the context
+    of its first trained turn (Episode.context_start); its turn rewards still count from turn 0."""
     cols: dict[str, list[np.ndarray]] = {k: [] for k in
                                          ("tokens", "action", "logp", "ver", "turn", "temp", "mask")}
     allowed_sets: list[list[int]] = []
     set_index: dict[tuple[int, ...], int] = {}
-    offsets, turn_rewards, turn_offsets = [0], [], [0]
+    offsets, turn_rewards, turn_offsets, context_starts = [0], [], [0], []
     spans = [item.span for item in items]
     for ep, first, bootstrap in spans:
         last, length = (ep.last_turn if bootstrap < 0 else bootstrap), 0
-        for t in range(last + 1):
+        start = ep.context_start(first)
+        turn_rewards += [ep.turns[t].reward for t in range(last + 1)]
+        for t in range(start, last + 1):
             c = ep.turns[t]
+            if c.context_reset and t > start:
+                context_starts.append(offsets[-1] + length)
             gen = slice(0, 1) if t == bootstrap else slice(None)  # the bootstrap turn's first token only
             gen_tokens = c.gen_tokens[gen]
             n_obs, n_gen = c.obs_tokens.size, gen_tokens.size
@@ -165,7 +182,6 @@ def flatten(items: list[Episode | Segment], request_id: int, learner_version: in
             cols["temp"].append(np.full(n_obs + n_gen, c.temperature, np.float32))
             cols["mask"].append(np.full(n_obs + n_gen, mask_id, np.int32))
             length += n_obs + n_gen
-            turn_rewards.append(c.reward)
         offsets.append(offsets[-1] + length)
         turn_offsets.append(len(turn_rewards))
     # Token ids come as uint32 (protocol/SCHEMA.md); the batch carries int32: an id of 2**31 or more turns
@@ -185,4 +201,5 @@ def flatten(items: list[Episode | Segment], request_id: int, learner_version: in
         turn_rewards=np.array(turn_rewards, np.float32), turn_offsets=np.array(turn_offsets, np.int64),
         first_turns=np.array([f for _, f, _ in spans], np.int32),
         bootstrap_turns=np.array([b for _, _, b in spans], np.int32),
+        context_starts=np.array(context_starts, np.int64),
     )

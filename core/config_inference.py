@@ -76,6 +76,9 @@ class ActorSection(Section):
                               "metrics_port + i; 0: the launcher picks")
     max_turns: int = Field(0, ge=0, description="turns per episode before it is truncated; 0: only the context "
                            "length limits it")
+    context_turns: int = Field(0, ge=0, description="turns a context holds: after that many, the next turn's "
+                               "context restarts from its observation alone, for environments whose observation "
+                               "says all the policy needs (a long trail); 0: the whole episode")
     frozen_agents: list[Annotated[int, Field(ge=0)]] = Field(
         default_factory=list, description="agents that do not share the trained policy: a fixed opponent sampled "
         "from vllm.frozen_urls, whose turns are part of the others' observations but are never streamed for training")

@@ -13,6 +13,7 @@ from turnstream.protocol.messages import Batch
 class TensorBatch:
     input_ids: torch.Tensor  # [E, L] right-padded
     attention_mask: torch.Tensor  # [E, L]
+    position_ids: torch.Tensor  # [E, L]: from 0 at each episode's start and where its context restarted
     act_episode: torch.Tensor  # [N] episode row of each action token
     act_pos: torch.Tensor  # [N] position of each action token
     act_tokens: torch.Tensor  # [N]
@@ -45,9 +46,12 @@ def to_tensors(batch: Batch, vocab_size: int, pad_id: int = 0) -> TensorBatch:
         raise ValueError("batch holds token ids outside the model's vocabulary")
     ids = np.full((n_eps, int(lengths.max())), pad_id, np.int64)
     att = np.zeros_like(ids)
+    positions = np.tile(np.arange(ids.shape[1]), (n_eps, 1))  # padding: no real token attends to it (causal)
+    flat_positions = context_positions(offsets, batch.context_starts)
     for e in range(n_eps):
         ids[e, : lengths[e]] = batch.tokens[offsets[e]: offsets[e + 1]]
         att[e, : lengths[e]] = 1
+        positions[e, : lengths[e]] = flat_positions[offsets[e]: offsets[e + 1]]
     flat_act = np.nonzero(batch.action_mask)[0]
     episode_of = np.searchsorted(offsets, flat_act, side="right") - 1
     pos = flat_act - offsets[episode_of]
@@ -60,7 +64,7 @@ def to_tensors(batch: Batch, vocab_size: int, pad_id: int = 0) -> TensorBatch:
     for s, token_ids in enumerate(batch.allowed_sets):
         allowed[s, token_ids] = True
     return TensorBatch(
-        input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(att),
+        input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(att), position_ids=torch.from_numpy(positions),
         act_episode=torch.from_numpy(episode_of.astype(np.int64)), act_pos=torch.from_numpy(pos.astype(np.int64)),
         act_tokens=torch.from_numpy(batch.tokens[flat_act].astype(np.int64)),
         behav_logp=torch.from_numpy(batch.behav_logprobs[flat_act].astype(np.float32)),
@@ -70,6 +74,13 @@ def to_tensors(batch: Batch, vocab_size: int, pad_id: int = 0) -> TensorBatch:
         allowed=allowed, tokens_per_episode=np.bincount(episode_of, minlength=n_eps),
         act_turn=torch.from_numpy(act_turn), lengths=lengths, act_trained=torch.from_numpy(trained),
     )
+
+
+def context_positions(offsets: np.ndarray, context_starts: np.ndarray) -> np.ndarray:
+    """Every token's position in its context: counted from each item's start and each context restart."""
+    starts = np.union1d(np.asarray(offsets[:-1], np.int64), np.asarray(context_starts, np.int64))
+    index = np.arange(int(offsets[-1]))
+    return index - starts[np.searchsorted(starts, index, side="right") - 1] if index.size else index
 
 
 def action_logprobs(model, tb: TensorBatch, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

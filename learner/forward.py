@@ -6,6 +6,9 @@ ids (a position that does not follow its predecessor starts a new sequence) and 
 causal mask (sdpa, eager) or cu_seqlens (flash-attention), so no token sees another episode, and rotary
 positions are each episode's own: the log-probs equal the padded forward's (tests/unit/test_learner_gpu_ready.py).
 `use_cache=False` is required for that: with a KV cache object transformers skips the packed-sequence check.
+Padded: rows [R, W], right-padded, with position ids and no attention mask either: under a causal mask no real
+token sees the padding after it. Both forms restart the position ids where an episode's context restarted
+(Batch.context_starts), which the same boundary reading turns into a context of its own.
 
 Only the action positions need logits: the LM head runs on those rows alone (`logits_to_keep` with an
 index tensor), which for a 150k-token vocabulary saves most of the head's FLOPs and the [T, V] logits tensor.
@@ -25,22 +28,13 @@ class MicroBatch:
     rows: torch.Tensor  # episode rows of the batch, ascending (CPU)
     select: torch.Tensor  # [N] bool over the batch's action tokens: those of these rows (CPU)
     input_ids: torch.Tensor  # [1, T] packed or [R, W] padded, on the device
-    position_ids: torch.Tensor | None  # [1, T] when packed
-    attention_mask: torch.Tensor | None  # [R, W] when padded
+    position_ids: torch.Tensor  # the same shape
     act_index: torch.Tensor  # packed: [n] positions in the row; padded: [2, n] (row, column); on the device
     tokens: int  # real (unpadded) tokens
-
-    @property
-    def packed(self) -> bool:
-        return self.position_ids is not None
+    packed: bool
 
     def inputs(self) -> dict:
-        kw = {"input_ids": self.input_ids, "use_cache": False}
-        if self.packed:
-            kw["position_ids"] = self.position_ids
-        else:
-            kw["attention_mask"] = self.attention_mask
-        return kw
+        return {"input_ids": self.input_ids, "position_ids": self.position_ids, "use_cache": False}
 
     def at_actions(self, per_position: torch.Tensor) -> torch.Tensor:
         """[B, T, ...] per-position outputs at the position before each action token, in flat action order."""
@@ -84,19 +78,20 @@ def build(tb: TensorBatch, rows: torch.Tensor, packed: bool, device: torch.devic
     ep, pos = tb.act_episode[select], tb.act_pos[select]
     if packed:
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        ids = torch.cat([tb.input_ids[r, :n] for r, n in zip(rows.tolist(), lengths.tolist())])[None]
-        position_ids = torch.from_numpy(np.concatenate([np.arange(n) for n in lengths]).astype(np.int64))[None]
+        pairs = list(zip(rows.tolist(), lengths.tolist()))
+        ids = torch.cat([tb.input_ids[r, :n] for r, n in pairs])[None]
+        position_ids = torch.cat([tb.position_ids[r, :n] for r, n in pairs])[None]
         start_of = torch.zeros(tb.num_episodes, dtype=torch.long)
         start_of[rows] = torch.from_numpy(starts)
         act_index = start_of[ep] + pos - 1  # the logits predicting token p sit at p - 1
-        return MicroBatch(rows, select, ids.to(device), position_ids.to(device), None, act_index.to(device),
-                          int(lengths.sum()))
+        return MicroBatch(rows, select, ids.to(device), position_ids.to(device), act_index.to(device),
+                          int(lengths.sum()), packed=True)
     width = int(lengths.max()) if len(lengths) else 0
     row_index = torch.full((tb.num_episodes,), -1, dtype=torch.long)
     row_index[rows] = torch.arange(len(rows))
     act_index = torch.stack([row_index[ep], pos - 1])
-    return MicroBatch(rows, select, tb.input_ids[rows, :width].to(device), None,
-                      tb.attention_mask[rows, :width].to(device), act_index.to(device), int(lengths.sum()))
+    return MicroBatch(rows, select, tb.input_ids[rows, :width].to(device), tb.position_ids[rows, :width].to(device),
+                      act_index.to(device), int(lengths.sum()), packed=False)
 
 
 def action_logits(model, mb: MicroBatch, **kwargs):

@@ -157,6 +157,8 @@ def subset(batch: Batch, keep: np.ndarray) -> Batch:
     n_tokens, n_episodes = batch.tokens.size, len(batch.episode_ids)
     token_index, episode_offsets = _ranges(batch.episode_offsets, keep)
     changes: dict = {"episode_offsets": episode_offsets}
+    starts = np.asarray(batch.context_starts)  # token offsets, not per token: mapped to where they land
+    changes["context_starts"] = np.searchsorted(token_index, starts[np.isin(starts, token_index)]).astype(np.int64)
     turn_offsets = getattr(batch, "turn_offsets", None)
     per_turn = turn_offsets is not None and len(turn_offsets) == n_episodes + 1
     if per_turn:

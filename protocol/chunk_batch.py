@@ -44,7 +44,7 @@ def pack(chunks: list[TurnChunk]) -> TurnChunkBatch:
     arrays = {name: _joined([getattr(c, name) for c in chunks], _WIRE_DTYPES[name]) for name in TOKEN_ARRAYS}
     return TurnChunkBatch(actor_id=first.actor_id, epoch=int(first.epoch),
                           episode_ids=[c.episode_id for c in chunks], prompt_keys=[c.prompt_key for c in chunks],
-                          **columns, **lengths, **arrays)
+                          context_reset=[bool(c.context_reset) for c in chunks], **columns, **lengths, **arrays)
 
 
 _column_values = attrgetter(*COLUMNS)
@@ -68,6 +68,8 @@ def unpack(batch: TurnChunkBatch) -> list[TurnChunk]:
         raise BatchError("bad_batch", "empty batch")
     if any(len(getattr(batch, name)) != n for name in (*COLUMNS, *LENGTHS, "episode_ids", "prompt_keys")):
         raise BatchError("bad_batch", "per-chunk columns differ in length")
+    if len(batch.context_reset) not in (0, n):  # empty: a peer that never restarts a context
+        raise BatchError("bad_batch", "context_reset has neither one entry per chunk nor none")
     if any(getattr(batch, name).ndim != 1 for name in TOKEN_ARRAYS):
         raise BatchError("bad_batch", "token arrays must be 1-D")
     offsets = {}
@@ -84,7 +86,8 @@ def unpack(batch: TurnChunkBatch) -> list[TurnChunk]:
         parts = [{name: getattr(batch, name)[offsets[length][i]:offsets[length][i + 1]].copy()
                   for name, length in TOKEN_ARRAYS.items()} for i in range(n)]
     columns = {name: getattr(batch, name) for name in COLUMNS}
+    resets = [bool(r) for r in batch.context_reset] or [False] * n
     return [TurnChunk(actor_id=batch.actor_id, epoch=batch.epoch, episode_id=batch.episode_ids[i],
                       prompt_key=batch.prompt_keys[i], **{name: values[i] for name, values in columns.items()},
-                      **parts[i])
+                      **parts[i], context_reset=resets[i])
             for i in range(n)]

@@ -49,6 +49,9 @@ class TurnChunk:
     truncated: bool = False
     t_start: float = 0.0  # unix seconds
     t_end: float = 0.0
+    # the context restarted before this turn (actor.context_turns): obs_tokens hold the whole prompt the turn was
+    # sampled from, and no earlier turn is in it
+    context_reset: bool = False
 
 
 @dataclass
@@ -83,6 +86,7 @@ class TurnChunkBatch(Message):
     gen_logprobs: np.ndarray
     gen_versions: np.ndarray
     allowed_tokens: np.ndarray
+    context_reset: list[bool] = field(default_factory=list)  # empty: no chunk restarts its context
 
 
 @dataclass
@@ -136,7 +140,7 @@ class Batch(Message):
         "tokens": "int32", "action_mask": "uint8", "behav_logprobs": "float32", "versions": "int32",
         "turn_index": "int32", "temperature": "float32", "mask_id": "int32", "episode_offsets": "int64",
         "agent_ids": "int32", "truncated": "bool", "turn_rewards": "float32", "turn_offsets": "int64",
-        "first_turns": "int32", "bootstrap_turns": "int32",
+        "first_turns": "int32", "bootstrap_turns": "int32", "context_starts": "int64",
     }
     request_id: int
     learner_version: int
@@ -165,6 +169,9 @@ class Batch(Message):
     # open episode ends with that turn's first generated token, read by the critic and not trained on
     first_turns: np.ndarray = field(default_factory=_i32)
     bootstrap_turns: np.ndarray = field(default_factory=_i32)
+    # offsets into `tokens` where a context restarts inside an item (a turn with context_reset): the tokens from
+    # there on do not see the item's earlier ones, and their positions count from 0 again
+    context_starts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 @dataclass
