@@ -174,6 +174,27 @@ class CollectingLink:
         self.chunks.append(chunk)
 
 
+async def play_episodes(url: str, model_dir, n: int, *, temperature: float = 1.0, max_new_tokens: int = 16,
+                        model: str | None = None, env_factory=None) -> list:
+    """`n` episodes (of follow_signs, or `env_factory`'s environment) played at once by one EpisodeRunner against
+    the vLLM server at `url`, sampling from `model` (a served LoRA adapter) or the base; the TurnChunks it sent."""
+    from turnstream.actors.chat import ChatTokens
+    from turnstream.actors.fleet import InferenceFleet
+    from turnstream.actors.metrics import ActorMetrics
+    from turnstream.actors.registry import make_env
+    from turnstream.actors.runner import EpisodeRunner, Sampling
+    from turnstream.actors.tasks import RandomOrder, TaskSource
+
+    link = CollectingLink()
+    async with InferenceFleet([url], model=model) as client:
+        runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=env_factory or (lambda: make_env("follow_signs")),
+                               chat=ChatTokens(model_dir), client=client, link=link,
+                               sampling=Sampling(temperature, max_new_tokens, 512), metrics=ActorMetrics(),
+                               tasks=TaskSource(RandomOrder(3)))
+        await asyncio.gather(*(runner.play(f"e{i}", seed=i) for i in range(n)))
+    return link.chunks
+
+
 def link_to_router(ctx, actor_id: str, *, slots: int, heartbeat_s: float):
     """A real BufferLink connected to a bare ROUTER on 127.0.0.1 that plays the buffer: (router, link, metrics)."""
     import zmq

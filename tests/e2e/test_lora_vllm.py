@@ -12,13 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.e2e.test_vllm_roundtrip import LOGPROB_TOLERANCE, _as_batch, _load_model, _max_logprob_error
-from tests.helpers import CollectingLink, http_json
-from turnstream.actors.chat import ChatTokens
-from turnstream.actors.fleet import InferenceFleet
-from turnstream.actors.metrics import ActorMetrics
-from turnstream.actors.registry import make_env
-from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import RandomOrder, TaskSource
+from tests.helpers import http_json, play_episodes
 from turnstream.core.config import VllmSection
 from turnstream.core.config_lora import LoraSection
 from turnstream.learner import lora
@@ -58,17 +52,6 @@ def _with_adapters(tiny_model, seed: int):
     return model.eval()
 
 
-async def _play(url, model_dir, adapter, n=8):
-    link = CollectingLink()
-    async with InferenceFleet([url], model=adapter) as client:
-        runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=lambda: make_env("follow_signs"),
-                               chat=ChatTokens(model_dir), client=client, link=link,
-                               sampling=Sampling(1.0, 16, 512), metrics=ActorMetrics(),
-                               tasks=TaskSource(RandomOrder(3)))
-        await asyncio.gather(*(runner.play(f"e{i}", seed=i) for i in range(n)))
-    return link.chunks
-
-
 def test_adapter_pushes_sample_exactly_with_the_adapter_in_place(lora_url, tiny_model, tmp_path):
     sync = LoraAdapterSync([lora_url], tmp_path / "weights", LORA, tiny_model)
     full_bytes = sum(t.numel() * t.element_size() for t in _load_model(tiny_model).state_dict().values())
@@ -77,7 +60,7 @@ def test_adapter_pushes_sample_exactly_with_the_adapter_in_place(lora_url, tiny_
         asyncio.run(sync.push(sync.save(serving_state_dict(model, torch.float32, LORA), version), version))
         assert http_json(f"{lora_url}/weight_info")["weight_version"] == str(version)
         assert 0 < sync.last_bytes < full_bytes / 4
-        chunks = asyncio.run(_play(lora_url, tiny_model, LORA.served_name))
+        chunks = asyncio.run(play_episodes(lora_url, tiny_model, 8, model=LORA.served_name))
         assert all((c.gen_versions == version).all() for c in chunks)
         batch = _as_batch(chunks, version=version)
         err, n = _max_logprob_error(model, batch)
@@ -93,7 +76,7 @@ def test_merged_pushes_sample_exactly_from_the_base_name(lora_url, tiny_model, t
     sync = DiskWeightSync([lora_url], tmp_path / "weights", tiny_model)
     try:
         asyncio.run(sync.push(sync.save(serving_state_dict(model, torch.float32, merged), 7), 7))
-        chunks = asyncio.run(_play(lora_url, tiny_model, None))  # no adapter asked for: the pushed weights
+        chunks = asyncio.run(play_episodes(lora_url, tiny_model, 8))  # no adapter asked for: the pushed weights
         assert all((c.gen_versions == 7).all() for c in chunks)
         err, n = _max_logprob_error(model, _as_batch(chunks, version=7))
         print(f"LoRA merged: max |logprob difference| {err:.2e} over {n} tokens")
@@ -117,7 +100,7 @@ def test_learner_process_pushes_its_adapter_and_checkpoints_it(lora_url, tiny_mo
     assert pushed.keys() == saved.keys() and all(torch.equal(pushed[k], saved[k]) for k in pushed)
     assert http_json(f"{lora_url}/weight_info")["weight_version"] == str(STEPS)
     trained = lora.attach(_load_model(tiny_model), LORA, checkpoint_model).eval()
-    chunks = asyncio.run(_play(lora_url, tiny_model, LORA.served_name))
+    chunks = asyncio.run(play_episodes(lora_url, tiny_model, 8, model=LORA.served_name))
     assert all((c.gen_versions == STEPS).all() for c in chunks)
     batch = _as_batch(chunks, version=STEPS)
     err, n = _max_logprob_error(trained, batch)

@@ -8,15 +8,10 @@ import pytest
 import torch
 
 from turnstream.actors.chat import ChatTokens
-from turnstream.actors.registry import make_env
-from turnstream.actors.fleet import InferenceFleet
-from turnstream.actors.metrics import ActorMetrics
-from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import RandomOrder, TaskSource
 from turnstream.buffer.episodes import Episode, flatten
 from turnstream.learner.batching import action_logprobs, to_tensors
 from turnstream.learner.weight_sync import DiskWeightSync
-from tests.helpers import CollectingLink, http_json
+from tests.helpers import http_json, play_episodes
 
 pytestmark = pytest.mark.vllm
 
@@ -39,17 +34,6 @@ def _perturbed_state(model, seed: int) -> dict:
     return model.state_dict()
 
 
-async def _play(url, model_dir, env_name, n, temperature, max_new_tokens=16, env_args=None):
-    link = CollectingLink()
-    async with InferenceFleet([url]) as client:
-        runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=lambda: make_env(env_name, **(env_args or {})),
-                               chat=ChatTokens(model_dir), client=client, link=link,
-                               sampling=Sampling(temperature, max_new_tokens, 512), metrics=ActorMetrics(),
-                               tasks=TaskSource(RandomOrder(3)))
-        await asyncio.gather(*(runner.play(f"e{i}", seed=i) for i in range(n)))
-    return link.chunks
-
-
 def _as_batch(chunks, version):
     episodes = {}
     for c in chunks:
@@ -65,7 +49,7 @@ def _max_logprob_error(model, batch):
 
 
 def test_exactness_with_allowed_token_mask(vllm_url, tiny_model):
-    chunks = asyncio.run(_play(vllm_url, tiny_model, "follow_signs", n=16, temperature=0.7))
+    chunks = asyncio.run(play_episodes(vllm_url, tiny_model, 16, temperature=0.7))
     batch = _as_batch(chunks, version=0)
     assert all(c.allowed_tokens.size == 2 for c in chunks)
     err, n = _max_logprob_error(_load_model(tiny_model), batch)
@@ -86,16 +70,8 @@ def test_exactness_full_vocabulary_multi_token(vllm_url, tiny_model):
         async def step(self, action):
             return Step(observation="", reward=0.0, done=True)
 
-    async def play():
-        link = CollectingLink()
-        async with InferenceFleet([vllm_url]) as client:
-            runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=FreeText, chat=ChatTokens(tiny_model),
-                                   client=client, link=link, sampling=Sampling(0.8, 8, 512),
-                                   metrics=ActorMetrics(), tasks=TaskSource(RandomOrder(0)))
-            await asyncio.gather(*(runner.play(f"f{i}", seed=i) for i in range(8)))
-        return link.chunks
-
-    chunks = asyncio.run(play())
+    chunks = asyncio.run(play_episodes(vllm_url, tiny_model, 8, temperature=0.8, max_new_tokens=8,
+                                       env_factory=FreeText))
     assert all(c.allowed_tokens.size == 0 and c.gen_tokens.size >= 1 for c in chunks)
     err, n = _max_logprob_error(_load_model(tiny_model), _as_batch(chunks, version=0))
     print(f"exactness, full vocabulary, T=0.8: max |logprob difference| {err:.2e} over {n} tokens")
@@ -120,7 +96,7 @@ def test_weight_push_changes_version_and_outputs(vllm_url, tiny_model, tmp_path)
     after_lp = [e["logprob"] for e in after["logprobs"]["content"]]
     assert before_lp != after_lp
     # the server now samples from exactly the pushed weights
-    chunks = asyncio.run(_play(vllm_url, tiny_model, "follow_signs", n=8, temperature=1.0))
+    chunks = asyncio.run(play_episodes(vllm_url, tiny_model, 8))
     assert all((c.gen_versions == 7).all() for c in chunks)
     err, _ = _max_logprob_error(model, _as_batch(chunks, version=7))
     assert err < LOGPROB_TOLERANCE
