@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from typing import Awaitable, Callable
 
 from turnstream.actors.agent_episode import AgentEpisode
+from turnstream.actors.loop_shared import LoopShared
 from turnstream.actors.openai_endpoint import AgentMetrics, OpenAIEndpoint
 
 log = logging.getLogger("turnstream.actor")
@@ -30,34 +30,12 @@ class AgentFailed(Exception):
         self.reason = reason
 
 
-_endpoints: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, OpenAIEndpoint]" = weakref.WeakKeyDictionary()
-_starting = weakref.WeakKeyDictionary()
-_holders: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list]" = weakref.WeakKeyDictionary()
+_endpoint: "LoopShared[OpenAIEndpoint]" = LoopShared("openai-endpoint", close=OpenAIEndpoint.close)
 
 
 async def shared_endpoint(registry) -> OpenAIEndpoint:
     """The actor process's one endpoint (started by the first agent episode; the evaluation runner shares it)."""
-    loop = asyncio.get_running_loop()
-    lock = _starting.setdefault(loop, asyncio.Lock())
-    async with lock:
-        if loop not in _endpoints:
-            _endpoints[loop] = await OpenAIEndpoint(AgentMetrics(registry)).start()
-            close_with_loop(_endpoints[loop].close, name="openai-endpoint")
-    return _endpoints[loop]
-
-
-def close_with_loop(close: Callable[[], Awaitable], name: str) -> None:
-    """Runs `close` when the running loop ends: asyncio.run cancels the tasks left, this holder included (an
-    aiohttp connection pool left open is reported as a leak when it is collected; a harness worker left
-    running would outlive the loop)."""
-    async def hold() -> None:
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await close()
-
-    # held here: the loop keeps only weak references to its tasks
-    _holders.setdefault(asyncio.get_running_loop(), []).append(asyncio.create_task(hold(), name=name))
+    return await _endpoint.get(lambda: OpenAIEndpoint(AgentMetrics(registry)).start())
 
 
 async def play_agent(runner, solve: Callable[..., Awaitable], task, *, episode_id: str, prompt_key: str,

@@ -14,10 +14,10 @@ import itertools
 import json
 import logging
 import subprocess
-import weakref
 from pathlib import Path
 
-from turnstream.actors.agent_runner import AgentFailed, close_with_loop
+from turnstream.actors.agent_runner import AgentFailed
+from turnstream.actors.loop_shared import LoopShared
 
 log = logging.getLogger("turnstream.actor")
 
@@ -136,21 +136,18 @@ class HarnessProcess:
             await self.proc.wait()
 
 
-_workers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict]" = weakref.WeakKeyDictionary()
-_locks: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = weakref.WeakKeyDictionary()
+def _alive(worker: HarnessProcess) -> bool:
+    if not worker.alive:
+        log.warning("verifiers harness worker %d exited (status %s); starting another", worker.proc.pid,
+                    worker.proc.returncode)
+    return worker.alive
+
+
+_workers: "LoopShared[HarnessProcess]" = LoopShared("verifiers-harness-holder", alive=_alive,
+                                                   close=HarnessProcess.close)
 
 
 async def shared_harness(python: str, spec: dict) -> HarnessProcess:
     """The running worker for (python, spec) on this loop, started (again) when there is none alive."""
-    loop = asyncio.get_running_loop()
-    key = (python, json.dumps(spec, sort_keys=True))
-    async with _locks.setdefault(loop, asyncio.Lock()):
-        workers = _workers.setdefault(loop, {})
-        worker = workers.get(key)
-        if worker is None or not worker.alive:
-            if worker is not None:
-                log.warning("verifiers harness worker %d exited (status %s); starting another",
-                            worker.proc.pid, worker.proc.returncode)
-            worker = workers[key] = await HarnessProcess(python, spec).start()
-            close_with_loop(worker.close, name="verifiers-harness-holder")
-    return worker
+    return await _workers.get(lambda: HarnessProcess(python, spec).start(),
+                              key=(python, json.dumps(spec, sort_keys=True)))

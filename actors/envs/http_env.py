@@ -6,27 +6,23 @@ which the runner counts and answers by abandoning the episode; the actor keeps r
 from __future__ import annotations
 
 import asyncio
-import weakref
 
 import aiohttp
 
 from turnstream.actors.environment import EnvError, Environment, Reset, Step, register
+from turnstream.actors.loop_shared import LoopShared
 
 # One connection pool per event loop, shared by every episode of the actor.
-_SESSIONS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]" = \
-    weakref.WeakKeyDictionary()
+_SESSIONS: "LoopShared[aiohttp.ClientSession]" = LoopShared("http-env-session", alive=lambda s: not s.closed,
+                                                           close=aiohttp.ClientSession.close)
 
 
-def _session() -> aiohttp.ClientSession:
-    loop = asyncio.get_running_loop()
-    s = _SESSIONS.get(loop)
-    if s is None or s.closed:
-        s = _SESSIONS[loop] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-    return s
+async def _new_session() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
 
 
 async def close_sessions() -> None:
-    s = _SESSIONS.pop(asyncio.get_running_loop(), None)
+    s = _SESSIONS.pop()
     if s is not None:
         await s.close()
 
@@ -56,7 +52,8 @@ class HttpEnvironment(Environment):
     async def _call(self, method: str, path: str, body: dict | None = None) -> dict:
         url = self.url + path
         try:
-            async with _session().request(method, url, json=body, timeout=self.timeout) as resp:
+            session = await _SESSIONS.get(_new_session)
+            async with session.request(method, url, json=body, timeout=self.timeout) as resp:
                 if resp.status != 200:
                     raise EnvError(f"{method} {url}: HTTP {resp.status}: {(await resp.text())[:200]}",
                                    f"http_{resp.status}")
