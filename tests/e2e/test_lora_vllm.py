@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from tests.e2e.test_vllm_roundtrip import LOGPROB_TOLERANCE, _as_batch, _load_model, _max_logprob_error
 from tests.helpers import http_json, play_episodes
+from turnstream.actors.fleet import InferenceFleet
 from turnstream.core.config import VllmSection
 from turnstream.core.config_lora import LoraSection
 from turnstream.learner import lora
@@ -52,6 +53,15 @@ def _with_adapters(tiny_model, seed: int):
     return model.eval()
 
 
+def _healthy_for(url: str, adapter: str) -> bool:
+    """The actors' health check of a server when they sample from `adapter` (actors/fleet.py: /v1/models lists it)."""
+    async def check() -> bool:
+        async with InferenceFleet([url], model=adapter, health_interval_s=0) as fleet:
+            await fleet.check_health()
+            return fleet.servers[url.rstrip("/")].healthy
+    return asyncio.run(check())
+
+
 def test_adapter_pushes_sample_exactly_with_the_adapter_in_place(lora_url, tiny_model, tmp_path):
     sync = LoraAdapterSync([lora_url], tmp_path / "weights", LORA, tiny_model)
     full_bytes = sum(t.numel() * t.element_size() for t in _load_model(tiny_model).state_dict().values())
@@ -60,6 +70,7 @@ def test_adapter_pushes_sample_exactly_with_the_adapter_in_place(lora_url, tiny_
         asyncio.run(sync.push(sync.save(serving_state_dict(model, torch.float32, LORA), version), version))
         assert http_json(f"{lora_url}/weight_info")["weight_version"] == str(version)
         assert 0 < sync.last_bytes < full_bytes / 4
+        assert _healthy_for(lora_url, LORA.served_name) and not _healthy_for(lora_url, "not-pushed")
         chunks = asyncio.run(play_episodes(lora_url, tiny_model, 8, model=LORA.served_name))
         assert all((c.gen_versions == version).all() for c in chunks)
         batch = _as_batch(chunks, version=version)
