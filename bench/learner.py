@@ -14,7 +14,8 @@ Prints a table, then one JSON line.
 With `--model-config NAME` (tiny, 0.5b, 1.5b) it measures tokens/s, peak memory and MFU instead, on
 `--device` (bench/learner_mfu.py; the MFU formula is stated there and in BENCHMARKS.md). With `--parallel` it
 compares learner.parallel = ddp and fsdp2 over `--ranks` torchrun ranks: bytes per rank and tokens/s
-(bench/learner_parallel.py).
+(bench/learner_parallel.py). With `--context-turns K` it times a turn_gae step on `--turns`-turn episodes whose
+context restarts every K turns (actor.context_turns), one row per context, against one row per episode.
 """
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ import tempfile
 import time
 
 
-def _batch(tokenizer_vocab: int, episodes: int, seed: int):
+def _batch(tokenizer_vocab: int, episodes: int, seed: int, turns: int = 0, context_turns: int = 0):
+    """`turns`: every episode that long (0: 2 to 6 turns, as follow_signs); `context_turns`: its context restarts
+    every that many turns, as with actor.context_turns (a restarted turn's observation is a whole prompt)."""
     import numpy as np
 
     from turnstream.buffer.episodes import Episode, flatten
@@ -36,14 +39,14 @@ def _batch(tokenizer_vocab: int, episodes: int, seed: int):
     eps = []
     for e in range(episodes):
         ep = Episode(f"e{e}", ("bench", 0), f"p{e}")
-        k = int(rng.integers(2, 7))  # variable-length episodes: 2 to 6 turns, as follow_signs
+        k = turns or int(rng.integers(2, 7))  # variable-length episodes: 2 to 6 turns, as follow_signs
         for t in range(k):
             obs = rng.integers(10, tokenizer_vocab, int(rng.integers(8, 15))).astype(np.int32)
-            ep.add(TurnChunk(actor_id="bench", epoch=0, seq=e * 10 + t, episode_id=f"e{e}", turn=t,
+            ep.add(TurnChunk(actor_id="bench", epoch=0, seq=e * k + t, episode_id=f"e{e}", turn=t,
                              prompt_key=f"p{e % 16}", obs_tokens=obs, gen_tokens=rng.choice(allowed, 1),
                              gen_logprobs=np.full(1, np.log(0.5), np.float32), gen_versions=np.zeros(1, np.int32),
                              reward=float(rng.random() < 0.3) if t == k - 1 else 0.0, done=t == k - 1,
-                             allowed_tokens=allowed))
+                             allowed_tokens=allowed, context_reset=bool(context_turns) and t % context_turns == 0))
         eps.append(ep)
     return flatten(eps, request_id=1, learner_version=0, dropped_stale=0)
 
@@ -88,6 +91,39 @@ class BareLoop:
         return time.perf_counter() - started
 
 
+def _context_rows(args, fresh, vocab: int) -> int:
+    """Step time of one row per restarted context against one row per episode (the layout without restarts,
+    whose attention costs what a block-diagonal mask over the episode costs), interleaved."""
+    import dataclasses
+
+    import numpy as np
+
+    from turnstream.core.config import LearnerSection
+    from turnstream.learner.trainer import Trainer
+
+    batch = _batch(vocab, args.episodes, args.seed, args.turns, args.context_turns)
+    whole = dataclasses.replace(batch, context_starts=np.zeros(0, np.int64))
+    cfg = LearnerSection(estimator="turn_gae", max_tokens_per_microbatch=args.max_tokens_per_microbatch,
+                         pack_sequences=False)
+    trainers = {name: Trainer(fresh(), cfg, seed=args.seed) for name in ("contexts", "episodes")}
+    batches = {"contexts": batch, "episodes": whole}
+    times = {name: [] for name in trainers}
+    for i in range(args.steps + 1):
+        for name, trainer in trainers.items():
+            started = time.perf_counter()
+            trainer.step(batches[name])
+            if i:  # the first is a warm-up
+                times[name].append(time.perf_counter() - started)
+    per_context, per_episode = (statistics.median(times[n]) for n in ("contexts", "episodes"))
+    print(f"{args.episodes} episodes of {args.turns} turns, a context every {args.context_turns}: "
+          f"{batch.tokens.size} tokens; step {per_context:.2f} s with a row per context, "
+          f"{per_episode:.2f} s with a row per episode")
+    print(json.dumps({"tokens_per_batch": int(batch.tokens.size), "context_rows_step_s": round(per_context, 3),
+                      "episode_rows_step_s": round(per_episode, 3),
+                      "context_rows_speedup": round(per_episode / per_context, 2)}))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="turnstream bench learner", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="", help="HF checkpoint directory (default: build the tiny model)")
@@ -101,6 +137,10 @@ def main(argv: list[str]) -> int:
                    help="learner.pack_sequences for both sides (auto: packed rows only with flash/flex attention)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--context-turns", type=int, default=0,
+                   help="time a turn_gae step on --turns-turn episodes whose context restarts every K turns (padded: "
+                   "one row per context) against the same batch as one row per episode")
+    p.add_argument("--turns", type=int, default=60, help="turns per episode with --context-turns")
     from turnstream.bench import learner_mfu, learner_parallel
 
     learner_mfu.add_arguments(p)
@@ -127,6 +167,8 @@ def main(argv: list[str]) -> int:
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 
     vocab = fresh().config.vocab_size
+    if args.context_turns:
+        return _context_rows(args, fresh, vocab)
     batch = _batch(vocab, args.episodes, args.seed)
     tokens = int(batch.tokens.size)
     rows, result = [], {"tokens_per_batch": tokens, "episodes": args.episodes, "threads": args.threads,

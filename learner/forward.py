@@ -6,9 +6,11 @@ ids (a position that does not follow its predecessor starts a new sequence) and 
 causal mask (sdpa, eager) or cu_seqlens (flash-attention), so no token sees another episode, and rotary
 positions are each episode's own: the log-probs equal the padded forward's (tests/unit/test_learner_gpu_ready.py).
 `use_cache=False` is required for that: with a KV cache object transformers skips the packed-sequence check.
-Padded: rows [R, W], right-padded, with position ids and no attention mask either: under a causal mask no real
-token sees the padding after it. Both forms restart the position ids where an episode's context restarted
-(Batch.context_starts), which the same boundary reading turns into a context of its own.
+Padded: one row per context [R, W], right-padded, with no attention mask either: under a causal mask no real
+token sees the padding after it. A context is an episode, or each part of one whose context restarted
+(Batch.context_starts): the packed row restarts the position ids there, which the same boundary reading turns
+into a context of its own, and the padded form gives it a row, so a long episode of short contexts costs
+attention over each context, not over the episode.
 
 Only the action positions need logits: the LM head runs on those rows alone (`logits_to_keep` with an
 index tensor), which for a 150k-token vocabulary saves most of the head's FLOPs and the [T, V] logits tensor.
@@ -27,7 +29,7 @@ from turnstream.learner.batching import TensorBatch
 class MicroBatch:
     rows: torch.Tensor  # episode rows of the batch, ascending (CPU)
     select: torch.Tensor  # [N] bool over the batch's action tokens: those of these rows (CPU)
-    input_ids: torch.Tensor  # [1, T] packed or [R, W] padded, on the device
+    input_ids: torch.Tensor  # [1, T] packed or [R, W] padded (a row per context), on the device
     position_ids: torch.Tensor  # the same shape
     act_index: torch.Tensor  # packed: [n] positions in the row; padded: [2, n] (row, column); on the device
     tokens: int  # real (unpadded) tokens
@@ -75,23 +77,28 @@ def build(tb: TensorBatch, rows: torch.Tensor, packed: bool, device: torch.devic
     rows = rows.sort().values
     select = torch.isin(tb.act_episode, rows)
     lengths = tb.lengths[rows.numpy()]
-    ep, pos = tb.act_episode[select], tb.act_pos[select]
+    pairs = list(zip(rows.tolist(), lengths.tolist()))
+    flat_ids = torch.cat([tb.input_ids[r, :n] for r, n in pairs])
+    flat_positions = torch.cat([tb.position_ids[r, :n] for r, n in pairs])
+    start_of = torch.zeros(tb.num_episodes, dtype=torch.long)
+    start_of[rows] = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64))
+    at = start_of[tb.act_episode[select]] + tb.act_pos[select] - 1  # the logits predicting token p sit at p - 1
+    tokens = int(lengths.sum())
     if packed:
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        pairs = list(zip(rows.tolist(), lengths.tolist()))
-        ids = torch.cat([tb.input_ids[r, :n] for r, n in pairs])[None]
-        position_ids = torch.cat([tb.position_ids[r, :n] for r, n in pairs])[None]
-        start_of = torch.zeros(tb.num_episodes, dtype=torch.long)
-        start_of[rows] = torch.from_numpy(starts)
-        act_index = start_of[ep] + pos - 1  # the logits predicting token p sit at p - 1
-        return MicroBatch(rows, select, ids.to(device), position_ids.to(device), act_index.to(device),
-                          int(lengths.sum()), packed=True)
-    width = int(lengths.max()) if len(lengths) else 0
-    row_index = torch.full((tb.num_episodes,), -1, dtype=torch.long)
-    row_index[rows] = torch.arange(len(rows))
-    act_index = torch.stack([row_index[ep], pos - 1])
-    return MicroBatch(rows, select, tb.input_ids[rows, :width].to(device), tb.position_ids[rows, :width].to(device),
-                      act_index.to(device), int(lengths.sum()), packed=False)
+        return MicroBatch(rows, select, flat_ids[None].to(device), flat_positions[None].to(device), at.to(device),
+                          tokens, packed=True)
+    # one row per context (an episode, or each context it restarted), as wide as the longest: a token's position
+    # is its column, and no row computes attention over the contexts before it
+    context_start = torch.nonzero(flat_positions == 0).squeeze(1)
+    context_len = torch.diff(context_start, append=torch.tensor([tokens]))
+    width = int(context_len.max())
+    ids = torch.zeros((len(context_start), width), dtype=flat_ids.dtype)
+    ids[torch.repeat_interleave(torch.arange(len(context_start)), context_len), flat_positions] = flat_ids
+    row = torch.searchsorted(context_start, at, right=True) - 1
+    act_index = torch.stack([row, at - context_start[row]])
+    position_ids = torch.arange(width).expand(len(context_start), width)
+    return MicroBatch(rows, select, ids.to(device), position_ids.to(device), act_index.to(device), tokens,
+                      packed=False)
 
 
 def action_logits(model, mb: MicroBatch, **kwargs):
