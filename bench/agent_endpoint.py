@@ -14,13 +14,15 @@ reply and a short user message, `--max-tokens` per turn; the three sides alterna
 in the machine's load hits all of them. Prints a line per round and a table, then one JSON line: each side's
 turns/s and generated tokens/s (median over rounds), the CPU time this process spent per turn (the client,
 the endpoint and the actor's bookkeeping all run in it, as in an actor), and each endpoint side's turns/s as
-a ratio of the direct side's in the same round (median, min, max over rounds).
+a ratio of the direct side's in the same round (median, min, max over rounds). `--vllm-cpus 1 --cpus 0` puts the
+server and this process on cores of their own.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -172,7 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default="runs/bench-agent-endpoint", help="the started server's log directory")
+    p.add_argument("--vllm-cpus", default="", help="CPU ids to pin the started server to, e.g. 1 (as vllm.cpus)")
+    p.add_argument("--cpus", default="", help="CPU ids to pin this process (clients, endpoint, fleet) to, e.g. 0: "
+                   "with --vllm-cpus, the paths' CPU no longer takes the server's, as with a server on its own device")
     a = p.parse_args(argv)
+    if a.cpus:
+        os.sched_setaffinity(0, {int(c) for c in a.cpus.split(",")})
     from turnstream.core.config import VllmSection
     from turnstream.preflight import ensure_model
     from turnstream.processes import ProcessGroup
@@ -182,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     procs = ProcessGroup(Path(a.out))
     try:
         url = "stub" if a.stub else \
-            a.url.rstrip("/") or start_vllm_server(procs, a.model, VllmSection(max_num_seqs=64, max_model_len=1024))
+            a.url.rstrip("/") or start_vllm_server(procs, a.model, VllmSection(
+                max_num_seqs=64, max_model_len=1024, cpus=[int(c) for c in a.vllm_cpus.split(",") if c]))
         out = asyncio.run(measure(url, a.model, episodes=a.episodes, turns=a.turns, concurrency=a.concurrency,
                                   max_tokens=a.max_tokens, rounds=a.rounds))
     finally:

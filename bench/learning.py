@@ -47,6 +47,11 @@ TASKS = {  # bench name -> (registered environment, its args)
     "trail": ("trail", {}),
     "trail_longtail": ("trail_longtail", {}),  # most episodes 10-12 turns, 6 of the 64 tasks 50-60
 }
+# Settings a task is run with, by every estimator alike, on top of the defaults. The trails: each turn's context its
+# observation alone (the policy needs nothing else; a 60-turn context is what kept the tiny model from learning),
+# small batches and a faster learning rate, so that a run takes minutes (BENCHMARKS.md, "Long horizon")
+TASK_SETTINGS = {task: ["actor.context_turns=1", "buffer.batch_episodes=32", "learner.lr=0.001",
+                        "learner.warmup_steps=10", "learner.entropy_coef=0.05"] for task in ("trail", "trail_longtail")}
 SEGMENT_TURNS = 8  # a long-horizon episode (50-60 turns) trains in 6-7 segments
 # bench name -> (learner.estimator, other settings); "+curriculum": SPO's task order (an enumerating task only)
 ESTIMATORS = {"spo": ("spo", []), "spo+curriculum": ("spo", ["tasks.order=spo"]), "turn_gae": ("turn_gae", []),
@@ -84,7 +89,7 @@ def run_config(task: str, estimator: str, seed: int, url: str, args):
     from turnstream.core.config import load_config
 
     learner_estimator, settings = ESTIMATORS[estimator]
-    overrides = [*args.overrides, f"learner.estimator={learner_estimator}", *settings]
+    overrides = [*TASK_SETTINGS.get(task, []), *args.overrides, f"learner.estimator={learner_estimator}", *settings]
     if estimator in GROUP_ESTIMATORS and args.group_size > 1:
         overrides += [f"tasks.group_size={args.group_size}", "buffer.sampling=group"]
     cfg = load_config(None, overrides)  # validated as a whole: segments need a critic, gigpo needs groups

@@ -89,10 +89,13 @@ def action_logprobs(model, tb: TensorBatch, rows: torch.Tensor | None = None) ->
     The logits predicting position p sit at p - 1; they are divided by the sampling temperature and
     restricted to the allowed-token set, exactly as vLLM's processed log-probs are.
     `rows` selects a subset of episodes (a minibatch); results are for the action tokens of those rows.
+    One row per episode under a padding mask: for episodes whose context restarted, learner/forward.py's build.
     """
     if rows is None:
         rows = torch.arange(tb.num_episodes)
     ids, att = crop(tb, rows)
+    if ((tb.position_ids[rows, 1:ids.shape[1]] == 0) & (att[:, 1:] == 1)).any():
+        raise ValueError("an episode's context restarts: read it with learner/forward.py's build")
     logits = model(input_ids=ids, attention_mask=att).logits
     return logprobs_from_logits(logits, tb, rows)
 

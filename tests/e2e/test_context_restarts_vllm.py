@@ -7,36 +7,22 @@ import asyncio
 import pytest
 import torch
 
-from turnstream.actors.chat import ChatTokens
-from turnstream.actors.fleet import InferenceFleet
-from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.registry import make_env
-from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import RandomOrder, TaskSource
 from turnstream.buffer.episodes import Episode, flatten
 from turnstream.learner import forward
 from turnstream.learner.batching import logprobs_from_action_logits, to_tensors
-from tests.helpers import CollectingLink
+from tests.helpers import play_episodes
 
 pytestmark = pytest.mark.vllm
 
 LOGPROB_TOLERANCE = 1e-4  # as in test_vllm_roundtrip.py: measured errors are ~1e-7
 
 
-async def _play(url, model_dir, n):
-    link = CollectingLink()
-    async with InferenceFleet([url]) as client:
-        runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=lambda: make_env("trail", length=8),
-                               chat=ChatTokens(model_dir), client=client, link=link, sampling=Sampling(0.9, 1, 512, context_turns=3),
-                               metrics=ActorMetrics(), tasks=TaskSource(RandomOrder(0)))
-        await asyncio.gather(*(runner.play(f"e{i}", seed=i) for i in range(n)))
-    return link.chunks
-
-
 def test_restarted_contexts_keep_the_servers_log_probs(vllm_url, tiny_model):
     from transformers import AutoModelForCausalLM
 
-    chunks = asyncio.run(_play(vllm_url, tiny_model, 6))
+    chunks = asyncio.run(play_episodes(vllm_url, tiny_model, 6, temperature=0.9, max_new_tokens=1, context_turns=3,
+                                       env_factory=lambda: make_env("trail", length=8)))
     episodes = {}
     for c in chunks:
         episodes.setdefault(c.episode_id, Episode(c.episode_id, ("t", 1), c.prompt_key)).add(c)

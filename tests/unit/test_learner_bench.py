@@ -23,6 +23,21 @@ def test_bench_learner_smoke(capsys):
     assert out["turn_gae_microbatch_ratio"] > 0
 
 
+def test_bench_learner_context_rows_smoke(capsys):
+    assert learner.main(["--context-turns", "1", "--turns", "4", "--episodes", "4", "--steps", "1"]) == 0
+    out = last_json(capsys)
+    assert out["context_rows_step_s"] > 0 and out["episode_rows_step_s"] > 0 and out["context_rows_speedup"] > 0
+
+
+def test_trail_runs_with_its_settings_for_every_estimator():
+    """The long trail's settings reach every estimator's config alike; the estimator's own come after them."""
+    args = learning._parse(["--model", "m"])
+    for estimator in ("turn_gae+segments", "spo", "grpo"):
+        cfg = learning.run_config("trail", estimator, 0, "http://127.0.0.1:1", args)
+        assert (cfg.actor.context_turns, cfg.buffer.batch_episodes, cfg.learner.lr) == (1, 32, 0.001)
+    assert learning.run_config("goal_walk", "spo", 0, "http://127.0.0.1:1", args).actor.context_turns == 0
+
+
 def test_bench_learning_summaries(tmp_path):
     """Episodes and seconds are those of the first step whose rolling success reached the target."""
     steps = [{"episodes": 100, "return_mean": r, "time": 1000.0 + 10 * i, "entropy": 0.7 - 0.1 * i, "step_kl": 0.01}
