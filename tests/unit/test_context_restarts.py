@@ -3,6 +3,8 @@ lays out an item from the restart its first trained turn belongs to, and the lea
 restarted context its own attention and positions, as vLLM saw it."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -16,6 +18,7 @@ from turnstream.learner import forward
 from turnstream.learner.batching import logprobs_from_action_logits, to_tensors
 from turnstream.learner.packing import subset
 from turnstream.protocol.chunk_batch import pack, unpack
+from turnstream.protocol.codec import decode, encode
 from tests.learner_batches import tiny_causal_lm
 from tests.unit.fakes import CollectingLink, ScriptedClient
 from tests.unit.test_buffer_wal import ingest_logged, open_store
@@ -38,6 +41,8 @@ async def test_the_actor_restarts_the_context_every_k_turns(tiny_model):
             before = chunks[c.turn - 1]
             assert prompt == client.calls[c.turn - 1] + before.gen_tokens.tolist() + c.obs_tokens.tolist()
     assert [c.context_reset for c in unpack(pack(chunks))] == [c.context_reset for c in chunks]
+    older = dataclasses.replace(pack(chunks), context_reset=[])  # a peer from before the field: none restarts
+    assert not any(c.context_reset for c in unpack(decode(encode(older))))
 
 
 def _episode(resets: set[int], n_turns: int = 6) -> Episode:
