@@ -6,10 +6,10 @@ included, which are the generated tokens themselves), so nothing generated is re
 to the buffer at once, like any runner turn (its chunk carries the rewards reported since the last one).
 
 A caller whose history does not continue the recorded one (it edited, dropped or reordered messages, or
-changed the tools) starts a new segment: a new token stream of the episode (`<id>/s<k>`, prompt key
-`<key>/s<k>`) from the whole conversation rendered afresh, counted in
-`turnstream_actor_agent_segments_total`. Every segment is closed with the episode's final reward, as the
-runner closes the other agents' streams of a multi-agent episode.
+changed the tools, as an agent that summarises or trims its history does) starts a new segment: the turn's
+context restarts from the whole conversation rendered afresh (`TurnChunk.context_reset`), counted in
+`turnstream_actor_agent_segments_total`. It stays one episode: the learner reads each turn in the context it
+was sampled from, and turn-level GAE runs on across the restart to the episode's final reward.
 """
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ class AgentEpisode:
     metrics: object  # actors.openai_endpoint.AgentMetrics
     episode_id: str
     prompt_key: str
-    segments: list[_Stream] = field(default_factory=list)
-    history: list[Message] = field(default_factory=list)  # what the current segment's context renders
+    stream: _Stream | None = None  # None until the first call
+    history: list[Message] = field(default_factory=list)  # what the current context renders
     tools: list[dict] = field(default_factory=list)
     turns: int = 0
     pending_reward: float = 0.0
@@ -60,20 +60,18 @@ class AgentEpisode:
     def _new_messages(self, request: ChatRequest) -> list[Message] | None:
         """The messages after the recorded history; None when the caller's history does not continue it."""
         n = len(self.history)
-        if not self.segments or request.tools != self.tools or request.messages[:n] != self.history:
+        if self.stream is None or request.tools != self.tools or request.messages[:n] != self.history:
             return None
         return request.messages[n:]
 
-    def _observation(self, request: ChatRequest) -> tuple[_Stream, list[int], bool]:
-        """(the segment this turn extends, the turn's observation tokens, whether the segment is new)."""
+    def _observation(self, request: ChatRequest) -> tuple[list[int], list[int], bool]:
+        """(the context before this turn, the turn's observation tokens, whether the context restarts)."""
         chat, new = self.runner.chat, self._new_messages(request)
-        if new is None:  # the first call, or a history that does not continue the recorded one: a new segment
-            k = len(self.segments)
-            s = _Stream(self.episode_id + (f"/s{k}" if k else ""), self.prompt_key + (f"/s{k}" if k else ""), 0)
-            return s, chat.encode(render(request.messages, request.tools, first=True) + ASSISTANT), True
-        s = self.segments[-1]
+        if new is None:  # the first call, or a history that does not continue the recorded one: a new context
+            return [], chat.encode(render(request.messages, request.tools, first=True) + ASSISTANT), True
+        s = self.stream
         closing = "" if s.last_gen and s.last_gen[-1] == chat.end_of_turn_id else chat.end_of_turn
-        return s, chat.encode(f"{closing}\n" + render(new, request.tools, first=False) + ASSISTANT), False
+        return s.context, chat.encode(f"{closing}\n" + render(new, request.tools, first=False) + ASSISTANT), False
 
     async def _turn(self, request: ChatRequest) -> Reply:
         r, sampling = self.runner, self.runner.sampling
@@ -83,8 +81,8 @@ class AgentEpisode:
         extra: dict = {"stop": request.stop} if request.stop else {}
         if (tool := forced_tool(request)) is not None:
             extra["structured_outputs"] = tool_call_constraint(tool)
-        s, obs_tokens, new_segment = self._observation(request)
-        context = s.context + obs_tokens
+        before, obs_tokens, restart = self._observation(request)
+        context = before + obs_tokens
         max_tokens = min(request.max_tokens or sampling.max_new_tokens, sampling.max_new_tokens)
         if (sampling.max_turns and self.turns >= sampling.max_turns) or \
                 len(context) + max_tokens > sampling.max_context_tokens:
@@ -104,10 +102,11 @@ class AgentEpisode:
         r.m.generate_seconds.observe(time.monotonic() - started)
         r.m.generated_tokens.inc(len(gen.tokens))
         r.m.turns.inc()
-        if new_segment:
-            if self.segments:
-                self.metrics.segments.inc()
-            self.segments.append(s)
+        if self.stream is None:
+            self.stream = _Stream(self.episode_id, self.prompt_key, 0)
+        elif restart:
+            self.metrics.segments.inc()
+        s = self.stream
         self.turns += 1
         text = r.chat.decode(gen.tokens)
         for stop in request.stop:  # OpenAI's replies end before the stop string; the tokens keep all of it
@@ -116,7 +115,7 @@ class AgentEpisode:
         content, calls = (text, []) if request.tool_choice == "none" else parse_tool_calls(text)
         reward, self.pending_reward = self.pending_reward, 0.0
         await r._send(s, obs_tokens, gen, [], reward, done=False, truncated=False, t_start=t_start,
-                      temperature=temperature)
+                      temperature=temperature, context_reset=restart and s.turn > 0)
         s.context = context + gen.tokens
         s.last_gen = gen.tokens
         self.tools, self.history = request.tools, [*request.messages, Message("assistant", content, tuple(calls))]
@@ -127,7 +126,7 @@ class AgentEpisode:
         self.pending_reward += reward
 
     async def finish(self, reward: float = 0.0) -> str:
-        """Close every segment with the episode's reward (those with a streamed turn); the outcome."""
+        """Close the episode's stream (if a turn was streamed) with its reward; the outcome."""
         async with self.lock:
             if self.outcome is None:
                 self.pending_reward += reward
@@ -136,12 +135,7 @@ class AgentEpisode:
 
     async def _close(self, *, truncated: bool) -> None:
         self.outcome = "truncated" if truncated else "done"
-        for s in self.segments:
-            if s.turn:
-                await self.runner._send(s, [], None, [], self.pending_reward, done=True, truncated=truncated,
-                                        t_start=time.time())
+        if self.stream is not None and self.stream.turn:
+            await self.runner._send(self.stream, [], None, [], self.pending_reward, done=True, truncated=truncated,
+                                    t_start=time.time())
         self.pending_reward = 0.0
-
-    @property
-    def streamed_seq(self) -> int:
-        return max((s.last_seq for s in self.segments), default=-1)

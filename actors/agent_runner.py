@@ -78,7 +78,8 @@ async def play_at_endpoint(runner, run: Callable[[OpenAIEndpoint, str], Awaitabl
         return "agent_error"
     finally:
         del endpoint.episodes[episode_id]
-        streams.update(enumerate(episode.segments))  # what the slot reads: streamed chunks, prompt keys
+        if episode.stream is not None:  # what the slot reads: streamed chunks, prompt keys
+            streams[0] = episode.stream
     outcome = await episode.finish(reward)
     return "success" if outcome == "done" and reward >= success_at else outcome
 

@@ -38,8 +38,8 @@ class AgentMetrics:
                                     "Requests the OpenAI-compatible endpoint rejected, by reason", ["reason"],
                                     registry=r)
         self.segments = Counter("turnstream_actor_agent_segments_total",
-                                "New segments of agent episodes: a caller's history did not continue the recorded "
-                                "tokens", registry=r)
+                                "Restarted contexts of agent episodes: a caller's history did not continue the "
+                                "recorded tokens", registry=r)
         self.agent_errors = Counter("turnstream_actor_agent_errors_total",
                                     "Agent episodes abandoned because the user's function failed, by reason",
                                     ["reason"], registry=r)

@@ -117,17 +117,16 @@ async def edited_history(client, task):
     return 0.5
 
 
-async def test_a_history_that_does_not_continue_the_tokens_starts_a_counted_segment(tiny_model):
+async def test_a_history_that_does_not_continue_the_tokens_restarts_the_context_counted(tiny_model):
     runner, link, _ = runner_for(tiny_model, edited_history, tasks=["x"])
     assert await runner.play("ep", seed=0, task=0) == "done"  # 0.5 < success_at
-    by_stream = {}
-    for c in link.chunks:
-        by_stream.setdefault(c.episode_id, []).append(c)
-    assert sorted(by_stream) == ["ep", "ep/s1"]
-    assert by_stream["ep/s1"][0].obs_tokens.tolist()[:3] == runner.chat.encode("<|im_start|>user\na (edited)")[:3]
-    assert by_stream["ep/s1"][0].prompt_key == "task-0/s1"
-    for chunks in by_stream.values():  # both segments end with the episode's reward
-        assert chunks[-1].done and chunks[-1].reward == 0.5
+    first, second, closing = link.chunks
+    assert {c.episode_id for c in link.chunks} == {"ep"} and {c.prompt_key for c in link.chunks} == {"task-0"}
+    # one episode: the second turn's context is the edited conversation rendered afresh, not the first turn's
+    assert (first.context_reset, second.context_reset) == (False, True)
+    assert second.obs_tokens.tolist()[:3] == runner.chat.encode("<|im_start|>user\na (edited)")[:3]
+    assert runner.client.calls[1] == second.obs_tokens.tolist()
+    assert closing.done and closing.reward == 0.5 and [c.turn for c in link.chunks] == [0, 1, 2]
     assert sample(runner, "turnstream_actor_agent_segments_total") == 1
 
 
