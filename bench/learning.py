@@ -49,8 +49,9 @@ TASKS = {  # bench name -> (registered environment, its args)
 }
 # Settings a task is run with, by every estimator alike, on top of the defaults. The trails: each turn's context its
 # observation alone (the policy needs nothing else; a 60-turn context is what kept the tiny model from learning),
-# small batches and a faster learning rate, so that a run takes minutes (BENCHMARKS.md, "Long horizon")
-TASK_SETTINGS = {task: ["actor.context_turns=1", "buffer.batch_episodes=32", "learner.lr=0.001",
+# batches of 20,000 tokens (about 30 whole episodes, or as many turns in segments) and a faster learning rate, so
+# that a run takes minutes (BENCHMARKS.md, "Long horizon")
+TASK_SETTINGS = {task: ["actor.context_turns=1", "learner.batch_max_tokens=20000", "learner.lr=0.001",
                         "learner.warmup_steps=10", "learner.entropy_coef=0.05"] for task in ("trail", "trail_longtail")}
 SEGMENT_TURNS = 8  # a long-horizon episode (50-60 turns) trains in 6-7 segments
 # bench name -> (learner.estimator, other settings); "+curriculum": SPO's task order (an enumerating task only)

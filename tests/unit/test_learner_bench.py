@@ -34,7 +34,7 @@ def test_trail_runs_with_its_settings_for_every_estimator():
     args = learning._parse(["--model", "m"])
     for estimator in ("turn_gae+segments", "spo", "grpo"):
         cfg = learning.run_config("trail", estimator, 0, "http://127.0.0.1:1", args)
-        assert (cfg.actor.context_turns, cfg.buffer.batch_episodes, cfg.learner.lr) == (1, 32, 0.001)
+        assert (cfg.actor.context_turns, cfg.learner.batch_max_tokens, cfg.learner.lr) == (1, 20000, 0.001)
     assert learning.run_config("goal_walk", "spo", 0, "http://127.0.0.1:1", args).actor.context_turns == 0
 
 
