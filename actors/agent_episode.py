@@ -102,9 +102,10 @@ class AgentEpisode:
         r.m.generate_seconds.observe(time.monotonic() - started)
         r.m.generated_tokens.inc(len(gen.tokens))
         r.m.turns.inc()
+        new_context = restart and self.stream is not None  # the first call's context is new too, not restarted
         if self.stream is None:
             self.stream = _Stream(self.episode_id, self.prompt_key, 0)
-        elif restart:
+        if new_context:
             self.metrics.segments.inc()
         s = self.stream
         self.turns += 1
@@ -115,7 +116,7 @@ class AgentEpisode:
         content, calls = (text, []) if request.tool_choice == "none" else parse_tool_calls(text)
         reward, self.pending_reward = self.pending_reward, 0.0
         await r._send(s, obs_tokens, gen, [], reward, done=False, truncated=False, t_start=t_start,
-                      temperature=temperature, context_reset=restart and s.turn > 0)
+                      temperature=temperature, context_reset=new_context)
         s.context = context + gen.tokens
         s.last_gen = gen.tokens
         self.tools, self.history = request.tools, [*request.messages, Message("assistant", content, tuple(calls))]

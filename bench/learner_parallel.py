@@ -166,13 +166,13 @@ def main(args) -> int:
     from turnstream.bench import lora_push
     from turnstream.core.config_lora import LoraSection
 
-    per_rank = _launch(_spec(args), args.ranks, Path(tempfile.mkdtemp(prefix="bench-learner-parallel-")))
+    spec = _spec(args)
+    per_rank = _launch(spec, args.ranks, Path(tempfile.mkdtemp(prefix="bench-learner-parallel-")))
     r0, gib = per_rank[0], 2 ** 30
     tokens = r0["tokens"]
     state = {mode: max(r[mode]["total"] for r in per_rank) for mode in MODES}  # the fuller rank's
     step_s = {mode: statistics.median(r0["times"][mode]) for mode in MODES}
     pairs = [d / f for d, f in zip(r0["times"]["ddp"], r0["times"]["fsdp2"])]  # fsdp2 tokens/s over ddp's
-    spec = _spec(args)
     shape = ", ".join(f"{k} {spec[k]}" for k in ("layers", "vocab") if spec[k])
     print(f"{spec['model_config']} shapes{' (' + shape + ')' if shape else ''}: {r0['params'] / 1e6:.0f}M parameters, "
           f"{args.ranks} ranks, {tokens} tokens per step, {args.threads} thread(s) per rank, {args.steps} step pairs")

@@ -46,7 +46,7 @@ def to_tensors(batch: Batch, vocab_size: int, pad_id: int = 0) -> TensorBatch:
         raise ValueError("batch holds token ids outside the model's vocabulary")
     ids = np.full((n_eps, int(lengths.max())), pad_id, np.int64)
     att = np.zeros_like(ids)
-    positions = np.tile(np.arange(ids.shape[1]), (n_eps, 1))  # padding: no real token attends to it (causal)
+    positions = np.zeros_like(ids)  # the padding's are never read (learner/forward.py builds rows of real tokens)
     flat_positions = context_positions(offsets, batch.context_starts)
     for e in range(n_eps):
         ids[e, : lengths[e]] = batch.tokens[offsets[e]: offsets[e + 1]]

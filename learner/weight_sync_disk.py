@@ -42,10 +42,7 @@ class DiskWeightSync(WeightSync):
     def save(self, weights: dict | WeightBuckets, version: int) -> Path:
         """Write a complete HF checkpoint directory atomically (tmp dir + rename): a state dict as one
         safetensors file, a WeightBuckets source one file per bucket as it is gathered (with its index)."""
-        final = self.dir / f"v{version:06d}"
-        tmp = self.dir / f".tmp-v{version:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        tmp = self._new_version_dir(version)
         for name in MODEL_SIDE_FILES:
             if (self.model_dir / name).exists():
                 shutil.copy2(self.model_dir / name, tmp / name)
@@ -55,6 +52,18 @@ class DiskWeightSync(WeightSync):
             write_shards(tmp, weights, len(weights.buckets))
         else:
             write_shards(tmp, [list(weights.items())], 1)
+        return self._publish(tmp, version)
+
+    def _new_version_dir(self, version: int) -> Path:
+        """An empty scratch directory for `version`'s files, which _publish renames into place."""
+        tmp = self.dir / f".tmp-v{version:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        return tmp
+
+    def _publish(self, tmp: Path, version: int) -> Path:
+        """`tmp` becomes v<version> at once (a server never reads a half-written version); older ones pruned."""
+        final = self.dir / f"v{version:06d}"
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         self._prune(version)

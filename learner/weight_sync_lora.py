@@ -16,7 +16,6 @@ server without it answers 404 (no route) or 400; the push then fails with that h
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 
 import aiohttp
@@ -55,15 +54,10 @@ class LoraAdapterSync(DiskWeightSync):
             tensors = adapter_tensors(tensors)
         if not tensors:
             raise ValueError("no LoRA adapter tensors to push (is [learner.lora] attached to the model?)")
-        final, tmp = self.dir / f"v{version:06d}", self.dir / f".tmp-v{version:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        tmp = self._new_version_dir(version)
         adapter_files(tmp, tensors, self.lora, str(self.model_dir.resolve()))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
         self.last_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
-        self._prune(version)
-        return final
+        return self._publish(tmp, version)
 
     async def _transfer(self, session: aiohttp.ClientSession, urls: list[str], path: Path, version: int) -> None:
         for url in urls:
