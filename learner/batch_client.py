@@ -33,10 +33,13 @@ class BatchClient:
         self.max_message_bytes = max_message_bytes
         self.ids = itertools.count(1)
 
-    async def get(self, version: int, episodes: int, max_tokens: int = 0, retry_s: float = 5.0) -> Batch:
+    async def get(self, version: int, episodes: int, max_tokens: int = 0, retry_s: float = 5.0,
+                  poll_s: float = 0.0) -> Batch:
+        """The next batch; with poll_s > 0 the buffer answers an empty batch of status "timeout" after that long
+        without data (keep poll_s below retry_s, or the re-ask replaces the request it would have answered)."""
         request_id = next(self.ids)
         while True:
-            await self.sock.send_multipart(encode(BatchRequest(request_id, version, episodes, max_tokens)))
+            await self.sock.send_multipart(encode(BatchRequest(request_id, version, episodes, max_tokens, poll_s)))
             # wait out retry_s for our answer; a stray message (an earlier answer sent twice) is skipped
             deadline = time.monotonic() + retry_s
             while (left := deadline - time.monotonic()) > 0 and await self.sock.poll(left * 1000, zmq.POLLIN):

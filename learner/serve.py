@@ -213,17 +213,34 @@ def changed_values(trainer: Trainer, batch: Batch) -> dict[str, float]:
     return {key: trainer.tracker.value(key) for key in dict.fromkeys(batch.prompt_keys)}
 
 
+# A batch request is a long poll of this many seconds. The buffer counts a batch consumed once it sends it, so a
+# stopping learner lets the request in flight finish (at most this long, plus the grace for a buffer that is gone)
+# and trains what it brings, instead of dropping a batch that nobody would ever train.
+POLL_S = 2.0
+STOP_GRACE_S = 3.0
+
+
 async def next_batch(batches: BatchClient, cfg: Config, version: int, stop: asyncio.Event) -> Batch | None:
-    """The buffer's next batch for the policy `version`; None once stopped, or for an empty answer."""
-    fetch = asyncio.create_task(batches.get(version, cfg.buffer.batch_episodes, cfg.learner.batch_max_tokens))
-    stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait([fetch, stopping], return_when=asyncio.FIRST_COMPLETED)
-    if stop.is_set():
-        fetch.cancel()
-        return None
-    stopping.cancel()
-    batch = fetch.result()
-    return batch if getattr(batch, "status", "ok") == "ok" and batch.episode_ids else None
+    """The buffer's next batch for the policy `version`; None once stopped with no batch in flight."""
+    while True:
+        fetch = asyncio.create_task(batches.get(version, cfg.buffer.batch_episodes, cfg.learner.batch_max_tokens,
+                                                poll_s=POLL_S))
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait([fetch, stopping], return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not fetch.done():
+            try:
+                await asyncio.wait_for(fetch, POLL_S + STOP_GRACE_S)
+            except TimeoutError:  # the buffer did not answer: it served us nothing
+                log.info("stopped with no answer to the batch request in flight")
+                return None
+        batch = fetch.result()
+        if getattr(batch, "status", "ok") == "ok" and batch.episode_ids:
+            if stop.is_set():
+                log.info("stopped with a batch in flight: training its %d episode(s) first", len(batch.episode_ids))
+            return batch
+        if stop.is_set():
+            return None
 
 
 async def train_on(trainer: Trainer, batch: Batch, world: int, metrics: LearnerMetrics) -> dict | None:
