@@ -231,7 +231,7 @@ async def next_batch(batches: BatchClient, cfg: Config, version: int, stop: asyn
         if not fetch.done():
             try:
                 await asyncio.wait_for(fetch, POLL_S + STOP_GRACE_S)
-            except TimeoutError:  # the buffer did not answer: it served us nothing
+            except TimeoutError:  # no answer within the poll and its grace: the buffer is gone or stalled
                 log.info("stopped with no answer to the batch request in flight")
                 return None
         batch = fetch.result()
