@@ -18,11 +18,11 @@ CFG = SimpleNamespace(buffer=SimpleNamespace(batch_episodes=2), learner=SimpleNa
 
 
 async def _with_buffer(test):
-    server, store, metrics = in_process_buffer(batch_episodes=2, eta=9)
+    server, store, _metrics = in_process_buffer(batch_episodes=2, eta=9)
     ctx = zmq.asyncio.Context()
     task = asyncio.create_task(server.run())
     try:
-        await test(store, metrics, BatchClient(ctx, f"tcp://127.0.0.1:{server.serve_port}", 1 << 20, None))
+        await test(store, BatchClient(ctx, f"tcp://127.0.0.1:{server.serve_port}", 1 << 20, None))
     finally:
         task.cancel()
         server.close()
@@ -30,7 +30,7 @@ async def _with_buffer(test):
 
 
 async def test_a_stop_during_the_request_still_returns_the_batch_it_was_served():
-    async def test(store, metrics, client):
+    async def test(store, client):
         for e in range(2):
             assert store.ingest_message(b"a", pack([chunk(f"e{e}", 0, seq=e, done=True)])) == [(e, "ok", "")]
         stop = asyncio.Event()
@@ -41,7 +41,7 @@ async def test_a_stop_during_the_request_still_returns_the_batch_it_was_served()
 
 
 async def test_a_stop_with_nothing_to_serve_ends_the_wait_within_the_poll():
-    async def test(store, metrics, client):
+    async def test(store, client):
         stop = asyncio.Event()
         fetching = asyncio.create_task(next_batch(client, CFG, 0, stop))
         await asyncio.sleep(0.5)
