@@ -130,14 +130,19 @@ def summarize_run(task: str, estimator: str, seed: int, steps: list[dict], windo
     whose rolling success reached the target (None if none did)."""
     from turnstream.report import rolling_success
 
-    episodes, reached = 0, None
+    episodes, reached, upto = 0, None, steps
     for i, s in enumerate(steps):
         episodes += s["episodes"]
         if episodes >= window and rolling_success(steps[: i + 1], window) >= target:
-            reached = (episodes, round(s["time"] - t0, 1))
+            reached, upto = (episodes, round(s["time"] - t0, 1)), steps[: i + 1]
             break
+    # where the time to the target went: waiting for a first batch, then the learner's steps (busy near 1:
+    # the learner is the slow stage and fresher turns can only save steps, not waiting)
+    span = upto[-1]["time"] - t0 if upto else 0.0
     return {"task": task, "estimator": estimator, "seed": seed,
             "episodes_to_target": reached[0] if reached else None, "wall_s_to_target": reached[1] if reached else None,
+            "first_step_s": round(steps[0].get("step_started", steps[0]["time"]) - t0, 1) if steps else None,
+            "learner_busy": round(sum(s.get("step_s", 0.0) for s in upto) / span, 3) if span > 0 else None,
             "episodes": sum(s["episodes"] for s in steps), "steps": len(steps),
             "success_start": round(steps[0]["return_mean"], 3) if steps else None,
             "success_end": round(rolling_success(steps, window), 3) if steps else 0.0,
@@ -194,6 +199,8 @@ def aggregate(records: list[dict]) -> dict:
             "episodes_median": statistics.median(r["episodes_to_target"] for r in hit) if hit else None,
             "wall_s_median": statistics.median(r["wall_s_to_target"] for r in hit) if hit else None,
             "success_end_mean": round(statistics.mean(r["success_end"] for r in rs), 3),
+            "first_step_s_median": _median_of(r.get("first_step_s") for r in rs),
+            "learner_busy_median": _median_of(r.get("learner_busy") for r in rs),
             "turn_to_train_s_median": _median_of(r.get("turn_to_train_s") for r in rs),
             "turn_to_train_versions_median": _median_of(r.get("turn_to_train_versions") for r in rs)}
     return summary
@@ -206,11 +213,12 @@ def _median_of(values) -> float | None:
 
 def format_table(summary: dict) -> str:
     lines = [f"{'task/estimator':<32}{'reached':>9}{'episodes (median)':>19}{'wall s (median)':>17}"
-             f"{'success end':>13}{'turn>train s/versions':>23}"]
+             f"{'success end':>13}{'turn>train s/versions':>23}{'first step s':>14}{'learner busy':>14}"]
     for key, s in summary.items():
         latency = f"{s.get('turn_to_train_s_median')}/{s.get('turn_to_train_versions_median')}"
         lines.append(f"{key:<32}{s['reached']:>5}/{s['seeds']:<3}{str(s['episodes_median']):>19}"
-                     f"{str(s['wall_s_median']):>17}{s['success_end_mean']:>13.3f}{latency:>23}")
+                     f"{str(s['wall_s_median']):>17}{s['success_end_mean']:>13.3f}{latency:>23}"
+                     f"{str(s.get('first_step_s_median')):>14}{str(s.get('learner_busy_median')):>14}")
     return "\n".join(lines)
 
 
