@@ -38,7 +38,8 @@ class Episode:
     served: int = 0  # turns before this one were trained in segments
     contiguous: int = 0  # turns 0..contiguous-1 have all arrived
     # kept up to date by add(), so staleness checks and token budgets cost O(1) per episode
-    num_tokens: int = 0
+    num_tokens: int = 0  # what flatten() lays out for it now: the turns from layout_start on
+    layout_start: int = 0  # the context start of its first turn not yet served
     min_version: int = NO_VERSION  # of the turns not yet served
     nbytes: int = 0
     resets: set[int] = field(default_factory=set)  # turns whose context restarted
@@ -46,7 +47,8 @@ class Episode:
     def add(self, chunk: TurnChunk) -> None:
         self.turns[chunk.turn] = chunk
         self.last_seen = self.arrived[chunk.turn] = time.monotonic()
-        self.num_tokens += chunk.obs_tokens.size + chunk.gen_tokens.size
+        if chunk.turn >= self.layout_start:
+            self.num_tokens += chunk.obs_tokens.size + chunk.gen_tokens.size
         self.nbytes += chunk.obs_tokens.nbytes + chunk.gen_tokens.nbytes * 3 + chunk.allowed_tokens.nbytes
         self.min_version = min(self.min_version, _min_version(chunk))
         while self.contiguous in self.turns:
@@ -61,10 +63,15 @@ class Episode:
         return max((t for t in self.resets if t <= turn), default=0)
 
     def serve_through(self, end: int) -> None:
-        """Turns before `end` were served in a segment: they no longer count for staleness."""
+        """Turns before `end` were served in a segment: they no longer count for staleness, nor for the token
+        budget once no later turn's context holds them (a batch of last segments sized by whole episodes would
+        be a fraction of learner.batch_max_tokens, and the learner would race ahead of the actors on them)."""
         self.served = max(self.served, end)
         self.min_version = min((_min_version(c) for t, c in self.turns.items() if t >= self.served),
                                default=NO_VERSION)
+        self.layout_start = self.context_start(self.served)
+        self.num_tokens = sum(c.obs_tokens.size + c.gen_tokens.size for t, c in self.turns.items()
+                              if t >= self.layout_start)
 
     def segment_end(self) -> int | None:
         """The turn that would close a segment served now (the last arrived turn of the unbroken run after

@@ -45,11 +45,11 @@ async def test_the_actor_restarts_the_context_every_k_turns(tiny_model):
     assert not any(c.context_reset for c in unpack(decode(encode(older))))
 
 
-def _episode(resets: set[int], n_turns: int = 6) -> Episode:
+def _episode(resets: set[int], n_turns: int = 6, done: bool = True) -> Episode:
     ep = Episode("e", ("a0", 0), "p")
     for t in range(n_turns):
         c = chunk(seq=t, turn=t, obs=(1, 2) if t in resets or t == 0 else (3,), gen=(10 + t, 20 + t),
-                  reward=0.1 * t, done=t == n_turns - 1)
+                  reward=0.1 * t, done=done and t == n_turns - 1)
         c.context_reset = t in resets
         ep.add(c)
     return ep
@@ -76,6 +76,20 @@ def test_a_whole_episode_names_each_restart_and_a_segment_starts_at_its_own():
     assert both.context_starts.tolist() == [first_len + 7, first_len + 14]
     assert subset(both, np.array([1])).context_starts.tolist() == [7, 14]
     assert subset(both, np.array([0])).context_starts.tolist() == []
+
+
+def test_the_token_budget_counts_what_an_episode_lays_out_after_its_segments():
+    """select() sizes batches by num_tokens: after a segment went out, a complete episode counts the turns
+    flatten() still lays out (from its next turn's context), not the whole episode."""
+    for resets, served in (({2, 4}, 3), (set(), 3), ({1, 2, 3, 4, 5}, 5)):
+        ep = _episode(resets)
+        assert ep.num_tokens == flatten([ep], 0, 0, 0).tokens.size
+        ep.serve_through(served)
+        assert ep.num_tokens == flatten([ep], 0, 0, 0).tokens.size
+    ep = _episode({1, 2, 3, 4, 5, 6}, n_turns=7, done=False)  # a turn arriving after the segment counts too
+    ep.serve_through(4)
+    ep.add(chunk(seq=7, turn=7, obs=(1, 2), gen=(17, 27), reward=0.0, done=True))
+    assert ep.num_tokens == flatten([ep], 0, 0, 0).tokens.size == 4 * 4  # turns 4-7, each its own context
 
 
 def test_restarts_survive_the_write_ahead_log(tmp_path):
