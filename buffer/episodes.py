@@ -73,6 +73,16 @@ class Episode:
         self.num_tokens = sum(c.obs_tokens.size + c.gen_tokens.size for t, c in self.turns.items()
                               if t >= self.layout_start)
 
+    def stale_through(self, oldest_version: int) -> int:
+        """The turn after the last not-yet-served one with a token older than `oldest_version` (`served` if
+        none): the turns before it are past the bound, those from it on are not (versions only grow)."""
+        old = [t for t, c in self.turns.items() if t >= self.served and _min_version(c) < oldest_version]
+        return max(old) + 1 if old else self.served
+
+    def has_turns_to_train(self) -> bool:
+        """Whether a turn not yet served generated a token (a closing observation alone trains nothing)."""
+        return self.min_version != NO_VERSION
+
     def segment_end(self) -> int | None:
         """The turn that would close a segment served now (the last arrived turn of the unbroken run after
         `served` that generated a token, for the critic's position), or None when no turn could be trained."""

@@ -42,6 +42,10 @@ class BufferMetrics:
         self.segments_served = Counter("turnstream_buffer_segments_served_total",
                                        "Segments of open episodes handed to the learner (buffer.segment_turns)",
                                        registry=r)
+        self.stale_turns_skipped = Counter("turnstream_buffer_stale_turns_skipped_total",
+                                           "Turns of episodes served in segments passed over for being past "
+                                           "buffer.max_staleness (their episode's fresher turns are still served)",
+                                           registry=r)
         self.turn_to_train_seconds = Histogram(
             "turnstream_buffer_turn_to_train_seconds",
             "Per trained turn: seconds from its chunk's arrival to the batch holding it leaving for the learner",

@@ -11,8 +11,11 @@ Invariants:
 - an episode reaches the learner only when complete, at most once, and only if
   learner_version - min(token versions) <= max_staleness at the moment it is served;
 - with segments (segment_turns > 0), an open episode's next turns may be served before it ends
-  (buffer/episodes.py, Segment): each turn in exactly one served item, the bound checked on the item's own
-  turns, and the episode's staleness afterwards measured on its turns not yet served;
+  (buffer/episodes.py, Segment): each turn in at most one served item, the bound checked on the item's own
+  turns, and the episode's staleness afterwards measured on its turns not yet served. A turn past the bound
+  is skipped (counted, never served), not its episode: the later turns are fresh, and a value-based
+  estimator trains them from the critic's bootstrap as any segment; a complete episode with nothing fresh
+  left is dropped as stale;
 - memory is bounded by max_items episodes: beyond it no credit is granted, so actors wait;
 - episodes leave only by being served or by a counted drop (stale, abandoned, group_timeout, uniform_group).
 """
@@ -165,8 +168,8 @@ class ReplayStore:
             self.limiter.on_insert()
             self.m.counts.inserts += 1
             self.m.counts.episodes["completed"] += 1
-            if self.staleness(ep) > self.max_staleness:  # finished already too old to ever be served
-                self._drop_ready([ep.episode_id], "stale")
+            if self.staleness(ep) > self.max_staleness and not self._skip_stale_turns(ep):
+                self._drop_ready([ep.episode_id], "stale")  # finished already too old to ever be served
 
     def _close(self, ep: Episode) -> None:
         self.in_progress.pop(ep.episode_id, None)
@@ -182,9 +185,24 @@ class ReplayStore:
         if self.journal is not None:
             self.journal.version(version)
         self.learner_version = version
-        stale = [i for i, ep in self.ready.items() if self.staleness(ep) > self.max_staleness]
-        if stale:  # staleness grows only when the version moves, so this is the only scan needed
+        # staleness grows only when the version moves, so this is the only scan needed
+        stale = [i for i, ep in self.ready.items()
+                 if self.staleness(ep) > self.max_staleness and not self._skip_stale_turns(ep)]
+        if stale:
             self._drop_ready(stale, "stale")
+
+    def _skip_stale_turns(self, ep: Episode) -> bool:
+        """With segments: pass over `ep`'s turns past the bound, as if served (journaled so, counted); whether it
+        still has a turn to train. Without segments an episode is trained whole or not at all: False."""
+        if not self.segment_turns:
+            return False
+        skip_to = ep.stale_through(self.learner_version - self.max_staleness)
+        if skip_to > ep.served:
+            if self.journal is not None:
+                self.journal.segment(ep.episode_id, ep.served, skip_to)
+            self.m.stale_turns_skipped.inc(skip_to - ep.served)
+            ep.serve_through(skip_to)
+        return ep.has_turns_to_train()
 
     def staleness(self, item: Episode | Segment) -> int:
         """Versions between the learner and the oldest token of the item's turns not yet served."""
@@ -250,6 +268,8 @@ class ReplayStore:
         now = time.monotonic() if now is None else now
         segments = []
         for ep in self.in_progress.values():
+            if ep.min_version < self.learner_version - self.max_staleness:
+                self._skip_stale_turns(ep)  # an open episode waits for fresh turns: it is never dropped as stale
             end = ep.segment_end()
             if end is None:
                 continue
@@ -305,8 +325,9 @@ class ReplayStore:
         abandoned = [i for i, ep in self.in_progress.items() if now - ep.last_seen > self.episode_timeout_s]
         if abandoned:
             self.drop(abandoned, "abandoned")
-        # could never be served: free its slot now
-        hopeless = [i for i, ep in self.in_progress.items() if ep.turns and self.staleness(ep) > self.max_staleness]
+        # could never be served: free its slot now (with segments its fresh turns still can be)
+        hopeless = [i for i, ep in self.in_progress.items()
+                    if ep.turns and not self.segment_turns and self.staleness(ep) > self.max_staleness]
         if hopeless:
             self.drop(hopeless, "stale")
         if self.policy == "group":

@@ -126,10 +126,12 @@ def test_a_long_episode_is_not_stale_for_being_long_and_no_token_over_the_bound_
     store = make_store(batch_episodes=1, eta=1, max_staleness=1, segment_turns=1)
     play(store, [0, 1], versions=0)
     assert trained_turns(serve(store, 1, version=0)) == [("e0", 0)]
-    play(store, [2], start_seq=2, versions=2)
-    store.set_learner_version(3)  # turn 1 (version 0) is unserved and 3 versions old: the episode is stale
+    play(store, [2, 3], start_seq=2, versions=2)
+    store.set_learner_version(3)  # turn 1 (version 0) is unserved and 3 versions old; turns 2 and 3 are fresh
     store.expire()
-    assert "e0" not in store.in_progress
+    assert "e0" in store.in_progress  # its stale turn is skipped, not the episode
+    assert trained_turns(serve(store, 1, version=3)) == [("e0", 2)]
+    assert store.m.registry.get_sample_value("turnstream_buffer_stale_turns_skipped_total") == 1
     # a long episode whose old turns were served is judged on its unserved turns alone
     play(store, [0], ep="e1", start_seq=10, versions=3)
     play(store, [1], ep="e1", start_seq=11, versions=4)
@@ -141,6 +143,29 @@ def test_a_long_episode_is_not_stale_for_being_long_and_no_token_over_the_bound_
     assert trained_turns(batch) == [("e1", 1), ("e1", 2)]
     trained = np.asarray(batch.action_mask, bool)
     assert (batch.learner_version - batch.versions[trained]).max() <= 1
+
+
+def test_a_complete_episode_keeps_its_fresh_turns_and_is_dropped_only_with_none(tmp_path):
+    """Past the bound, a complete episode served in segments loses its stale turns, journaled so that a
+    restarted buffer neither serves them nor counts them again; with no fresh turn it is dropped as stale."""
+    path = tmp_path / "wal.log"
+    store, journal = open_store(path, batch_episodes=1, eta=1, max_staleness=1, segment_turns=4)
+    for t, v in enumerate((0, 0, 2, 2)):
+        ingest_logged(store, journal, chunk(seq=t, ep="e0", turn=t, obs=(3,), gen=GEN, versions=v, done=t == 3))
+    for t in range(2):
+        ingest_logged(store, journal, chunk(seq=10 + t, ep="e1", turn=t, obs=(3,), gen=GEN, done=t == 1))
+    store.set_learner_version(3)
+    assert list(store.ready) == ["e0"] and store.ready["e0"].served == 2  # e1 had nothing fresh
+    assert store.m.registry.get_sample_value("turnstream_buffer_dropped_episodes_total", {"reason": "stale"}) == 1
+    journal.commit()
+    journal.close()
+    again, journal = open_store(path, batch_episodes=1, eta=1, max_staleness=1, segment_turns=4)
+    assert again.ready["e0"].served == 2 and "e1" not in again.ready
+    batch = serve(again, 1, version=3)
+    assert trained_turns(batch) == [("e0", 2), ("e0", 3)]
+    trained = np.asarray(batch.action_mask, bool)
+    assert (batch.learner_version - batch.versions[trained]).max() <= 1
+    journal.close()
 
 
 def _segment_batch():
