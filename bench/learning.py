@@ -12,10 +12,12 @@ each run), so its start-up is paid once and not timed. A run stops when the roll
 
 Per run (<out>/records.jsonl): episodes and seconds (from the run's start) to the target, or null; success
 of the first batch and at the end; the trained tokens' entropy at the first and last step; the largest
-per-step KL; the success curve. Per task and estimator: seeds that reached the target, median episodes and
-seconds of those that did, mean final success, median turn-to-train latency (seconds and policy versions from
-a turn's arrival at the buffer to its training; `turn_gae+segments` trains open episodes' turns in segments of
-SEGMENT_TURNS). Prints a table, then one JSON line:
+per-step KL; the success curve; where the time went, to the target (or the end): when the first learner step
+started, the fraction of the time the learner spent in steps, and the episodes the buffer dropped as stale.
+Per task and estimator: seeds that reached the target, median episodes and seconds of those that did, mean
+final success, medians of turn-to-train latency (seconds and policy versions from a turn's arrival at the
+buffer to its training; `turn_gae+segments` trains open episodes' turns in segments of SEGMENT_TURNS) and of
+the three above. Prints a table, then one JSON line:
 {"results": {"<task>/<estimator>": {"reached": k, "seeds": n, "episodes_median": e, "wall_s_median": w,
 "success_end_mean": s}}, ...}. <out>/learning.png plots every run's curve; `turnstream report <out>/runs/<run>`
 plots one run's losses, entropy, step KL and staleness.
@@ -46,13 +48,16 @@ TASKS = {  # bench name -> (registered environment, its args)
     # 50 markers, a sign each, 60 turns at most; reward along the way and a terminal bonus (issue 25's task)
     "trail": ("trail", {}),
     "trail_longtail": ("trail_longtail", {}),  # most episodes 10-12 turns, 6 of the 64 tasks 50-60
+    # 150 markers, 180 turns at most: an episode outlasts buffer.max_staleness learner steps, so a whole one is
+    # past the bound by the time it ends (BENCHMARKS.md, "Episodes longer than the staleness bound")
+    "trail150": ("trail", {"length": 150}),
 }
 # Settings a task is run with, by every estimator alike, on top of the defaults. The trails: each turn's context its
 # observation alone (the policy needs nothing else; a 60-turn context is what kept the tiny model from learning),
 # batches of 20,000 tokens (about 30 whole episodes, or as many turns in segments) and a faster learning rate, so
 # that a run takes minutes (BENCHMARKS.md, "Long horizon")
 TASK_SETTINGS = {task: ["actor.context_turns=1", "learner.batch_max_tokens=20000", "learner.lr=0.001",
-                        "learner.warmup_steps=10", "learner.entropy_coef=0.05"] for task in ("trail", "trail_longtail")}
+                        "learner.warmup_steps=10", "learner.entropy_coef=0.05"] for task in ("trail", "trail_longtail", "trail150")}
 SEGMENT_TURNS = 8  # a long-horizon episode (50-60 turns) trains in 6-7 segments
 # bench name -> (learner.estimator, other settings); "+curriculum": SPO's task order (an enumerating task only)
 ESTIMATORS = {"spo": ("spo", []), "spo+curriculum": ("spo", ["tasks.order=spo"]), "turn_gae": ("turn_gae", []),
@@ -143,6 +148,7 @@ def summarize_run(task: str, estimator: str, seed: int, steps: list[dict], windo
             "episodes_to_target": reached[0] if reached else None, "wall_s_to_target": reached[1] if reached else None,
             "first_step_s": round(steps[0].get("step_started", steps[0]["time"]) - t0, 1) if steps else None,
             "learner_busy": round(sum(s.get("step_s", 0.0) for s in upto) / span, 3) if span > 0 else None,
+            "dropped_stale": sum(s.get("dropped_stale", 0) for s in upto),  # episodes, in the same span
             "episodes": sum(s["episodes"] for s in steps), "steps": len(steps),
             "success_start": round(steps[0]["return_mean"], 3) if steps else None,
             "success_end": round(rolling_success(steps, window), 3) if steps else 0.0,
@@ -201,6 +207,7 @@ def aggregate(records: list[dict]) -> dict:
             "success_end_mean": round(statistics.mean(r["success_end"] for r in rs), 3),
             "first_step_s_median": _median_of(r.get("first_step_s") for r in rs),
             "learner_busy_median": _median_of(r.get("learner_busy") for r in rs),
+            "dropped_stale_median": _median_of(r.get("dropped_stale") for r in rs),
             "turn_to_train_s_median": _median_of(r.get("turn_to_train_s") for r in rs),
             "turn_to_train_versions_median": _median_of(r.get("turn_to_train_versions") for r in rs)}
     return summary
@@ -213,12 +220,14 @@ def _median_of(values) -> float | None:
 
 def format_table(summary: dict) -> str:
     lines = [f"{'task/estimator':<32}{'reached':>9}{'episodes (median)':>19}{'wall s (median)':>17}"
-             f"{'success end':>13}{'turn>train s/versions':>23}{'first step s':>14}{'learner busy':>14}"]
+             f"{'success end':>13}{'turn>train s/versions':>23}{'first step s':>14}{'learner busy':>14}"
+             f"{'stale drops':>13}"]
     for key, s in summary.items():
         latency = f"{s.get('turn_to_train_s_median')}/{s.get('turn_to_train_versions_median')}"
         lines.append(f"{key:<32}{s['reached']:>5}/{s['seeds']:<3}{str(s['episodes_median']):>19}"
                      f"{str(s['wall_s_median']):>17}{s['success_end_mean']:>13.3f}{latency:>23}"
-                     f"{str(s.get('first_step_s_median')):>14}{str(s.get('learner_busy_median')):>14}")
+                     f"{str(s.get('first_step_s_median')):>14}{str(s.get('learner_busy_median')):>14}"
+                     f"{str(s.get('dropped_stale_median')):>13}")
     return "\n".join(lines)
 
 
