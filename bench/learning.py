@@ -57,7 +57,8 @@ TASKS = {  # bench name -> (registered environment, its args)
 # batches of 20,000 tokens (about 30 whole episodes, or as many turns in segments) and a faster learning rate, so
 # that a run takes minutes (BENCHMARKS.md, "Long horizon")
 TASK_SETTINGS = {task: ["actor.context_turns=1", "learner.batch_max_tokens=20000", "learner.lr=0.001",
-                        "learner.warmup_steps=10", "learner.entropy_coef=0.05"] for task in ("trail", "trail_longtail", "trail150")}
+                        "learner.warmup_steps=10", "learner.entropy_coef=0.05"]
+                 for task in ("trail", "trail_longtail", "trail150")}
 SEGMENT_TURNS = 8  # a long-horizon episode (50-60 turns) trains in 6-7 segments
 # bench name -> (learner.estimator, other settings); "+curriculum": SPO's task order (an enumerating task only)
 ESTIMATORS = {"spo": ("spo", []), "spo+curriculum": ("spo", ["tasks.order=spo"]), "turn_gae": ("turn_gae", []),
@@ -141,8 +142,7 @@ def summarize_run(task: str, estimator: str, seed: int, steps: list[dict], windo
         if episodes >= window and rolling_success(steps[: i + 1], window) >= target:
             reached, upto = (episodes, round(s["time"] - t0, 1)), steps[: i + 1]
             break
-    # where the time to the target went: waiting for a first batch, then the learner's steps (busy near 1:
-    # the learner is the slow stage and fresher turns can only save steps, not waiting)
+    # where the time to the target went: start-up and the first batch, the learner's steps, stale episodes
     span = upto[-1]["time"] - t0 if upto else 0.0
     return {"task": task, "estimator": estimator, "seed": seed,
             "episodes_to_target": reached[0] if reached else None, "wall_s_to_target": reached[1] if reached else None,

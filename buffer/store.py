@@ -325,11 +325,11 @@ class ReplayStore:
         abandoned = [i for i, ep in self.in_progress.items() if now - ep.last_seen > self.episode_timeout_s]
         if abandoned:
             self.drop(abandoned, "abandoned")
-        # could never be served: free its slot now (with segments its fresh turns still can be)
-        hopeless = [i for i, ep in self.in_progress.items()
-                    if ep.turns and not self.segment_turns and self.staleness(ep) > self.max_staleness]
-        if hopeless:
-            self.drop(hopeless, "stale")
+        if not self.segment_turns:  # with segments an open episode's fresh turns can still be served
+            # could never be served: free its slot now
+            hopeless = [i for i, ep in self.in_progress.items() if ep.turns and self.staleness(ep) > self.max_staleness]
+            if hopeless:
+                self.drop(hopeless, "stale")
         if self.policy == "group":
             orphans = incomplete_groups(self.ready, self.group_size, now - self.group_timeout_s)
             if orphans:
