@@ -196,7 +196,8 @@ class ReplayStore:
         still has a turn to train. Without segments an episode is trained whole or not at all: False."""
         if not self.segment_turns:
             return False
-        skip_to = ep.stale_through(self.learner_version - self.max_staleness)
+        oldest = self.learner_version - self.max_staleness
+        skip_to = ep.stale_through(oldest) if ep.min_version < oldest else ep.served
         if skip_to > ep.served:
             if self.journal is not None:
                 self.journal.segment(ep.episode_id, ep.served, skip_to)
@@ -268,8 +269,7 @@ class ReplayStore:
         now = time.monotonic() if now is None else now
         segments = []
         for ep in self.in_progress.values():
-            if ep.min_version < self.learner_version - self.max_staleness:
-                self._skip_stale_turns(ep)  # an open episode waits for fresh turns: it is never dropped as stale
+            self._skip_stale_turns(ep)  # an open episode waits for fresh turns: it is never dropped as stale
             end = ep.segment_end()
             if end is None:
                 continue
