@@ -55,7 +55,7 @@ def test_the_learner_process_writes_each_step_to_tensorboard_and_wandb(tmp_path,
     assert scalars["learner/return_mean"] == [(s["version"], s["return_mean"]) for s in steps]
     assert [v for v, _ in scalars["learner/policy_loss"]] == [s["version"] for s in steps]
     assert scalars["eval/success"] == [(0, 0.5)]
-    rows, _ = wandb_history(tmp_path / "run" / "trackers")
+    rows = wandb_history(tmp_path / "run" / "trackers")
     assert [(r["learner/version"], r["learner/return_mean"]) for r in rows if "learner/version" in r] == [
         (s["version"], s["return_mean"]) for s in steps]
     assert [(r["eval/version"], r["eval/success"]) for r in rows if "eval/version" in r] == [(0, 0.5)]
