@@ -47,7 +47,11 @@ class Episode:
     def add(self, chunk: TurnChunk) -> None:
         self.turns[chunk.turn] = chunk
         self.last_seen = self.arrived[chunk.turn] = time.monotonic()
-        if chunk.turn >= self.layout_start:
+        if chunk.context_reset:
+            self.resets.add(chunk.turn)
+        if chunk.context_reset and self.layout_start < chunk.turn <= self.served:
+            self._lay_out()  # a restart that came after its turns were skipped: the layout starts later
+        elif chunk.turn >= self.layout_start:
             self.num_tokens += chunk.obs_tokens.size + chunk.gen_tokens.size
         self.nbytes += chunk.obs_tokens.nbytes + chunk.gen_tokens.nbytes * 3 + chunk.allowed_tokens.nbytes
         self.min_version = min(self.min_version, _min_version(chunk))
@@ -55,8 +59,6 @@ class Episode:
             self.contiguous += 1
         if chunk.done:
             self.last_turn = chunk.turn
-        if chunk.context_reset:
-            self.resets.add(chunk.turn)
 
     def context_start(self, turn: int) -> int:
         """The first turn of `turn`'s context: the last restart at or before it, else 0."""
@@ -69,6 +71,9 @@ class Episode:
         self.served = max(self.served, end)
         self.min_version = min((_min_version(c) for t, c in self.turns.items() if t >= self.served),
                                default=NO_VERSION)
+        self._lay_out()
+
+    def _lay_out(self) -> None:
         self.layout_start = self.context_start(self.served)
         self.num_tokens = sum(c.obs_tokens.size + c.gen_tokens.size for t, c in self.turns.items()
                               if t >= self.layout_start)

@@ -90,6 +90,12 @@ def test_the_token_budget_counts_what_an_episode_lays_out_after_its_segments():
     ep.serve_through(4)
     ep.add(chunk(seq=7, turn=7, obs=(1, 2), gen=(17, 27), reward=0.0, done=True))
     assert ep.num_tokens == flatten([ep], 0, 0, 0).tokens.size == 4 * 4  # turns 4-7, each its own context
+    ep = _episode({1, 2}, n_turns=3, done=False)
+    ep.serve_through(3)  # stale turns skipped up to one not yet arrived
+    late = chunk(seq=3, turn=3, obs=(1, 2), gen=(13, 23), reward=0.0, done=True)
+    late.context_reset = True  # its context restarts after the last restart known at the skip
+    ep.add(late)
+    assert ep.num_tokens == flatten([ep], 0, 0, 0).tokens.size == 4
 
 
 def test_restarts_survive_the_write_ahead_log(tmp_path):
