@@ -168,7 +168,7 @@ class ReplayStore:
             self.limiter.on_insert()
             self.m.counts.inserts += 1
             self.m.counts.episodes["completed"] += 1
-            if self.staleness(ep) > self.max_staleness and not self._skip_stale_turns(ep):
+            if self._past_the_bound(ep):
                 self._drop_ready([ep.episode_id], "stale")  # finished already too old to ever be served
 
     def _close(self, ep: Episode) -> None:
@@ -186,10 +186,14 @@ class ReplayStore:
             self.journal.version(version)
         self.learner_version = version
         # staleness grows only when the version moves, so this is the only scan needed
-        stale = [i for i, ep in self.ready.items()
-                 if self.staleness(ep) > self.max_staleness and not self._skip_stale_turns(ep)]
+        stale = [i for i, ep in self.ready.items() if self._past_the_bound(ep)]
         if stale:
             self._drop_ready(stale, "stale")
+
+    def _past_the_bound(self, ep: Episode) -> bool:
+        """Whether a complete episode is past max_staleness with nothing left to train; with segments its stale
+        turns are skipped first and its fresh ones kept."""
+        return self.staleness(ep) > self.max_staleness and not self._skip_stale_turns(ep)
 
     def _skip_stale_turns(self, ep: Episode) -> bool:
         """With segments: pass over `ep`'s turns past the bound, as if served (journaled so, counted); whether it
