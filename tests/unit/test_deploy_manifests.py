@@ -350,11 +350,14 @@ def test_sbatch_commands_match_the_cli():
 
 def _run_sbatch(tmp_path: Path, nodes: list[str], **env) -> tuple[list[list[str]], dict]:
     """The template run by bash with stand-ins for Slurm's scontrol and srun (srun records each step's
-    argv and exits) and curl: the steps it would start, and the run configuration it writes."""
+    argv and exits) and curl: the steps it would start, and the run configuration it writes. The template
+    starts its steps in the background, so each stand-in writes a file of its own: lines appended to one
+    file by two at once once came out interleaved."""
     bin_dir, steps, run_dir = tmp_path / "bin", tmp_path / "steps", tmp_path / "run"
     bin_dir.mkdir()
+    steps.mkdir()
     (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf '%s\\n' " + " ".join(nodes) + "\n")
-    (bin_dir / "srun").write_text(f'#!/usr/bin/env bash\nprintf "%q " "$@" >> "{steps}"; echo >> "{steps}"\n')
+    (bin_dir / "srun").write_text(f'#!/usr/bin/env bash\nprintf "%q " "$@" > "{steps}/$$"\n')
     (bin_dir / "curl").write_text("#!/bin/sh\nexit 0\n")
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
@@ -367,7 +370,9 @@ def _run_sbatch(tmp_path: Path, nodes: list[str], **env) -> tuple[list[list[str]
                **env}
     proc = subprocess.run(["bash", str(SBATCH)], env=environ, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    return [shlex.split(line) for line in steps.read_text().splitlines()], tomllib.loads((run_dir / "run.toml").read_text())
+    # subprocess.run returns once every stand-in closed the output pipes it inherited: all have written
+    run = tomllib.loads((run_dir / "run.toml").read_text())
+    return [shlex.split(step.read_text()) for step in steps.iterdir()], run
 
 
 def test_sbatch_learner_torchrun_rendezvous_on_the_head_node(tmp_path):
