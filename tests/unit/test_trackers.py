@@ -99,15 +99,19 @@ def test_an_evaluation_round_is_reported_once_every_actor_wrote_its_part(tmp_pat
     assert rounds.remaining() == [(8, 0.0, 2)]  # the end of the run closes the rest
 
 
-def test_steps_and_evaluations_reach_tensorboard_and_wandb_offline(tmp_path):
+def test_steps_and_evaluations_reach_tensorboard_and_wandb_offline(tmp_path, monkeypatch):
+    """TensorBoard's event files are read back; for W&B, the run and the rows as W&B took them. Its offline
+    transaction log, which wandb-core writes in its own time, was twice read back here short of records that
+    W&B had taken (once the run record, once every history row) on a loaded CI machine; the learner
+    process's test (tests/integration/test_trackers_learner.py) reads the rows back from it."""
     cfg = config(tmp_path, ["tensorboard", "wandb"])
     run_dir = Path(cfg.run.run_dir)
     trackers = open_trackers(cfg)
-    # the run as W&B took it; its record in the transaction log is written by wandb-core in its own time
-    # and was once missing from it on a loaded machine, while every history row was there
     run = trackers.sinks["wandb"].run
     assert run.project == "turnstream" and run.name == "run-a"
     assert run.config["logging"]["trackers"] == ["tensorboard", "wandb"]  # the run's config
+    rows, log_row = [], run.log
+    monkeypatch.setattr(run, "log", lambda row, **kw: (rows.append(dict(row)), log_row(row, **kw))[1])
     eval_line(run_dir, 0, 0.5, 4, "actor-0")
     eval_line(run_dir, 0, 0.0, 4, "actor-1")
     for version in (1, 2, 3):
@@ -123,7 +127,7 @@ def test_steps_and_evaluations_reach_tensorboard_and_wandb_offline(tmp_path):
     assert scalars["eval/success"] == [(0, 0.25), (2, 1.0)]
     assert scalars["eval/episodes"] == [(0, 8.0), (2, 4.0)]
 
-    rows = wandb_history(log_dir)
+    assert list((log_dir / "wandb").glob("offline-run-*/run-*.wandb"))  # the offline run's transaction log
     learner_rows = [r for r in rows if "learner/version" in r]
     assert [(r["learner/version"], r["learner/return_mean"]) for r in learner_rows] == [(1, 0.25), (2, 0.5),
                                                                                        (3, 0.75)]
