@@ -5,7 +5,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import signal
 import time
 from pathlib import Path
 
@@ -31,7 +30,7 @@ async def serve(cfg: Config, actor_index: int) -> None:
     from turnstream.actors.task_position import keep_saving, position_path, restore_position, save_position
     from turnstream.actors.tasks import TaskSource, make_order
     from turnstream.protocol.auth import keys_for
-    from turnstream.protocol.http_metrics import start_metrics_server
+    from turnstream.protocol.role_process import RoleProcess, finish
     from turnstream.protocol.sockets import bind_address, subscriber
 
     a, net = cfg.actor, cfg.network
@@ -43,14 +42,8 @@ async def serve(cfg: Config, actor_index: int) -> None:
     link = BufferLink(ctx, bind_address(net.buffer_address, net.buffer_ingest_port), actor_id=actor_id, epoch=epoch,
                       slots=a.concurrent_episodes, max_unacked=a.max_unacked, resend_after_s=a.resend_after_s,
                       metrics=metrics, max_message_bytes=net.max_message_bytes, curve=keys_for(net))
-    metrics_port = a.metrics_port + actor_index if a.metrics_port else 0
-    runner_http, port = await start_metrics_server(metrics.registry, net.listen_host, metrics_port)
-    log.info("%s (epoch %d): %d episodes in flight, metrics port %d", actor_id, epoch, a.concurrent_episodes, port)
+    role = RoleProcess(metrics.registry, net.listen_host, a.metrics_port + actor_index if a.metrics_port else 0)
     env_args = dict(cfg.env.args)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     v = cfg.vllm
     fleet = InferenceFleet(v.urls, timeout_s=a.request_timeout_s, retries=v.retries,
                            health_interval_s=v.health_interval_s, wait_for_server_s=v.wait_for_server_s,
@@ -79,7 +72,9 @@ async def serve(cfg: Config, actor_index: int) -> None:
     position = position_path(cfg.run.run_dir, actor_index) if cfg.tasks.order == "sequential" else None
     if position is not None and (at := restore_position(position, source)) is not None:
         log.info("%s: the task source goes on at draw %d (%s)", actor_id, at, position)
-    async with fleet as client, (frozen or contextlib.nullcontext()) as frozen_client:
+    async with role, fleet as client, (frozen or contextlib.nullcontext()) as frozen_client:
+        log.info("%s (epoch %d): %d episodes in flight, metrics port %d", actor_id, epoch, a.concurrent_episodes,
+                 role.metrics_port)
         runner = EpisodeRunner(actor_id=actor_id, epoch=epoch, env_factory=env_factory, chat=chat, client=client,
                                link=link,
                                sampling=Sampling(a.temperature, a.max_new_tokens, v.max_model_len, a.max_turns,
@@ -98,21 +93,16 @@ async def serve(cfg: Config, actor_index: int) -> None:
         if v.urls_file:
             tasks.append(asyncio.create_task(watch_urls_file(Path(v.urls_file), fleet.set_urls,
                                                              v.health_interval_s)))
-        stopper = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
-        if stopper in done and not any(t.done() for t in tasks):
+        if await role.until_stopped(tasks):
             # SIGTERM/SIGINT: a graceful stop; the link keeps delivering while the open episodes finish
             await drain(tasks_in_play, link, cfg.launch.drain_timeout_s, actor_id)
-        for t in [*tasks, stopper]:
-            t.cancel()
-        if position is not None:  # the episodes in flight are not played: the next incarnation plays them
-            save_position(position, source)
-    await close_sessions()
-    ctx.destroy(linger=0)
-    await runner_http.cleanup()
-    for t in done:
-        if t is not stopper and not t.cancelled() and t.exception():
-            raise t.exception()  # type: ignore[misc]
+        try:
+            await finish(tasks)
+        finally:
+            if position is not None:  # the episodes in flight are not played: the next incarnation plays them
+                save_position(position, source)
+            await close_sessions()
+            ctx.destroy(linger=0)
 
 
 async def _play_then_idle(runner, concurrent_episodes: int) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import signal
 
 from turnstream.core.config import Config
 
@@ -17,8 +16,8 @@ async def serve(cfg: Config) -> None:
     from turnstream.buffer.ratelimit import RateLimiter
     from turnstream.buffer.server import BufferServer
     from turnstream.buffer.store import ReplayStore
-    from turnstream.protocol.http_metrics import start_metrics_server
     from turnstream.protocol.auth import keys_for
+    from turnstream.protocol.role_process import RoleProcess, finish
     from turnstream.protocol.sockets import bind_address
 
     b, net = cfg.buffer, cfg.network
@@ -37,25 +36,22 @@ async def serve(cfg: Config) -> None:
                           serve_addr=bind_address(net.listen_host, net.buffer_serve_port), version_addr=version_addr,
                           max_message_bytes=net.max_message_bytes, journal=journal, ack_delay_s=b.ack_delay_ms / 1000,
                           curve=keys_for(net))
-    runner, port = await start_metrics_server(metrics.registry, net.listen_host, b.metrics_port,
-                                              health=lambda: {"learner_version": store.learner_version})
-    log.info("buffer: ingest port %d, serve port %d, metrics port %d", server.ingest_port, server.serve_port, port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    # What start-up created (modules, the replayed log) lives as long as the process: out of the collector's
-    # sight, full collections walk only what ingest adds.
-    gc.freeze()
-    task = asyncio.create_task(server.run())
-    await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
-    await server.shutdown()
-    task.cancel()
-    server.close()  # closes the write-ahead log, after an fsync of what it still holds
-    log.info("buffer: stopped%s", ", write-ahead log synced" if journal is not None else "")
-    await runner.cleanup()
-    if task.done() and not task.cancelled() and task.exception():
-        raise task.exception()  # type: ignore[misc]
+    role = RoleProcess(metrics.registry, net.listen_host, b.metrics_port,
+                       health=lambda: {"learner_version": store.learner_version})
+    async with role:
+        log.info("buffer: ingest port %d, serve port %d, metrics port %d", server.ingest_port, server.serve_port,
+                 role.metrics_port)
+        # What start-up created (modules, the replayed log) lives as long as the process: out of the collector's
+        # sight, full collections walk only what ingest adds.
+        gc.freeze()
+        task = asyncio.create_task(server.run())
+        await role.until_stopped([task])
+        await server.shutdown()
+        try:
+            await finish([task])
+        finally:
+            server.close()  # closes the write-ahead log, after an fsync of what it still holds
+            log.info("buffer: stopped%s", ", write-ahead log synced" if journal is not None else "")
 
 
 def open_journal(cfg: Config, store, metrics):

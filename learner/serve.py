@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +28,8 @@ from turnstream.learner.weight_sync import WeightSyncError, weight_sync_from_con
 from turnstream.protocol.auth import (count_refusals, keys_for, make_server, refusal_counter, refusal_monitor,
                                       start_authenticator)
 from turnstream.protocol.codec import encode
-from turnstream.protocol.http_metrics import start_metrics_server
 from turnstream.protocol.messages import Batch, VersionAnnouncement
+from turnstream.protocol.role_process import RoleProcess
 from turnstream.protocol.sockets import bind_address, configure
 
 log = logging.getLogger("turnstream.learner")
@@ -38,12 +37,10 @@ log = logging.getLogger("turnstream.learner")
 
 @dataclass
 class Endpoints:
-    """The learner's sockets and servers: version PUB, buffer client, metrics endpoint."""
+    """The learner's sockets: version PUB, buffer client."""
     ctx: zmq.asyncio.Context
     pub: zmq.asyncio.Socket
     batches: BatchClient
-    http: object  # aiohttp runner
-    port: int  # the metrics endpoint's
     authenticator: object | None  # CURVE: only allow-listed subscribers hear the versions
     refusals: asyncio.Task | None
 
@@ -53,10 +50,9 @@ class Endpoints:
         if self.authenticator is not None:
             self.authenticator.stop()
         self.ctx.destroy(linger=0)
-        await self.http.cleanup()
 
 
-async def open_endpoints(cfg: Config, metrics: LearnerMetrics, health) -> Endpoints:
+def open_endpoints(cfg: Config, metrics: LearnerMetrics) -> Endpoints:
     net = cfg.network
     ctx = zmq.asyncio.Context()
     curve = keys_for(net)
@@ -70,8 +66,7 @@ async def open_endpoints(cfg: Config, metrics: LearnerMetrics, health) -> Endpoi
             refusal_monitor(pub), refusal_counter(metrics.auth_failures, "pub", log)))
     pub.bind(bind_address(net.listen_host, net.learner_pub_port))
     batches = BatchClient(ctx, bind_address(net.buffer_address, net.buffer_serve_port), net.max_message_bytes, curve)
-    http, port = await start_metrics_server(metrics.registry, net.listen_host, cfg.learner.metrics_port, health=health)
-    return Endpoints(ctx, pub, batches, http, port, authenticator, refusals)
+    return Endpoints(ctx, pub, batches, authenticator, refusals)
 
 
 @dataclass
@@ -155,13 +150,20 @@ async def serve(cfg: Config, trainer: Trainer, world: int) -> None:
         metrics.push_failures.inc()
         log.error("initial push of version %d failed: %s", trainer.version, exc)
     metrics.version.set(trainer.version)
-    endpoints = await open_endpoints(cfg, metrics, health=lambda: {"version": trainer.version})
-    log.info("learner: metrics port %d, %d vLLM server(s), %d rank(s), estimator %s", endpoints.port,
-             len(cfg.vllm.urls), world, lc.estimator)
+    async with RoleProcess(metrics.registry, cfg.network.listen_host, lc.metrics_port,
+                           health=lambda: {"version": trainer.version}) as role:
+        log.info("learner: metrics port %d, %d vLLM server(s), %d rank(s), estimator %s", role.metrics_port,
+                 len(cfg.vllm.urls), world, lc.estimator)
+        await train_and_publish(cfg, trainer, world, sync, push_dtype, metrics, trackers, role.stop)
+
+
+async def train_and_publish(cfg: Config, trainer: Trainer, world: int, sync, push_dtype, metrics: LearnerMetrics,
+                            trackers: Trackers, stop: asyncio.Event) -> None:
+    """Batch in, step, push and announce, until stopped or at learner.max_steps; then checkpoint and release
+    the other ranks."""
+    lc, run_dir = cfg.learner, Path(cfg.run.run_dir)
+    endpoints = open_endpoints(cfg, metrics)
     await endpoints.pub.send_multipart(encode(VersionAnnouncement(trainer.version)))
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     audit = open_audit(run_dir, "learner")  # None unless TURNSTREAM_AUDIT=1 (tests/fault/)
     background = [asyncio.create_task(sync.watch())]  # re-syncs servers that missed a push once they answer again
     if cfg.vllm.urls_file:
