@@ -94,7 +94,7 @@ def role_registries() -> dict[str, CollectorRegistry]:
     }
 
 
-def _specs(role: str, registry: CollectorRegistry) -> list[MetricSpec]:
+def registry_specs(role: str, registry: CollectorRegistry) -> list[MetricSpec]:
     # Label names live on the metric objects, not in collect(): a labelled metric with no children yet
     # exposes no samples. The registry's collector table is private API, but stable since client 0.4.
     specs = []
@@ -115,14 +115,8 @@ def catalogue() -> list[MetricSpec]:
     """Every metric of every role; the build-info gauge once, as role "all"."""
     out = [MetricSpec("all", build_info.NAME, "gauge", build_info.LABELS, build_info.HELP)]
     for role, registry in role_registries().items():
-        out += sorted((s for s in _specs(role, registry) if s.name != build_info.NAME), key=lambda s: s.name)
+        out += sorted((s for s in registry_specs(role, registry) if s.name != build_info.NAME), key=lambda s: s.name)
     return out
-
-
-def roles_with_build_info() -> set[str]:
-    """Roles whose metric class registers the build-info gauge itself (so a live scrape must show it)."""
-    return {role for role, registry in role_registries().items()
-            if any(s.name == build_info.NAME for s in _specs(role, registry))}
 
 
 def names_by_role() -> dict[str, set[str]]:
@@ -131,18 +125,6 @@ def names_by_role() -> dict[str, set[str]]:
     for spec in catalogue():
         if spec.role != "all":
             out[spec.role].add(spec.family)
-    return out
-
-
-def all_series_names() -> set[str]:
-    """Every series name a query can use: counters with _total, histograms with _bucket/_sum/_count."""
-    out = set()
-    for spec in catalogue():
-        out.add(spec.name)
-        if spec.type in ("histogram", "summary"):
-            out |= {f"{spec.name}_sum", f"{spec.name}_count"}
-        if spec.type == "histogram":
-            out.add(f"{spec.name}_bucket")
     return out
 
 

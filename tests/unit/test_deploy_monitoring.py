@@ -13,7 +13,7 @@ import yaml
 from turnstream.core.config import Config
 from turnstream.launcher import resolve, write_scrape_targets
 from turnstream.scrape_targets import discovery_files
-from turnstream.metrics_catalogue import all_series_names
+from tests.catalogue_queries import all_series_names
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -96,6 +96,6 @@ def test_build_info_gauge():
 
 
 def test_roles_with_build_info_include_the_launcher():
-    from turnstream.metrics_catalogue import roles_with_build_info
+    from tests.catalogue_queries import roles_with_build_info
 
     assert "launcher" in roles_with_build_info() <= set(ROLES)
