@@ -1,16 +1,18 @@
 """The project as users install it: a wheel in a fresh virtual environment, used from outside the checkout.
 
-The fresh environment borrows only the dependencies (torch, vllm, pyzmq, ...) from the test environment's
-site-packages through a path file; a plain path entry does not run that directory's own path files, so the
-checkout's editable install is invisible there and every `turnstream` import comes from the wheel.
+pip installs the wheel with its declared dependencies and nothing else, so an import of a package the wheel
+does not declare (directly or through a declared one) fails here. It resolves them the way the set-up did (pip's
+own configuration: its indexes, local wheel directories and cache), pinned to the versions the test environment
+has: the test checks the declared list against the releases the other tests run, not against newer ones.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tomllib
 import venv
 from pathlib import Path
@@ -40,6 +42,17 @@ print(json.dumps({"file": turnstream.__file__, "modules": names, "shadowed": sha
 """
 
 
+def pinned_versions() -> str:
+    """Constraints: every distribution of the test environment at its version, but those pip cannot fetch by
+    version from an index (the checkout's editable install, anything installed from a path or URL)."""
+    pins: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower()
+        if name != "turnstream" and dist.read_text("direct_url.json") is None:
+            pins.setdefault(name, f"{name}=={dist.version}")
+    return "\n".join(sorted(pins.values())) + "\n"
+
+
 def run(argv: list, cwd: Path) -> str:
     done = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{argv[:4]} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
@@ -61,9 +74,11 @@ def installed(tmp_path_factory) -> tuple[Path, Path]:
     env_dir = tmp / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
-    site = Path(run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp).strip())
-    (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "-q", wheel], cwd=tmp)
+    constraints = tmp / "constraints.txt"
+    constraints.write_text(pinned_versions())
+    # --no-compile: the imports below compile only the modules they load, not all of torch's
+    run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-compile", "-c", constraints,
+         wheel], cwd=tmp)
     work = tmp / "elsewhere"
     work.mkdir()
     return python, work
