@@ -2,9 +2,9 @@
 
 The acks of the chunks applied within `delay_s` of the first one leave together, as TCP delays its acks and
 a Kafka producer lingers: one log commit and one message per actor then answer the group, and the actor's
-link wakes once for it instead of once per chunk (BENCHMARKS.md, "Data plane", session 8); the delay (1 ms
-by default) is nothing next to a turn's generation time. A group of ACK_AFTER_CHUNKS is sent without waiting
-out the delay, so an actor whose window is larger never stalls on it.
+link wakes once for it instead of once per chunk; the delay (1 ms by default) is nothing next to a turn's
+generation time. A group of ACK_AFTER_CHUNKS is sent without waiting out the delay, so an actor whose
+window is larger never stalls on it.
 """
 from __future__ import annotations
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
-from turnstream.buffer.metrics import BufferMetrics
+from turnstream.buffer.events import CreditsGranted, CreditsReclaimed, StoreEvent
 from turnstream.buffer.ratelimit import RateLimiter
 
 ActorKey = tuple[str, int]  # (actor_id, epoch)
@@ -32,13 +33,30 @@ class ActorState:
 
 class Admission:
     def __init__(self, *, batch_episodes: int, eta: int, max_running: int, max_items: int, actor_timeout_s: float,
-                 limiter: RateLimiter, metrics: BufferMetrics):
+                 limiter: RateLimiter, emit: Callable[[StoreEvent], None]):
         self.batch_episodes, self.eta = batch_episodes, eta
         self.max_running, self.max_items, self.actor_timeout_s = max_running, max_items, actor_timeout_s
-        self.limiter, self.m = limiter, metrics
+        self.limiter, self.emit = limiter, emit
         self.actors: dict[ActorKey, ActorState] = {}
-        self.accepted = 0
+        self._accepted = 0
         self._grant_turn = 0  # rotates where grant() starts sharing
+
+    @property
+    def accepted(self) -> int:
+        """Completed episodes not since dropped (served ones included)."""
+        return self._accepted
+
+    def episode_accepted(self) -> None:
+        """An episode completed: it holds its room until it is dropped."""
+        self._accepted += 1
+
+    def episodes_dropped(self, n: int) -> None:
+        """`n` completed episodes were dropped: their room is free again."""
+        self._accepted -= n
+
+    def restore_accepted(self, accepted: int) -> None:
+        """The count a compacted write-ahead log kept."""
+        self._accepted = accepted
 
     def unused_credits(self) -> int:
         return sum(a.outstanding for a in self.actors.values())
@@ -47,9 +65,9 @@ class Admission:
         """How many more episodes may start now (the rule above)."""
         running = self.unused_credits() + in_progress
         # Served episodes count up to the batch the learner may hold beyond its version: a batch lost in a crash
-        # window (served, never trained) would otherwise hold its room for good, and a few such losses close
-        # admission (turnstream bench chaos stalled so). With eta = 0 that one batch is all the room there is.
-        served = min(self.accepted - ready, (learner_version + 1) * self.batch_episodes)
+        # window (served, never trained) would otherwise hold its room for good, and a few such losses would
+        # close admission. With eta = 0 that one batch is all the room there is.
+        served = min(self._accepted - ready, (learner_version + 1) * self.batch_episodes)
         staleness_room = (self.eta + learner_version + 1) * self.batch_episodes - (served + ready + running)
         memory_room = self.max_items - (running + ready)
         return max(0, min(self.max_running - running, staleness_room, memory_room,
@@ -93,7 +111,7 @@ class Admission:
                     still.append(a)
             order = still if room else []
         grants = [(a.identity, given[id(a)]) for a in wanting if given[id(a)]]
-        self.m.credits_granted.inc(sum(n for _, n in grants))
+        self.emit(CreditsGranted(sum(n for _, n in grants)))
         return grants
 
     def start_episode(self, actor: ActorState) -> bool:
@@ -116,7 +134,7 @@ class Admission:
             if now - actor.last_seen <= self.actor_timeout_s:
                 continue
             if actor.outstanding:
-                self.m.credits_reclaimed.inc(actor.outstanding)
+                self.emit(CreditsReclaimed(actor.outstanding))
                 actor.outstanding = 0
             if actor.running == 0:
                 del self.actors[key]

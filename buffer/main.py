@@ -11,11 +11,12 @@ log = logging.getLogger("turnstream.buffer")
 
 
 async def serve(cfg: Config) -> None:
-    from turnstream.buffer.audit import attach_audit
+    from turnstream.buffer.audit import open_buffer_audit
     from turnstream.buffer.metrics import BufferMetrics
     from turnstream.buffer.ratelimit import RateLimiter
     from turnstream.buffer.server import BufferServer
     from turnstream.buffer.store import ReplayStore
+    from turnstream.buffer.store_metrics import meter
     from turnstream.protocol.auth import keys_for
     from turnstream.protocol.role_process import RoleProcess, finish
     from turnstream.protocol.sockets import bind_address
@@ -25,17 +26,24 @@ async def serve(cfg: Config) -> None:
     limiter = RateLimiter(b.samples_per_insert, b.min_size_to_sample, b.error_buffer or float("inf"))
     store = ReplayStore(batch_episodes=b.batch_episodes, eta=b.eta, max_staleness=b.max_staleness,
                         max_running=b.max_running, max_items=b.max_items, episode_timeout_s=b.episode_timeout_s,
-                        actor_timeout_s=b.actor_timeout_s, metrics=metrics, policy=b.sampling,
+                        actor_timeout_s=b.actor_timeout_s, policy=b.sampling,
                         group_size=cfg.tasks.group_size, limiter=limiter, group_timeout_s=b.group_timeout_s,
                         drop_uniform_groups=b.drop_uniform_groups, segment_turns=b.segment_turns,
                         segment_after_s=b.segment_after_s)
+    meter(store, metrics)
     journal = open_journal(cfg, store, metrics) if b.wal else None
-    journal = attach_audit(cfg.run.run_dir, store, journal)  # a no-op unless TURNSTREAM_AUDIT=1
+    # The store's listeners hear it in the order attached, after the log was replayed: the audit's lines for
+    # served and dropped episodes come before the journal's records of them (buffer/audit.py says why).
+    audit = open_buffer_audit(cfg.run.run_dir)  # None unless TURNSTREAM_AUDIT=1
+    if audit is not None:
+        store.listeners.add(audit)
+    if journal is not None:
+        store.listeners.add(journal)
     version_addr = bind_address(net.learner_address, net.learner_pub_port) if net.learner_pub_port else None
     server = BufferServer(store, metrics, ingest_addr=bind_address(net.listen_host, net.buffer_ingest_port),
                           serve_addr=bind_address(net.listen_host, net.buffer_serve_port), version_addr=version_addr,
-                          max_message_bytes=net.max_message_bytes, journal=journal, ack_delay_s=b.ack_delay_ms / 1000,
-                          curve=keys_for(net))
+                          max_message_bytes=net.max_message_bytes, journal=journal, audit=audit,
+                          ack_delay_s=b.ack_delay_ms / 1000, curve=keys_for(net))
     role = RoleProcess(metrics.registry, net.listen_host, b.metrics_port,
                        health=lambda: {"learner_version": store.learner_version})
     async with role:
@@ -58,8 +66,8 @@ def open_journal(cfg: Config, store, metrics):
     """Open the write-ahead log, rebuild the store from it, and compact away what was consumed."""
     from pathlib import Path
 
-    from turnstream.buffer.journal import WalJournal
-    from turnstream.buffer.wal import WalFile
+    from turnstream.buffer.durability.journal import WalJournal
+    from turnstream.buffer.durability.wal import WalFile
 
     b = cfg.buffer
     wal_dir = Path(b.wal_dir) if b.wal_dir else Path(cfg.run.run_dir) / "buffer-wal"

@@ -100,8 +100,8 @@ class BufferMetrics:
 
 class IngestCounts:
     """The counters of the per-chunk path, kept as plain ints and read at scrape time: a prometheus_client
-    Counter takes a lock on every increment, a large share of the store's ingest time (BENCHMARKS.md, "Data
-    plane", session 10). The buffer's event loop is their only writer."""
+    Counter takes a lock on every increment, a large share of the store's ingest time. Their only writer is
+    the store's metrics listener (buffer/store_metrics.py), on the buffer's event loop."""
 
     def __init__(self):
         self.chunks = dict.fromkeys(("ok", "duplicate", "rejected"), 0)  # by outcome

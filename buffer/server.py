@@ -18,6 +18,8 @@ import zmq
 import zmq.asyncio
 
 from turnstream.buffer.acks import AckGroup
+from turnstream.buffer.audit import BufferAudit
+from turnstream.buffer.durability.journal import WalJournal
 from turnstream.buffer.episodes import flatten
 from turnstream.buffer.metrics import BufferMetrics
 from turnstream.buffer.ratelimit import BlockedClock, Cancelled, Gate
@@ -33,9 +35,10 @@ log = logging.getLogger("turnstream.buffer")
 
 class BufferServer:
     def __init__(self, store: ReplayStore, metrics: BufferMetrics, *, ingest_addr: str, serve_addr: str,
-                 version_addr: str | None, max_message_bytes: int, journal=None, drain_max: int = 256,
-                 housekeeping_s: float = 0.5, ack_delay_s: float = 0.0, curve: auth.CurveKeys | None = None):
-        self.store, self.m, self.journal = store, metrics, journal
+                 version_addr: str | None, max_message_bytes: int, journal: WalJournal | None = None,
+                 audit: BufferAudit | None = None, drain_max: int = 256, housekeeping_s: float = 0.5,
+                 ack_delay_s: float = 0.0, curve: auth.CurveKeys | None = None):
+        self.store, self.m, self.journal, self.audit = store, metrics, journal, audit
         self.server_id = uuid.uuid4().hex[:16]  # a new one per start tells actors to resend their window
         self.ctx = zmq.asyncio.Context()
         self.ingest = configure(self.ctx.socket(zmq.ROUTER, socket_class=zmq.Socket), max_bytes=max_message_bytes)
@@ -88,6 +91,15 @@ class BufferServer:
         self.ctx.destroy(linger=0)
         if self.journal is not None:
             self.journal.close()
+        if self.audit is not None:
+            self.audit.close()
+
+    def _commit(self) -> None:
+        """Before acks or a batch leave: the log durable per its fsync policy, then the audit's ack lines."""
+        if self.journal is not None:
+            self.journal.commit()
+        if self.audit is not None:
+            self.audit.committed()
 
     def _refused_counter(self, socket_name: str):
         def refused(reason: str) -> None:
@@ -112,8 +124,7 @@ class BufferServer:
                 heartbeats = self._apply_ingest(batch)
             # a credit request is answered at once: an actor without credits has nothing else to send
             if heartbeats or self.acks.due():
-                if self.journal is not None:
-                    self.journal.commit()  # before any ack leaves
+                self._commit()  # before any ack leaves
                 for reply in self.acks.take_replies():
                     self.ingest_io.send_now(reply)
                 await self._after_change(heartbeats)
@@ -187,8 +198,7 @@ class BufferServer:
         self.m.batch_requests.labels(status).inc()
         if got is not None:
             episodes, dropped = got
-            if self.journal is not None:
-                self.journal.commit()  # "consumed" is durable before the batch leaves
+            self._commit()  # "consumed" is durable before the batch leaves
             frames = encode(flatten(episodes, req.request_id, self.store.learner_version, dropped))
             self._keep_last_batch(identity, req.request_id, frames)
             self.m.batches.inc()
@@ -222,9 +232,7 @@ class BufferServer:
             await asyncio.sleep(self.housekeeping_s)
             self.store.expire()
             if self.journal is not None:
-                self.journal.maybe_compact(self.store)
-                self.journal.wal.commit()  # the "interval" policy syncs here when traffic stops
-                self.m.wal_bytes.set(self.journal.wal.size)
+                self.journal.housekeeping(self.store)
             await self._after_change()
 
     async def _after_change(self, heartbeats: set[bytes] = frozenset()) -> None:

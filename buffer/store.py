@@ -1,10 +1,12 @@
 """Replay store: idempotent ingest, episode assembly, serving under the staleness bound, expiry.
 
 Pure logic without sockets, so every rule here is unit-testable. The server (buffer/server.py) feeds it
-decoded messages and sends what it returns; a journal (buffer/journal.py), when attached, is told every
-state change before it takes effect, so a restarted buffer can rebuild exactly this state. Who may start
-an episode is admission's to decide (buffer/admission.py); what makes a chunk malformed, validation's
-(buffer/validate.py).
+decoded messages and sends what it returns. What happens to chunks and episodes is announced to the
+store's listeners as typed events (buffer/events.py): the write-ahead journal (buffer/durability/) logs
+every change a restart must replay before it takes effect, so a restarted buffer rebuilds exactly this
+state, and the metrics (buffer/store_metrics.py) and the audit trail (buffer/audit.py) count and note them.
+Who may start an episode is admission's to decide (buffer/admission.py); what makes a chunk malformed,
+validation's (buffer/validate.py).
 
 Invariants:
 - a chunk is ingested at most once per (actor_id, epoch, seq);
@@ -25,18 +27,19 @@ import heapq
 import logging
 import time
 from collections import OrderedDict
-from typing import Protocol
+from dataclasses import dataclass
 
 from turnstream.buffer.acks import AckEntry
 from turnstream.buffer.admission import Admission
 from turnstream.buffer.dedup import SeqDeduper
 from turnstream.buffer.episodes import Episode, Segment
-from turnstream.buffer.metrics import BufferMetrics
+from turnstream.buffer.events import (BatchServed, ChunkAccepted, ChunkDuplicate, ChunkRejected, ChunksArrived,
+                                      EpisodeCompleted, EpisodesDropped, EpisodeStarted, Listeners, MessageRejected,
+                                      TurnsSkipped, VersionAdvanced)
 from turnstream.buffer.ratelimit import RateLimiter
 from turnstream.buffer.sampling import incomplete_groups, select, uniform_groups
 from turnstream.buffer.validate import rejections
 from turnstream.protocol.chunk_batch import BatchError, unpack
-from turnstream.protocol.codec import encode
 from turnstream.protocol.messages import TurnChunk, TurnChunkBatch
 
 log = logging.getLogger("turnstream.buffer")
@@ -44,17 +47,23 @@ log = logging.getLogger("turnstream.buffer")
 MAX_CLOSED_IDS = 200_000
 
 
-class Journal(Protocol):
-    def chunks(self, frames: list) -> None: ...
-    def consumed(self, episode_ids: list[str]) -> None: ...
-    def segment(self, episode_id: str, first: int, end: int) -> None: ...
-    def closed(self, episode_ids: list[str], reason: str) -> None: ...
-    def version(self, version: int) -> None: ...
+@dataclass
+class StoreSnapshot:
+    """What a compacted write-ahead log keeps of the store beside the live episodes: counters, dedup
+    watermarks (SeqDeduper.snapshot) and the ids of closed episodes."""
+    learner_version: int
+    accepted: int
+    inserts: int
+    samples: int
+    max_served_staleness: int
+    dropped_since_batch: int
+    dedup: list
+    closed: list[str]
 
 
 class ReplayStore:
     def __init__(self, *, batch_episodes: int, eta: int, max_staleness: int, max_running: int,
-                 max_items: int, episode_timeout_s: float, actor_timeout_s: float, metrics: BufferMetrics,
+                 max_items: int, episode_timeout_s: float, actor_timeout_s: float,
                  policy: str = "fifo", group_size: int = 1, limiter: RateLimiter | None = None,
                  group_timeout_s: float = float("inf"), drop_uniform_groups: bool = False,
                  segment_turns: int = 0, segment_after_s: float = 0.0):
@@ -64,11 +73,10 @@ class ReplayStore:
         self.drop_uniform_groups = drop_uniform_groups and policy == "group"
         self.segment_turns, self.segment_after_s = segment_turns, segment_after_s
         self.limiter = limiter or RateLimiter()
-        self.m = metrics
+        self.listeners = Listeners()
         self.admission = Admission(batch_episodes=batch_episodes, eta=eta, max_running=max_running,
                                    max_items=max_items, actor_timeout_s=actor_timeout_s, limiter=self.limiter,
-                                   metrics=metrics)
-        self.journal: Journal | None = None
+                                   emit=self.listeners.emit)
         self.learner_version = 0
         self.max_served_staleness = 0
         self.dropped_since_batch = 0  # stale drops reported with the next batch
@@ -76,7 +84,6 @@ class ReplayStore:
         self.ready: OrderedDict[str, Episode] = OrderedDict()  # completion order
         self.dedup = SeqDeduper()
         self.closed: OrderedDict[str, None] = OrderedDict()
-        metrics.watch(self)
 
     # ---- admission (buffer/admission.py) -----------------------------------------------------------------
     @property
@@ -101,34 +108,32 @@ class ReplayStore:
         try:
             chunks = unpack(msg)
         except BatchError as exc:
-            self.m.rejected.labels(exc.reason).inc()
-            self.m.counts.chunks["rejected"] += len(msg.seq)
+            self.listeners.emit(MessageRejected(exc.reason, len(msg.seq)))
             return [(seq, "rejected", exc.reason) for seq in msg.seq]
-        journaled = self.journal is None
+        announced = False
         entries = []
         for chunk, reason in zip(chunks, rejections(msg, chunks)):
-            # logged just before the first chunk that is not a duplicate: all-duplicate resends add nothing
-            if not journaled and not self.dedup.seen((chunk.actor_id, chunk.epoch), chunk.seq):
-                self.journal.chunks(frames if frames is not None else encode(msg))
-                journaled = True
+            # announced just before the first chunk not seen before: an all-duplicate resend adds nothing
+            if not announced and not self.dedup.seen((chunk.actor_id, chunk.epoch), chunk.seq):
+                self.listeners.emit(ChunksArrived(msg, frames))
+                announced = True
             entries.append((chunk.seq, *self._ingest_one(identity, chunk, reason)))
         return entries
 
     def _ingest_one(self, identity: bytes, chunk: TurnChunk, reason: str) -> tuple[str, str]:
         key = (chunk.actor_id, chunk.epoch)
         if self.dedup.seen(key, chunk.seq):
-            self.m.counts.chunks["duplicate"] += 1
+            self.listeners.emit(ChunkDuplicate(chunk))
             return "duplicate", ""
         reason = reason or self._conflict(chunk)
         self.dedup.add(key, chunk.seq)  # a resend of a bad chunk is still bad: do not count it twice
         if reason:
-            self.m.counts.chunks["rejected"] += 1
-            self.m.rejected.labels(reason).inc()
+            self.listeners.emit(ChunkRejected(chunk, reason))
             return "rejected", reason
-        self._assemble(identity, chunk, counted=True)
-        counts = self.m.counts
-        counts.chunks["ok"] += 1
-        counts.tokens_ingested += chunk.obs_tokens.size + chunk.gen_tokens.size
+        self.listeners.emit(ChunkAccepted(chunk))
+        completed = self._assemble(identity, chunk)
+        if completed is not None:
+            self._insert(completed)
         return "ok", ""
 
     def _conflict(self, chunk: TurnChunk) -> str:
@@ -143,33 +148,29 @@ class ReplayStore:
         return "turn_after_done" if ep.beyond_final_turn(chunk) else ""
 
     # ---- episode assembly --------------------------------------------------------------------------------
-    def restore_chunk(self, chunk: TurnChunk) -> None:
-        """Put back a live chunk from a compacted log; counters come from the snapshot, not from here."""
-        self._assemble(b"", chunk, counted=False)
-
-    def _assemble(self, identity: bytes, chunk: TurnChunk, *, counted: bool) -> None:
+    def _assemble(self, identity: bytes, chunk: TurnChunk) -> Episode | None:
+        """Add the chunk's turn to its episode; returns the episode if this turn completed it (it is ready)."""
         key = (chunk.actor_id, chunk.epoch)
         actor = self.admission.heard_from(key, identity)
         ep = self.in_progress.get(chunk.episode_id)
         if ep is None:
             ep = self.in_progress[chunk.episode_id] = Episode(chunk.episode_id, key, chunk.prompt_key)
-            used_credit = self.admission.start_episode(actor)
-            if counted:
-                self.m.counts.episodes["started"] += 1
-                if not used_credit:
-                    self.m.counts.episodes["started_without_credit"] += 1
+            self.listeners.emit(EpisodeStarted(chunk.episode_id, self.admission.start_episode(actor)))
         ep.add(chunk)
         if not ep.complete:
-            return
+            return None
         self._close(ep)
         self.ready[ep.episode_id] = ep
-        if counted:
-            self.admission.accepted += 1
-            self.limiter.on_insert()
-            self.m.counts.inserts += 1
-            self.m.counts.episodes["completed"] += 1
-            if self._past_the_bound(ep):
-                self._drop_ready([ep.episode_id], "stale")  # finished already too old to ever be served
+        return ep
+
+    def _insert(self, ep: Episode) -> None:
+        """A newly completed episode enters the table: it holds admission room and counts as an insert."""
+        self.listeners.emit(EpisodeCompleted(ep))
+        self.admission.episode_accepted()
+        self.limiter.on_insert()
+        self._skip_stale_turns(ep)
+        if self._is_stale(ep):
+            self._drop_ready([ep.episode_id], "stale")  # finished already too old to ever be served
 
     def _close(self, ep: Episode) -> None:
         self.in_progress.pop(ep.episode_id, None)
@@ -182,32 +183,31 @@ class ReplayStore:
     def set_learner_version(self, version: int) -> None:
         if version <= self.learner_version:
             return
-        if self.journal is not None:
-            self.journal.version(version)
+        self.listeners.emit(VersionAdvanced(version))
         self.learner_version = version
         # staleness grows only when the version moves, so this is the only scan needed
-        stale = [i for i, ep in self.ready.items() if self._past_the_bound(ep)]
+        if self.segment_turns:
+            for ep in self.ready.values():
+                self._skip_stale_turns(ep)
+        stale = [i for i, ep in self.ready.items() if self._is_stale(ep)]
         if stale:
             self._drop_ready(stale, "stale")
 
-    def _past_the_bound(self, ep: Episode) -> bool:
-        """Whether a complete episode is past max_staleness with nothing left to train; with segments its stale
-        turns are skipped first and its fresh ones kept."""
-        return self.staleness(ep) > self.max_staleness and not self._skip_stale_turns(ep)
+    def _is_stale(self, item: Episode | Segment) -> bool:
+        """Whether the item is past max_staleness. For a complete episode whose stale turns were skipped
+        (segments), that is: nothing is left to train, as the turns it still has are all fresh."""
+        return self.staleness(item) > self.max_staleness
 
-    def _skip_stale_turns(self, ep: Episode) -> bool:
-        """With segments: pass over `ep`'s turns past the bound, as if served (journaled so, counted); whether it
-        still has a turn to train. Without segments an episode is trained whole or not at all: False."""
+    def _skip_stale_turns(self, ep: Episode) -> None:
+        """With segments: pass over `ep`'s turns past the bound, as if served, so that its fresher turns can still
+        be. Without segments an episode is trained whole or not at all: nothing to do."""
         if not self.segment_turns:
-            return False
+            return
         oldest = self.learner_version - self.max_staleness
         skip_to = ep.stale_through(oldest) if ep.min_version < oldest else ep.served
         if skip_to > ep.served:
-            if self.journal is not None:
-                self.journal.segment(ep.episode_id, ep.served, skip_to)
-            self.m.stale_turns_skipped.inc(skip_to - ep.served)
+            self.listeners.emit(TurnsSkipped(ep.episode_id, ep.served, skip_to))
             ep.serve_through(skip_to)
-        return ep.has_turns_to_train()
 
     def staleness(self, item: Episode | Segment) -> int:
         """Versions between the learner and the oldest token of the item's turns not yet served."""
@@ -232,41 +232,24 @@ class ReplayStore:
                 return None
             # The bound is the store's promise, so it is checked where episodes leave, not only where the
             # version moves: an item past it is dropped, counted, and never served.
-            stale = [item.episode_id for item in batch if self.staleness(item) > self.max_staleness]
+            stale = [item.episode_id for item in batch if self._is_stale(item)]
             if not stale:
                 break
             log.error("%d items past the staleness bound reached serving; their episodes dropped", len(stale))
             self.drop(stale, "stale")
-        self._log_served(batch)
-        whole = [item.episode_id for item in batch if isinstance(item, Episode)]
-        self._remove_ready(whole)
-        now = time.monotonic()
+        staleness = [self.staleness(item) for item in batch]
+        self.max_served_staleness = max([self.max_served_staleness, *staleness])
+        # before anything leaves: once the journal holds this, a crash never serves these turns again
+        served = BatchServed(batch, staleness, self.learner_version, self.max_served_staleness,
+                             len(batch) // self.group_size if self.policy == "group" else 0)
+        self.listeners.emit(served)
+        self._remove_ready(served.episode_ids)
         for item in batch:
-            ep, first, bootstrap = item.span
-            s = self.staleness(item)
-            self.m.served_staleness.observe(s)
-            self.max_served_staleness = max(self.max_served_staleness, s)
-            self.m.observe_turn_latency(ep, range(first, ep.last_turn + 1 if bootstrap < 0 else bootstrap), now,
-                                        self.learner_version)
+            ep, _first, bootstrap = item.span
             if bootstrap >= 0:
                 ep.serve_through(bootstrap)
-        self.m.max_staleness_served.set(self.max_served_staleness)
-        self.m.counts.episodes["served"] += len(whole)
-        self.m.segments_served.inc(len(batch) - len(whole))
-        self.m.samples.inc(len(batch))
-        if self.policy == "group":
-            self.m.groups_served.inc(len(batch) // self.group_size)
         dropped, self.dropped_since_batch = self.dropped_since_batch, 0
         return batch, dropped
-
-    def _log_served(self, batch: list[Episode | Segment]) -> None:
-        """Before anything leaves: a crash after this never serves it again."""
-        if self.journal is None:
-            return
-        self.journal.consumed([item.episode_id for item in batch if isinstance(item, Episode)])
-        for item in batch:
-            if isinstance(item, Segment):
-                self.journal.segment(item.episode_id, item.first, item.end)
 
     def _with_open_segments(self, now: float | None = None) -> OrderedDict[str, Episode | Segment]:
         """The ready episodes and the segments open episodes could serve now, by the time each became ready."""
@@ -287,6 +270,31 @@ class ReplayStore:
         merged = heapq.merge(self.ready.values(), segments, key=lambda item: item.ready_at)
         return OrderedDict((item.episode_id, item) for item in merged)
 
+    # ---- restart from the write-ahead log (buffer/durability/journal.py) -------------------------------------
+    def snapshot(self) -> StoreSnapshot:
+        return StoreSnapshot(learner_version=self.learner_version, accepted=self.admission.accepted,
+                             inserts=self.limiter.inserts, samples=self.limiter.samples,
+                             max_served_staleness=self.max_served_staleness,
+                             dropped_since_batch=self.dropped_since_batch, dedup=self.dedup.snapshot(),
+                             closed=list(self.closed))
+
+    def restore(self, snap: StoreSnapshot) -> None:
+        """Start over from a compacted log's snapshot; its live episodes follow (restore_chunk)."""
+        self.in_progress.clear()
+        self.ready.clear()
+        self.learner_version = snap.learner_version
+        self.admission.restore_accepted(snap.accepted)
+        self.limiter.inserts, self.limiter.samples = snap.inserts, snap.samples
+        self.max_served_staleness = snap.max_served_staleness
+        self.dropped_since_batch = snap.dropped_since_batch
+        self.dedup = SeqDeduper.restore(snap.dedup)
+        self.closed = OrderedDict.fromkeys(snap.closed)
+
+    def restore_chunk(self, chunk: TurnChunk) -> None:
+        """Put back a live chunk from a compacted log (replayed with the listeners muted); the counters and
+        admission's count of accepted episodes come from the log's snapshot, not from here."""
+        self._assemble(b"", chunk)
+
     def mark_segment_served(self, episode_id: str, end: int) -> None:
         """Replay of a served segment: its turns are not served again."""
         ep = self.in_progress.get(episode_id) or self.ready.get(episode_id)
@@ -303,12 +311,10 @@ class ReplayStore:
         self.limiter.on_sample(len(ids))
 
     def _drop_ready(self, ids: list[str], reason: str) -> None:
-        if self.journal is not None:
-            self.journal.closed(ids, reason)
+        self.listeners.emit(EpisodesDropped(ids, reason))
         self._remove_ready(ids)
-        self.admission.accepted -= len(ids)  # frees admission room
+        self.admission.episodes_dropped(len(ids))
         self.dropped_since_batch += len(ids)
-        self.m.dropped.labels(reason).inc(len(ids))
 
     def drop(self, episode_ids: list[str], reason: str) -> None:
         """Close in-progress or ready episodes for a counted reason (also used by log replay)."""
@@ -316,12 +322,10 @@ class ReplayStore:
         if ready:
             self._drop_ready(ready, reason)
         running = [self.in_progress[i] for i in episode_ids if i in self.in_progress]
-        if running and self.journal is not None:
-            self.journal.closed([ep.episode_id for ep in running], reason)
-        for ep in running:
-            self._close(ep)
         if running:
-            self.m.dropped.labels(reason).inc(len(running))
+            self.listeners.emit(EpisodesDropped([ep.episode_id for ep in running], reason))
+            for ep in running:
+                self._close(ep)
 
     # ---- expiry ------------------------------------------------------------------------------------------
     def expire(self, now: float | None = None) -> None:
@@ -331,7 +335,7 @@ class ReplayStore:
             self.drop(abandoned, "abandoned")
         if not self.segment_turns:  # with segments an open episode's fresh turns can still be served
             # could never be served: free its slot now
-            hopeless = [i for i, ep in self.in_progress.items() if ep.turns and self.staleness(ep) > self.max_staleness]
+            hopeless = [i for i, ep in self.in_progress.items() if ep.turns and self._is_stale(ep)]
             if hopeless:
                 self.drop(hopeless, "stale")
         if self.policy == "group":
