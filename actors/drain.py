@@ -11,7 +11,8 @@ import asyncio
 import logging
 import time
 
-from turnstream.actors.tasks import Assignment, TaskSource
+from turnstream.actors.tasks.orders import Assignment
+from turnstream.actors.tasks.source import TaskSource
 
 log = logging.getLogger("turnstream.actor")
 
@@ -33,9 +34,6 @@ class DrainableTasks:
     def played(self, assignment: Assignment, prompt_keys) -> None:
         self.open -= 1
         self.source.played(assignment, prompt_keys)
-
-    def __getattr__(self, name: str):  # resume_point, resume, ...: the source's own
-        return getattr(self.source, name)
 
 
 async def drain(tasks: DrainableTasks, link, timeout_s: float, actor_id: str) -> int:

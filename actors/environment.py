@@ -6,11 +6,11 @@ tokens (vLLM `allowed_token_ids`); the learner applies the same mask.
 
 Several agents: an environment with `num_agents > 1` says in every `Reset`/`Step` which agent acts next
 (`agent`) and may hand rewards to any agent (`rewards`). Each agent keeps its own conversation, so the
-runner streams one token stream per agent (agent id on every chunk); all agents sample from the same
-policy server fleet (a shared policy).
+environment loop (actors/play/env_loop.py) streams one token stream per agent (agent id on every chunk); all
+agents sample from the same policy server fleet (a shared policy).
 
 Tasks: an environment may enumerate its tasks (`num_tasks`, a class or instance attribute); then the actor's
-task source (actors/tasks.py) may reset it to a chosen one, `reset(seed, task=i)` with i in [0, num_tasks).
+task source (actors/tasks/) may reset it to a chosen one, `reset(seed, task=i)` with i in [0, num_tasks).
 One that does not (num_tasks None) is only ever reset with a seed, `reset(seed)`, and the seed names the task:
 two resets with the same seed give the same task instance.
 

@@ -1,16 +1,11 @@
-"""Held-out evaluation (`tasks.eval_split`): which tasks are never trained on, and the rounds that play them.
-
-The split. `split_tasks` holds out round(eval_split * num_tasks) of an enumerating environment's tasks, chosen
-by a shuffle seeded with `run.seed` only, so every actor process (and pre-flight) computes the same split
-without talking to anyone. `make_order` (actors/tasks.py) gives the training orders only the other tasks;
-the random order then draws among them instead of drawing fresh seeds (a seed alone could name a held-out
-task). A split needs an enumerating environment: for one that does not, nothing names a task to hold out.
+"""Held-out evaluation (`tasks.eval_split`): the rounds that play the tasks never trained on (which ones:
+actors/tasks/eval_split.py).
 
 The rounds. An `Evaluator` runs next to the actor's episode slots. A round starts when the learner version
 the actor last heard from the buffer reaches 0, eval_every, 2 * eval_every, ... (versions passed during a
 round are not played afterwards: the next round is at the newest multiple reached). It plays the round's
-episodes through the runner's own `play` (same environment, chat template, inference fleet, frozen
-agents, training temperature) on a copy of the runner whose link drops every chunk: an evaluation episode
+episodes with the runner's own player (same environment, chat template, inference fleet, frozen agents,
+training temperature) in a copy of the runner's context whose link drops every chunk: an evaluation episode
 is never streamed, takes no credit, and so cannot reach the buffer, let alone a training batch. This is
 enforced where the chunks leave rather than by marking them for the buffer and learner to skip, so no other
 role needs to know about evaluation and no mistake there can leak one into a batch.
@@ -28,33 +23,21 @@ actor's turn and token counters (they do load the servers) but not to `turnstrea
 from __future__ import annotations
 
 import asyncio
-import copy
+import dataclasses
 import json
 import logging
 import os
-import random
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from turnstream.core.configtools import ConfigError
+from turnstream.actors.play.player import Episode
+from turnstream.actors.play.runner import EpisodeRunner
+from turnstream.actors.tasks.eval_split import split_tasks
 
 log = logging.getLogger("turnstream.actor")
 
 SCORED = ("success", "done", "truncated")  # outcomes that say something about the policy
-
-
-def split_tasks(num_tasks: int, eval_split: float, run_seed: int) -> tuple[list[int], list[int]]:
-    """(training tasks, held-out tasks), each sorted: disjoint, together every task in [0, num_tasks)."""
-    if not eval_split:
-        return list(range(num_tasks)), []
-    held = round(eval_split * num_tasks)
-    if not 0 < held < num_tasks:
-        raise ConfigError(f"tasks.eval_split: {eval_split} of {num_tasks} tasks holds out {held}; it must hold "
-                          f"out at least one task and leave at least one to train on")
-    order = list(range(num_tasks))
-    random.Random(f"{run_seed}/eval_split").shuffle(order)  # the run's seed only: the same on every actor
-    return sorted(order[held:]), sorted(order[:held])
 
 
 def round_plan(held_out: Sequence[int], episodes: int = 0, shard: int = 0,
@@ -66,7 +49,7 @@ def round_plan(held_out: Sequence[int], episodes: int = 0, shard: int = 0,
 
 
 class _Unstreamed:
-    """The link of an evaluation runner: forwards the learner version, drops every chunk."""
+    """The link of the evaluation episodes: forwards the learner version, drops every chunk."""
 
     def __init__(self, link):
         self.link, self.dropped = link, 0
@@ -80,25 +63,25 @@ class _Unstreamed:
 
 
 class Evaluator:
-    def __init__(self, runner, held_out: Sequence[int], *, every: int, version: Callable[[], int | None],
-                 episodes: int = 0, shard: int = 0, num_shards: int = 1, concurrency: int = 1,
-                 log_path: str | Path | None = None, poll_s: float = 0.5):
-        """`runner`: the actor's EpisodeRunner (copied, with a link that streams nothing); `version`: the
-        learner version the actor knows, None until it has heard from the buffer."""
-        self.runner = copy.copy(runner)
-        self.runner.link = _Unstreamed(runner.link)
+    def __init__(self, runner: EpisodeRunner, held_out: Sequence[int], *, every: int,
+                 version: Callable[[], int | None], episodes: int = 0, shard: int = 0, num_shards: int = 1,
+                 concurrency: int = 1, log_path: str | Path | None = None, poll_s: float = 0.5):
+        """`runner`: the actor's EpisodeRunner (its player, and its context with a link that streams nothing);
+        `version`: the learner version the actor knows, None until it has heard from the buffer."""
+        self.player = runner.player
+        self.context = dataclasses.replace(runner.context, link=_Unstreamed(runner.context.link))
         self.plan = round_plan(held_out, episodes, shard, num_shards)
         self.every, self.version, self.concurrency = every, version, concurrency
         self.log_path = Path(log_path) if log_path else None
         self.poll_s = poll_s
-        self.m = runner.m
+        self.m = runner.context.metrics
 
     async def run(self) -> None:
         """Play a round at every multiple of `every` the learner version reaches; never returns (the actor
         stops when one of its tasks does)."""
         if not self.plan:
             log.info("%s: no evaluation episodes for this actor (more actors than episodes per round)",
-                     self.runner.actor_id)
+                     self.context.actor_id)
             await asyncio.Event().wait()
         due = 0
         while True:
@@ -116,8 +99,9 @@ class Evaluator:
 
         async def one(i: int, seed: int, task: int) -> str:
             async with limit:
-                r = self.runner
-                outcome = await r.play(f"{r.actor_id}-{r.epoch}-eval{version}-{i}", seed=seed, task=task)
+                ctx = self.context
+                episode = Episode(f"{ctx.actor_id}-{ctx.epoch}-eval{version}-{i}", seed, task)
+                outcome = await self.player.play(ctx, episode)
             self.m.eval_episodes.labels(outcome).inc()
             return outcome
 
@@ -127,7 +111,7 @@ class Evaluator:
             log.warning("evaluation round at version %d: no episode finished (%s)", version, outcomes)
             return None
         line = {"version": version, "success": scored.count("success") / len(scored), "episodes": len(scored),
-                "time": time.time(), "actor": self.runner.actor_id}
+                "time": time.time(), "actor": self.context.actor_id}
         self.m.eval_success.set(line["success"])
         self.m.eval_version.set(version)
         if self.log_path is not None:
@@ -136,10 +120,10 @@ class Evaluator:
         return line
 
 
-def evaluator_for(cfg, runner, env, actor_index: int) -> Evaluator:
+def evaluator_for(cfg, runner: EpisodeRunner, env, actor_index: int) -> Evaluator:
     """The evaluator of actor `actor_index` under the run's config (`tasks.eval_split` > 0); `env` an instance of
     the run's environment (make_order has checked that it enumerates its tasks)."""
-    t, link = cfg.tasks, runner.link
+    t, link = cfg.tasks, runner.context.link
     _, held_out = split_tasks(int(env.num_tasks), t.eval_split, cfg.run.seed)
     return Evaluator(runner, held_out, every=t.eval_every, episodes=t.eval_episodes, shard=actor_index,
                      num_shards=cfg.actor.num_processes, concurrency=cfg.actor.concurrent_episodes,

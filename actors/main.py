@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from pathlib import Path
+from typing import Callable
 
 from turnstream.core.config import Config
 from turnstream.core.urls_file import read_urls_file, watch_urls_file
@@ -17,77 +17,61 @@ log = logging.getLogger("turnstream.actor")
 async def serve(cfg: Config, actor_index: int) -> None:
     import zmq.asyncio
 
-    from turnstream.actors.chat import ChatTokens
-    from turnstream.actors.registry import make_env
-    from turnstream.actors.envs.http_env import close_sessions
-    from turnstream.actors.fleet import InferenceFleet
+    from turnstream.actors.drain import DrainableTasks, drain
+    from turnstream.actors.envs.remote.http_env import close_sessions
     from turnstream.actors.evaluation import evaluator_for
+    from turnstream.actors.inference.chat_tokens import ChatTokens
     from turnstream.actors.link import BufferLink
     from turnstream.actors.metrics import ActorMetrics
-    from turnstream.actors.runner import EpisodeRunner, Sampling
-    from turnstream.actors.curriculum import TrackerValues, follow_announcements
-    from turnstream.actors.drain import DrainableTasks, drain
-    from turnstream.actors.task_position import keep_saving, position_path, restore_position, save_position
-    from turnstream.actors.tasks import TaskSource, make_order
+    from turnstream.actors.play.choose import player_for
+    from turnstream.actors.play.context import Sampling
+    from turnstream.actors.play.runner import EpisodeRunner
+    from turnstream.actors.tasks.curriculum import TrackerValues, follow_announcements
+    from turnstream.actors.tasks.position import keep_saving, position_path, restore_position, save_position
     from turnstream.protocol.auth import keys_for
     from turnstream.protocol.role_process import RoleProcess, finish
     from turnstream.protocol.sockets import bind_address, subscriber
 
-    a, net = cfg.actor, cfg.network
+    a, net, v = cfg.actor, cfg.network, cfg.vllm
     actor_id = f"actor-{actor_index}"
     epoch = time.time_ns() // 1_000_000  # a restarted actor gets a new epoch without any saved state
     metrics = ActorMetrics()
-    chat = ChatTokens(cfg.model.path)
     ctx = zmq.asyncio.Context()
     link = BufferLink(ctx, bind_address(net.buffer_address, net.buffer_ingest_port), actor_id=actor_id, epoch=epoch,
                       slots=a.concurrent_episodes, max_unacked=a.max_unacked, resend_after_s=a.resend_after_s,
                       metrics=metrics, max_message_bytes=net.max_message_bytes, curve=keys_for(net))
     role = RoleProcess(metrics.registry, net.listen_host, a.metrics_port + actor_index if a.metrics_port else 0)
-    env_args = dict(cfg.env.args)
-    v = cfg.vllm
-    fleet = InferenceFleet(v.urls, timeout_s=a.request_timeout_s, retries=v.retries,
-                           health_interval_s=v.health_interval_s, wait_for_server_s=v.wait_for_server_s,
-                           max_staleness=cfg.buffer.max_staleness, learner_version=lambda: link.learner_version,
-                           metrics=metrics, model=cfg.learner.lora.served_adapter() if cfg.learner.lora else None)
-    # the fixed policy never moves: its servers stay at their version, which is always "fresh enough"
-    frozen = InferenceFleet(v.frozen_urls, timeout_s=a.request_timeout_s, retries=v.retries,
-                            health_interval_s=v.health_interval_s, wait_for_server_s=v.wait_for_server_s,
-                            max_staleness=cfg.buffer.max_staleness, learner_version=lambda: 0,
-                            metrics=metrics) if a.frozen_agents else None
-
-    def env_factory():
-        return make_env(cfg.env.name, **env_args)
-
-    # one instance answers the start-up questions (task count, held-out split): building an environment can
-    # load a dataset, and only the orders that enumerate need one at all
-    startup_env = functools.cache(env_factory)
+    chat = ChatTokens(cfg.model.path)
+    player = player_for(cfg.env.name, dict(cfg.env.args))  # how every episode is played
 
     values = TrackerValues()  # the learner's SPO tracker, for tasks.order = spo
-    order = make_order(cfg.tasks.order, env_factory=startup_env,
-                       actor_seed=hash((cfg.run.seed, actor_index, epoch)) % 2**31, run_seed=cfg.run.seed,
-                       epochs=cfg.tasks.epochs, shard=actor_index, num_shards=a.num_processes, values=values,
-                       spo_epsilon=cfg.tasks.spo_epsilon, eval_split=cfg.tasks.eval_split)
-    source = TaskSource(order, cfg.tasks.group_size)
+    source = _task_source(cfg, player, actor_index, epoch, values)
     tasks_in_play = DrainableTasks(source)  # what a graceful stop drains
     position = position_path(cfg.run.run_dir, actor_index) if cfg.tasks.order == "sequential" else None
     if position is not None and (at := restore_position(position, source)) is not None:
         log.info("%s: the task source goes on at draw %d (%s)", actor_id, at, position)
+
+    fleet = _fleet(cfg, v.urls, metrics, learner_version=lambda: link.learner_version,
+                   model=cfg.learner.lora.served_adapter() if cfg.learner.lora else None)
+    # the fixed policy never moves: its servers stay at their version, which is always "fresh enough"
+    frozen = _fleet(cfg, v.frozen_urls, metrics, learner_version=lambda: 0) if a.frozen_agents else None
     async with role, fleet as client, (frozen or contextlib.nullcontext()) as frozen_client:
         log.info("%s (epoch %d): %d episodes in flight, metrics port %d", actor_id, epoch, a.concurrent_episodes,
                  role.metrics_port)
-        runner = EpisodeRunner(actor_id=actor_id, epoch=epoch, env_factory=env_factory, chat=chat, client=client,
-                               link=link,
+        runner = EpisodeRunner(actor_id=actor_id, epoch=epoch, player=player, chat=chat,
+                               client=client, link=link, metrics=metrics, tasks=tasks_in_play,
                                sampling=Sampling(a.temperature, a.max_new_tokens, v.max_model_len, a.max_turns,
                                                  a.context_turns),
-                               metrics=metrics, tasks=tasks_in_play,
-                               frozen_clients={agent: frozen_client for agent in a.frozen_agents})
-        tasks = [asyncio.create_task(link.run()), asyncio.create_task(_play_then_idle(runner, a.concurrent_episodes))]
+                               frozen_clients={agent: frozen_client for agent in a.frozen_agents},
+                               request_timeout_s=a.request_timeout_s)
+        tasks = [asyncio.create_task(link.run()),
+                 asyncio.create_task(_play_then_idle(runner, a.concurrent_episodes, tasks_in_play))]
         if cfg.tasks.order == "spo":
             announcements = subscriber(ctx, bind_address(net.learner_address, net.learner_pub_port), keys_for(net))
             tasks.append(asyncio.create_task(follow_announcements(announcements, values, metrics,
                                                                   net.max_message_bytes)))
         if cfg.tasks.eval_split:  # held-out tasks, played every tasks.eval_every versions, never streamed
-            tasks.append(asyncio.create_task(evaluator_for(cfg, runner, startup_env(), actor_index).run()))
+            tasks.append(asyncio.create_task(evaluator_for(cfg, runner, player.startup_env(), actor_index).run()))
         if position is not None:
             tasks.append(asyncio.create_task(keep_saving(position, source)))
         if v.urls_file:
@@ -105,12 +89,37 @@ async def serve(cfg: Config, actor_index: int) -> None:
             ctx.destroy(linger=0)
 
 
-async def _play_then_idle(runner, concurrent_episodes: int) -> None:
+def _task_source(cfg: Config, player, actor_index: int, epoch: int, values):
+    """The actor's task source under [tasks]; the player's start-up environment answers the orders that ask
+    for the task count."""
+    from turnstream.actors.tasks.orders import make_order
+    from turnstream.actors.tasks.source import TaskSource
+
+    t = cfg.tasks
+    order = make_order(t.order, env_factory=player.startup_env,
+                       actor_seed=hash((cfg.run.seed, actor_index, epoch)) % 2**31, run_seed=cfg.run.seed,
+                       epochs=t.epochs, shard=actor_index, num_shards=cfg.actor.num_processes, values=values,
+                       spo_epsilon=t.spo_epsilon, eval_split=t.eval_split)
+    return TaskSource(order, t.group_size)
+
+
+def _fleet(cfg: Config, urls: list[str], metrics, *, learner_version: Callable[[], int], model: str | None = None):
+    """An inference fleet over `urls` with the actor's request, retry, health and staleness settings."""
+    from turnstream.actors.inference.fleet import InferenceFleet
+
+    v = cfg.vllm
+    return InferenceFleet(urls, timeout_s=cfg.actor.request_timeout_s, retries=v.retries,
+                          health_interval_s=v.health_interval_s, wait_for_server_s=v.wait_for_server_s,
+                          max_staleness=cfg.buffer.max_staleness, learner_version=learner_version, metrics=metrics,
+                          model=model)
+
+
+async def _play_then_idle(runner, concurrent_episodes: int, tasks_in_play) -> None:
     """Play until the task source runs out (tasks.epochs), then keep the process (and its link, which still
     delivers the last chunks) up until it is stopped."""
     await runner.run(concurrent_episodes)
-    if not getattr(runner.tasks, "draining", False):
-        log.info("%s: the task source ran out (tasks.epochs); no more episodes", runner.actor_id)
+    if not tasks_in_play.draining:
+        log.info("%s: the task source ran out (tasks.epochs); no more episodes", runner.context.actor_id)
     await asyncio.Event().wait()
 
 

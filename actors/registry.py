@@ -5,15 +5,21 @@ A user package adds environments without touching turnstream through the entry-p
 
     [project.entry-points."turnstream.environments"]
     my_maze = "my_pkg.envs:MyMaze"
+
+A name's factory makes an `Environment`, which the environment loop plays, or is an `EpisodePlayer` class
+that plays its own episodes (`agent`, `verifiers`); actors/play/choose.py tells them apart once, at start-up.
 """
 from __future__ import annotations
 
 import sys
 from importlib.metadata import entry_points
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import turnstream.actors.envs  # noqa: F401  (registers the shipped environments)
 from turnstream.actors.environment import REGISTERED, Environment
+
+if TYPE_CHECKING:  # the players pull in the tokenizer and the wire schema: `turnstream envs` needs neither
+    from turnstream.actors.play.player import EpisodePlayer
 
 ENTRY_POINT_GROUP = "turnstream.environments"
 
@@ -22,7 +28,7 @@ def _entry_points() -> dict[str, object]:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def resolve(name: str) -> Callable[..., Environment]:
+def resolve(name: str) -> Callable[..., "Environment | EpisodePlayer"]:
     """The factory for `name`: built-ins first (a plugin cannot shadow a shipped environment)."""
     if name in REGISTERED:
         return REGISTERED[name]
@@ -37,7 +43,7 @@ def resolve(name: str) -> Callable[..., Environment]:
     return factory
 
 
-def make_env(name: str, /, **kwargs) -> Environment:
+def make_env(name: str, /, **kwargs) -> "Environment | EpisodePlayer":
     return resolve(name)(**kwargs)
 
 

@@ -1,3 +1,14 @@
-"""Environments shipped with turnstream; importing this package registers them."""
-from turnstream.actors.envs import (fixed_odds, follow_signs, follow_signs_longtail, goal_walk,  # noqa: F401
-                                   http_env, math_tool, sokoban, tictactoe, trail, trivial)
+"""Environments: the interface is actors/environment.py, the names are looked up in actors/registry.py.
+
+    tasks/     the shipped environments: follow_signs (the demo) and its longtail, goal_walk, trail, sokoban,
+               tictactoe, math_tool (with its sandbox)
+    probes/    test probes: trivial (throughput), fixed_odds (what a task order or curriculum does)
+    remote/    environments served over HTTP (HTTP_ENV.md): the `http` client and a reference server
+    adapters/  established libraries (TextArena, TextWorld, reasoning-gym, Gymnasium), as entry points
+
+Importing this package registers the built-ins of tasks/, probes/ and remote/.
+"""
+from turnstream.actors.envs.probes import fixed_odds, trivial  # noqa: F401
+from turnstream.actors.envs.remote import http_env  # noqa: F401
+from turnstream.actors.envs.tasks import (follow_signs, follow_signs_longtail, goal_walk, math_tool,  # noqa: F401
+                                         sokoban, tictactoe, trail)

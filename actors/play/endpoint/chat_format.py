@@ -2,7 +2,7 @@
 Hermes-style tools (the format of Qwen models and of the tiny model), tool calls parsed from generated text.
 
 Rendering is per message, so an episode's context grows by the new messages' text only and the tokens the
-model generated are never re-tokenised (actors/agent_episode.py). Conventions, as in Qwen2.5's template:
+model generated are never re-tokenised (actors/play/endpoint/episode.py). Conventions, as in Qwen2.5's template:
 - the tools go into the system message: its content, a blank line, then `<tools>` with one JSON function
   signature a line and `</tools>` (a system message of just that when the caller sent none);
 - an assistant's tool calls are `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` after its text;

@@ -1,33 +1,32 @@
-"""Which task each new episode of an actor plays: the task source, configured by the [tasks] table.
+"""Task orders: the distinct draws of tasks an actor's task source (tasks/source.py) hands to its episodes,
+configured by the [tasks] table.
 
 A draw is an `Assignment`: the reset seed and, for an environment that enumerates its tasks
 (`Environment.num_tasks`), the task index. For an environment that does not, the seed is the task: two
 episodes reset with the same seed play the same task instance.
 
-An order makes distinct draws; `TaskSource` hands each draw to `group_size` consecutive episodes, so that an
-actor alone completes whole groups (same seed and task, hence the same prompt_key) for the buffer's group
-sampling. Orders:
-- `RandomOrder`: draw i is seed `actor_seed * 1_000_003 + i`, no task index: a fresh random task each time
-  (with group_size 1, exactly the seeds the actor played before task sources existed); with tasks held out
-  for evaluation (`tasks.eval_split`, actors/evaluation.py) a training task drawn uniformly, with that seed;
+Orders:
+- `RandomOrder`: draw i is seed `actor_seed * 1_000_003 + i`, no task index: a fresh random task each time;
+  with tasks held out for evaluation (`tasks.eval_split`, tasks/eval_split.py) a training task drawn
+  uniformly, with that seed;
 - `SequentialOrder`: epochs over the training task list, each shuffled with the run's seed, its positions split
   between the actor processes (actor k of N takes positions k, k + N, ...); ends after `epochs` passes (0: never);
-- `SpoOrder`: SPO's curriculum (actors/curriculum.py), tasks weighed by the learner's tracker values.
-Another order is a class with `draw()` (and `played()` if it learns from what episodes produced), and a case
-of `make_order`, which hands the orders that enumerate the training task list: every task but those
+- `SpoOrder`: SPO's curriculum (actors/tasks/curriculum.py), tasks weighed by the learner's tracker values.
+Another order is a `TaskOrder` (its `draw()`, and `played()` if it learns from what episodes produced), and a
+case of `make_order`, which hands the orders that enumerate the training task list: every task but those
 `tasks.eval_split` holds out for evaluation, which no training order may draw.
 """
 from __future__ import annotations
 
 import random
-from collections import Counter
-from dataclasses import dataclass, field, replace
-from typing import Callable, Protocol, Sequence
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import numpy as np
 
-from turnstream.actors.curriculum import PRIOR_VALUE, TrackerValues, spo_weight
-from turnstream.actors.evaluation import split_tasks
+from turnstream.actors.tasks.curriculum import PRIOR_VALUE, TrackerValues, spo_weight
+from turnstream.actors.tasks.eval_split import split_tasks
 from turnstream.core.configtools import ConfigError
 
 
@@ -38,14 +37,18 @@ class Assignment:
     draw: int = field(default=-1, compare=False)  # the order's draw number (TaskSource sets it)
 
 
-class TaskOrder(Protocol):
+class TaskOrder(ABC):
     draws: int  # draws made so far; setting it makes a deterministic order go on from there
 
+    @abstractmethod
     def draw(self) -> Assignment | None:
         """The next distinct task, or None when the order has run out."""
 
+    def played(self, task: int | None, prompt_keys: Sequence[str]) -> None:
+        """An episode of `task` ended with these prompt keys; an order that weighs tasks by them learns them."""
 
-class RandomOrder:
+
+class RandomOrder(TaskOrder):
     def __init__(self, actor_seed: int, tasks: Sequence[int] | None = None):
         """`tasks`: the task indices to draw from; None: no task index, the seed is the task."""
         self.actor_seed, self.draws = actor_seed, 0
@@ -58,7 +61,7 @@ class RandomOrder:
         return Assignment(seed) if self.tasks is None else Assignment(seed, task=self.rng.choice(self.tasks))
 
 
-class SequentialOrder:
+class SequentialOrder(TaskOrder):
     def __init__(self, tasks: int | Sequence[int], *, run_seed: int, epochs: int = 0, shard: int = 0,
                  num_shards: int = 1):
         """`tasks`: the task indices an epoch visits (n: every task of range(n))."""
@@ -89,7 +92,7 @@ class SequentialOrder:
         return Assignment(seed=epoch * self.span + task, task=task)
 
 
-class SpoOrder:
+class SpoOrder(TaskOrder):
     """Draws from `tasks` (task indices of an enumerating environment) with SPO's curriculum weights."""
 
     def __init__(self, tasks: Sequence[int], values: TrackerValues, *, epsilon: float, actor_seed: int):
@@ -125,47 +128,6 @@ class SpoOrder:
         seed = self.actor_seed * 1_000_003 + self.draws
         self.draws += 1
         return Assignment(seed=seed, task=int(self.tasks[i]))
-
-
-class TaskSource:
-    """Hands each draw of `order` to `group_size` consecutive episodes, and knows which draws are finished."""
-
-    def __init__(self, order: TaskOrder, group_size: int = 1):
-        self.order, self.group_size = order, group_size
-        self.current: Assignment | None = None
-        self.handed = 0  # episodes given the current draw
-        self.unfinished: Counter[int] = Counter()  # draw number -> its episodes handed out and not yet played
-
-    def next(self) -> Assignment | None:
-        """The next episode's assignment, or None when the order has run out."""
-        if self.current is None or self.handed == self.group_size:
-            number = self.order.draws
-            drawn, self.handed = self.order.draw(), 0
-            self.current = None if drawn is None else replace(drawn, draw=number)
-            if self.current is None:
-                return None
-        self.handed += 1
-        self.unfinished[self.current.draw] += 1
-        return self.current
-
-    def played(self, assignment: Assignment, prompt_keys: Sequence[str]) -> None:
-        """An episode of `assignment` has ended (however it ended), with `prompt_keys`; an order that weighs
-        tasks by them learns them."""
-        self.unfinished[assignment.draw] -= 1
-        if self.unfinished[assignment.draw] <= 0:
-            del self.unfinished[assignment.draw]
-        played = getattr(self.order, "played", None)
-        if played is not None:
-            played(assignment.task, prompt_keys)
-
-    def resume_point(self) -> int:
-        """The first draw not yet played in full: a restart that goes on from here re-plays the draws that
-        were in flight (and those after them that had finished) rather than skipping them."""
-        partial = [self.current.draw] if self.current is not None and self.handed < self.group_size else []
-        return min([*self.unfinished, *partial], default=self.order.draws)
-
-    def resume(self, draws: int) -> None:
-        self.order.draws, self.current, self.handed = draws, None, 0
 
 
 def num_tasks_of(env) -> int | None:

@@ -14,9 +14,9 @@ The signs are drawn independently per marker, so a policy blind to the observati
 probability 1/2 and the only way to the bonus is to read the sign on every turn; the sign is the
 observation's last token, a fixed few tokens before the action. The number in front is for the critic, not
 needed by the policy: how many turns are left is what a turn's value depends on (each turn earns about the
-same). It once showed the markers still to go instead, which confounds progress with time: under a random
-policy the value of "N to go" falls by one marker's pay per marker, so a critic that learned it gave a
-correct answer (one marker closer) the same advantage as a wrong one, and turn_gae had no signal.
+same). The markers still to go would confound progress with time: under a random policy the value of "N to
+go" falls by one marker's pay per marker, so a critic that learned it would give a correct answer (one
+marker closer) the same advantage as a wrong one, and turn_gae would have no signal.
 
 Measured by simulation (20,000 episodes per policy, defaults; tests/unit/test_env_long_horizon.py checks
 them on 3,000):
@@ -25,10 +25,10 @@ them on 3,000):
   of 50), success 0;
 - following the sign with probability 0.9: 55.5 turns, return 0.98, success 0.97; with 0.85: return 0.85,
   success 0.72; with 0.8: return 0.64, success 0.32. A rolling success of 0.9 asks about 0.88 a turn.
-Tokens (actors/chat.py and the tiny model's tokenizer, through the actor's runner): every observation is 2
-tokens ("37 L"), a turn 13 with the chat template and the action, so an episode of T turns holds 13 T - 2
-tokens: 648 for the 50 turns of a perfect episode, 778 for the 60 of a spent budget, within the benches'
-max_model_len of 1024 (at most 78 turns would fit).
+Tokens (actors/inference/chat_tokens.py and the tiny model's tokenizer, through the environment loop): every
+observation is 2 tokens ("37 L"), a turn 13 with the chat template and the action, so an episode of T turns
+holds 13 T - 2 tokens: 648 for the 50 turns of a perfect episode, 778 for the 60 of a spent budget, within
+the benches' max_model_len of 1024 (at most 78 turns would fit).
 
 Tasks: `tasks` sign sequences (default 64), task i's drawn from a generator seeded with i, prompt key
 "trail/<i>"; a reset without a task takes one from the seed. The episode is the same for every seed.

@@ -15,7 +15,7 @@ and evaluation). `model` is the model name the rollouts send, `sampling_args` ov
 own (e.g. `{ max_tokens = 64 }`), `success_at` is the reward that counts as a success and `timeout_s` bounds
 one episode (0: no limit).
 
-Every chat call of a rollout is one turn of its episode (actors/agent_episode.py); a rollout that fails
+Every chat call of a rollout is one turn of its episode (actors/play/endpoint/episode.py); a rollout that fails
 (an exception in the environment's code, a rollout verifiers marks as errored, the worker's death)
 abandons its episode, counted in `turnstream_actor_agent_errors_total` by reason, and the actor goes on.
 """
@@ -26,7 +26,10 @@ import json
 import shutil
 from pathlib import Path
 
-from turnstream.actors.environment import Environment
+from turnstream.actors.play.context import PlayContext
+from turnstream.actors.play.endpoint.session import play_at_endpoint
+from turnstream.actors.play.player import Episode, EpisodePlayer
+from turnstream.actors.play.verifiers.harness import describe, shared_harness
 from turnstream.core.configtools import ConfigError
 
 DEFAULT_PYTHON = ".venv-verifiers/bin/python"
@@ -34,10 +37,8 @@ DEFAULT_PYTHON = ".venv-verifiers/bin/python"
 
 @functools.cache
 def _describe(python: str, spec_json: str) -> dict:
-    """The harness's answer for this environment, asked once per process: the runner builds an environment
-    per episode, and asking means loading the environment in the other Python."""
-    from turnstream.actors.harness_process import describe
-
+    """The harness's answer for this environment, asked once per process (the start-up checks make a player
+    too): asking means loading the environment in the other Python."""
     try:
         return describe(python, json.loads(spec_json))
     except ValueError as exc:
@@ -52,7 +53,7 @@ def _interpreter(python: str) -> str:
     return str(Path(found).absolute())
 
 
-class VerifiersEnv(Environment):
+class VerifiersPlayer(EpisodePlayer):
     """A verifiers environment (env.args.environment), played by a harness in its own Python"""
 
     def __init__(self, environment: str = "", env_args: dict | None = None, python: str = DEFAULT_PYTHON,
@@ -69,20 +70,16 @@ class VerifiersEnv(Environment):
         self.model, self.sampling_args = model, dict(sampling_args or {})
         self.success_at, self.timeout_s = float(success_at), float(timeout_s)
 
-    async def drive(self, runner, episode_id: str, seed: int, task: int | None, streams: dict) -> str:
-        """Play the episode: one rollout of the task's row in the harness (the runner calls this instead of
-        reset and step)."""
-        from turnstream.actors.agent_runner import play_at_endpoint
-        from turnstream.actors.harness_process import shared_harness
+    def startup_env(self) -> "VerifiersPlayer":
+        return self
 
-        index = seed % self.num_tasks if task is None else task
+    async def play(self, ctx: PlayContext, episode: Episode) -> str:
+        """One rollout of the task's row in the harness."""
+        index = episode.seed % self.num_tasks if episode.task is None else episode.task
 
         async def run(endpoint, base_url: str) -> float:
             harness = await shared_harness(self.python, self.spec)
             return await harness.rollout(base_url, index, self.model, self.sampling_args)
 
-        return await play_at_endpoint(runner, run, episode_id=episode_id, prompt_key=f"task-{index}",
-                                      streams=streams, success_at=self.success_at, timeout_s=self.timeout_s)
-
-    async def reset(self, seed: int, task: int | None = None):
-        raise NotImplementedError("a verifiers episode is driven by its rollout (drive), not by reset and step")
+        return await play_at_endpoint(ctx, episode, run, prompt_key=f"task-{index}", success_at=self.success_at,
+                                      timeout_s=self.timeout_s)

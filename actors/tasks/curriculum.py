@@ -1,4 +1,4 @@
-"""SPO's curriculum in the actor (`tasks.order = "spo"`, drawn by actors/tasks.py's SpoOrder): the weight
+"""SPO's curriculum in the actor (`tasks.order = "spo"`, drawn by tasks/orders.py's SpoOrder): the weight
 rule, and the learner's tracker values it reads.
 
 Task x is drawn with probability proportional to sqrt(v(1 - v)) + epsilon, v being the learner's SPO tracker

@@ -1,7 +1,7 @@
 """Reference server for the HTTP environment protocol (HTTP_ENV.md): serves any registered environment.
 
-`python -m actors.envs.http_server --port 8700`. `--delay-s` and `--fail-every` make it slow or failing on
-purpose, for testing clients.
+`python -m turnstream.actors.envs.remote.http_server --port 8700`. `--delay-s` and `--fail-every` make it slow
+or failing on purpose, for testing clients.
 """
 from __future__ import annotations
 

@@ -21,7 +21,8 @@ import logging
 import os
 from pathlib import Path
 
-from turnstream.actors.tasks import SequentialOrder, TaskSource
+from turnstream.actors.tasks.orders import SequentialOrder
+from turnstream.actors.tasks.source import TaskSource
 
 log = logging.getLogger("turnstream.actor.tasks")
 

@@ -27,8 +27,8 @@ from typing import Callable
 
 import aiohttp
 
-from turnstream.actors.inference import (Generation, InferenceError, ServerFailure, StaleConnection, parse_version,
-                              post_generate)
+from turnstream.actors.inference.client import (Generation, InferenceError, ServerFailure, StaleConnection,
+                                                parse_version, post_generate)
 from turnstream.actors.metrics import ActorMetrics
 
 log = logging.getLogger("turnstream.actor")

@@ -1,6 +1,6 @@
 """Token-in/token-out requests to vLLM's /inference/v1/generate and strict parsing of the reply.
 
-The fleet of servers (balancing, health, retries) is `actors.fleet.InferenceFleet`.
+The fleet of servers (balancing, health, retries) is `actors.inference.fleet.InferenceFleet`.
 """
 from __future__ import annotations
 

@@ -11,8 +11,7 @@ its longest episode; that is the cost asynchrony removes.
 
 The defaults keep the mean short on purpose: every corridor token is trained with the episode's
 advantage, which is noise for it, and dilutes the junction tokens' share of a token-mean loss (3 of 4.6
-tokens here); a fatter body (mean 5.8 turns) did not leave the 2^-k floor within 16 steps where
-follow_signs took 7.
+tokens here), so a fatter body slows learning down.
 
 Why corridors and not more junctions: more junctions would make long episodes almost never succeed
 (2^-k at the start), which changes what is learned, not only how long it takes. Corridor turns keep the
@@ -26,7 +25,7 @@ import math
 import random
 
 from turnstream.actors.environment import register
-from turnstream.actors.envs.follow_signs import FollowSigns
+from turnstream.actors.envs.tasks.follow_signs import FollowSigns
 
 
 def corridor_length(rng: random.Random, scale: float, alpha: float, cap: int) -> int:

@@ -1,4 +1,4 @@
-"""The actor's side of a verifiers harness worker (actors/verifiers_harness.py): a subprocess in another
+"""The actor's side of a verifiers harness worker (actors/play/verifiers/worker.py): a subprocess in another
 Python, spoken to in JSON lines over its stdin/stdout, that plays rollouts against the actor's endpoint.
 
 One worker per actor process and environment, shared by every episode (loading an environment can take
@@ -16,12 +16,12 @@ import logging
 import subprocess
 from pathlib import Path
 
-from turnstream.actors.agent_runner import AgentFailed
 from turnstream.actors.loop_shared import LoopShared
+from turnstream.actors.play.endpoint.session import AgentFailed
 
 log = logging.getLogger("turnstream.actor")
 
-SCRIPT = Path(__file__).with_name("verifiers_harness.py")
+SCRIPT = Path(__file__).with_name("worker.py")
 START_TIMEOUT_S = 300.0  # loading an environment may build its dataset
 
 

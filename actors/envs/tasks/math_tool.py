@@ -3,7 +3,7 @@
 The observation poses a problem ("compute 37*48-19"). Each turn the model either calls the tool with an
 expression, `calc <expression>` (or a bare expression), and gets the evaluator's result back as the next
 observation ("result 1757"), or answers with `answer <number>`, which ends the episode: reward 1 if the
-number is right, 0 otherwise. Expressions run in the subprocess sandbox of `actors.envs.sandbox` (CPU,
+number is right, 0 otherwise. Expressions run in the subprocess sandbox of `actors.envs.tasks.sandbox` (CPU,
 memory and wall-time limits, no files, no network). An action other than an answer after `max_tool_calls`
 calls truncates the episode. `tool_penalty` (default 0) is subtracted per tool call, a per-turn reward.
 """
@@ -13,7 +13,7 @@ import random
 import re
 
 from turnstream.actors.environment import Environment, Reset, Step, register
-from turnstream.actors.envs.sandbox import evaluate
+from turnstream.actors.envs.tasks.sandbox import evaluate
 
 _ANSWER = re.compile(r"answer\s*:?\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 _CALL = re.compile(r"^\s*(?:calc|python|tool)\s*:?\s*(.+)$", re.IGNORECASE | re.DOTALL)

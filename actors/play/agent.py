@@ -8,18 +8,22 @@
 process. `tasks`, optional, is a list of tasks or the "module:attribute" of one (a list, or a function
 returning one): each episode's task is one of them (the environment enumerates them, for sequential
 orders, groups and evaluation), and the episode's prompt key is `task-<index>`. Without `tasks` the task
-is the episode's seed (an int). The function gets an `openai.AsyncOpenAI` client bound to the episode
-(actors/agent_runner.py); its return value is the reward, and an episode is a success when the reward is at
-least `success_at`. `timeout_s` bounds one episode (0: no limit).
+is the episode's seed (an int). The function gets an `openai.AsyncOpenAI` client bound to the episode on
+the actor's endpoint (play/endpoint/); its return value is the reward, and an episode is a success when the
+reward is at least `success_at`. `timeout_s` bounds one episode (0: no limit).
 """
 from __future__ import annotations
 
 import functools
 import importlib
 import inspect
-from typing import Any
+import logging
+from typing import Any, Awaitable, Callable
 
-from turnstream.actors.environment import Environment
+from turnstream.actors.play.context import PlayContext
+from turnstream.actors.play.endpoint.server import OpenAIEndpoint
+from turnstream.actors.play.endpoint.session import play_at_endpoint
+from turnstream.actors.play.player import Episode, EpisodePlayer
 from turnstream.core.configtools import ConfigError
 
 
@@ -39,7 +43,7 @@ def load_entry(spec: str, field: str) -> Any:
 
 @functools.cache
 def _task_list(spec: str) -> tuple:
-    """The tasks "module:attribute" names, loaded once per process: the runner builds an environment per episode."""
+    """The tasks "module:attribute" names, loaded once per process (the start-up checks make a player too)."""
     tasks = load_entry(spec, "tasks")
     tasks = tasks() if callable(tasks) else tasks
     if not isinstance(tasks, (list, tuple)):
@@ -47,7 +51,7 @@ def _task_list(spec: str) -> tuple:
     return tuple(tasks)
 
 
-class AgentEnv(Environment):
+class AgentPlayer(EpisodePlayer):
     """A user's async agent function over the OpenAI client (env.args.entry = "pkg.mod:solve")"""
 
     def __init__(self, entry: str = "", tasks: list | str | None = None, success_at: float = 1.0,
@@ -70,17 +74,43 @@ class AgentEnv(Environment):
         self.num_tasks = None if tasks is None else len(self.tasks)
         self.success_at, self.timeout_s = float(success_at), float(timeout_s)
 
-    async def drive(self, runner, episode_id: str, seed: int, task: int | None, streams: dict) -> str:
-        """Play the episode (the runner calls this instead of reset and step)."""
-        from turnstream.actors.agent_runner import play_agent
+    def startup_env(self) -> "AgentPlayer":
+        return self
 
+    async def play(self, ctx: PlayContext, episode: Episode) -> str:
+        seed, task = episode.seed, episode.task
         if self.tasks is None:
             value, key = seed, f"seed-{seed}"
         else:
             index = seed % len(self.tasks) if task is None else task
             value, key = self.tasks[index], f"task-{index}"
-        return await play_agent(runner, self.solve, value, episode_id=episode_id, prompt_key=key, streams=streams,
-                                success_at=self.success_at, timeout_s=self.timeout_s)
+        return await play_agent(ctx, episode, self.solve, value, prompt_key=key, success_at=self.success_at,
+                                timeout_s=self.timeout_s)
 
-    async def reset(self, seed: int, task: int | None = None):
-        raise NotImplementedError("an agent episode is driven by its function (drive), not by reset and step")
+
+async def play_agent(ctx: PlayContext, episode: Episode, solve: Callable[..., Awaitable], task, *, prompt_key: str,
+                     success_at: float, timeout_s: float) -> str:
+    """Play `episode` of `task` with the user's `solve(client, task)`; the outcome."""
+    import openai  # the integrations extra; AgentPlayer checked at construction that it is there
+
+    async def run(endpoint: OpenAIEndpoint, base_url: str):
+        if endpoint.http_client is None:
+            # one connection pool for every episode's client, on aiohttp (openai's own DefaultAioHttpClient):
+            # httpx's pool and h11 parser take more CPU a call, taken from generation. Its time limit is twice
+            # a generate call's: a turn may wait for a server to come back, then generate
+            endpoint.http_client = openai.DefaultAioHttpClient(timeout=ctx.request_timeout_s * 2)
+            quiet_request_logs()
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="turnstream", http_client=endpoint.http_client)
+        return await solve(client, task)
+
+    return await play_at_endpoint(ctx, episode, run, prompt_key=prompt_key, success_at=success_at,
+                                  timeout_s=timeout_s)
+
+
+def quiet_request_logs() -> None:
+    """The openai client's transport (httpx, httpx2 from openai 3) logs every request at INFO: a line per turn
+    in the actor's log, and its CPU taken from the turns. Left as they are when the user set their level."""
+    for name in ("httpx", "httpx2"):
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)

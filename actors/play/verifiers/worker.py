@@ -1,4 +1,4 @@
-"""The harness worker of `env.name = "verifiers"` (actors/envs/verifiers_env.py): it runs in the Python that
+"""The harness worker of `env.name = "verifiers"` (actors/play/verifiers/player.py): it runs in the Python that
 has verifiers (`.venv-verifiers`, made by scripts/setup.sh), loads the verifiers environment once, and plays
 rollouts for the actor, each with an OpenAI client pointed at its episode's base URL on the actor's endpoint.
 
@@ -113,7 +113,7 @@ class Worker:
         self.send({"id": request.get("id"), **result})
 
     async def serve(self) -> None:
-        try:  # aiohttp's pool costs less CPU a call than httpx's (as in the actor, actors/agent_runner.py)
+        try:  # aiohttp's pool costs less CPU a call than httpx's (as in the actor, actors/play/agent.py)
             self.http = self.openai.DefaultAioHttpClient()
         except RuntimeError:  # openai without its aiohttp extra
             self.http = self.openai.DefaultAsyncHttpxClient()

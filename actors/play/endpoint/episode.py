@@ -3,7 +3,8 @@
 The episode keeps the exact token ids its context holds: the first call renders its messages, every later
 call appends only the text of the messages that came after the ones already seen (the assistant replies
 included, which are the generated tokens themselves), so nothing generated is re-tokenised. The turn goes
-to the buffer at once, like any runner turn (its chunk carries the rewards reported since the last one).
+to the buffer at once, like any turn of the environment loop (its chunk carries the rewards reported since
+the last one).
 
 A caller whose history does not continue the recorded one (it edited, dropped or reordered messages, or
 changed the tools, as an agent that summarises or trims its history does) starts a new segment: the turn's
@@ -17,9 +18,11 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from turnstream.actors.openai_chat import (BadRequest, ChatRequest, Message, forced_tool, parse_tool_calls, render,
-                                           tool_call_constraint)
-from turnstream.actors.runner import _Stream
+from turnstream.actors.play.context import PlayContext
+from turnstream.actors.play.endpoint.chat_format import (BadRequest, ChatRequest, Message, forced_tool,
+                                                         parse_tool_calls, render, tool_call_constraint)
+from turnstream.actors.play.endpoint.metrics import AgentMetrics
+from turnstream.actors.play.stream import Stream
 
 ASSISTANT = "<|im_start|>assistant\n"  # the generation prompt that opens every turn's reply
 
@@ -39,11 +42,11 @@ class Reply:
 
 @dataclass
 class AgentEpisode:
-    runner: object  # actors.runner.EpisodeRunner: chat tokens, inference client, link, sampling, metrics
-    metrics: object  # actors.openai_endpoint.AgentMetrics
+    ctx: PlayContext
+    metrics: AgentMetrics
     episode_id: str
     prompt_key: str
-    stream: _Stream | None = None  # None until the first call
+    stream: Stream | None = None  # None until the first call
     history: list[Message] = field(default_factory=list)  # what the current context renders
     tools: list[dict] = field(default_factory=list)
     turns: int = 0
@@ -66,7 +69,7 @@ class AgentEpisode:
 
     def _observation(self, request: ChatRequest) -> tuple[list[int], list[int], bool]:
         """(the context before this turn, the turn's observation tokens, whether the context restarts)."""
-        chat, new = self.runner.chat, self._new_messages(request)
+        chat, new = self.ctx.chat, self._new_messages(request)
         if new is None:  # the first call, or a history that does not continue the recorded one: a new context
             return [], chat.encode(render(request.messages, request.tools, first=True) + ASSISTANT), True
         s = self.stream
@@ -74,7 +77,7 @@ class AgentEpisode:
         return s.context, chat.encode(f"{closing}\n" + render(new, request.tools, first=False) + ASSISTANT), False
 
     async def _turn(self, request: ChatRequest) -> Reply:
-        r, sampling = self.runner, self.runner.sampling
+        ctx, sampling = self.ctx, self.ctx.sampling
         temperature = sampling.temperature if request.temperature is None else request.temperature
         if temperature <= 0:
             raise BadRequest("bad_temperature", "temperature must be > 0: greedy sampling has no log-probs to train on")
@@ -96,27 +99,27 @@ class AgentEpisode:
             extra["min_tokens"] = min(request.min_tokens, max_tokens)
         t_start, started = time.time(), time.monotonic()
         # generated first, recorded after: a failed call leaves the episode as it was, for the caller to retry
-        gen = await r.client.generate(context, max_tokens=max_tokens, temperature=temperature,
-                                      cache_salt=f"v{r.link.learner_version}",
-                                      **({"extra_params": extra} if extra else {}))
-        r.m.generate_seconds.observe(time.monotonic() - started)
-        r.m.generated_tokens.inc(len(gen.tokens))
-        r.m.turns.inc()
+        gen = await ctx.client.generate(context, max_tokens=max_tokens, temperature=temperature,
+                                        cache_salt=f"v{ctx.link.learner_version}",
+                                        **({"extra_params": extra} if extra else {}))
+        ctx.metrics.generate_seconds.observe(time.monotonic() - started)
+        ctx.metrics.generated_tokens.inc(len(gen.tokens))
+        ctx.metrics.turns.inc()
         new_context = restart and self.stream is not None  # the first call's context is new too, not restarted
         if self.stream is None:
-            self.stream = _Stream(self.episode_id, self.prompt_key, 0)
+            self.stream = Stream(self.episode_id, self.prompt_key, 0)
         if new_context:
             self.metrics.segments.inc()
         s = self.stream
         self.turns += 1
-        text = r.chat.decode(gen.tokens)
+        text = ctx.chat.decode(gen.tokens)
         for stop in request.stop:  # OpenAI's replies end before the stop string; the tokens keep all of it
             text = text.split(stop, 1)[0]
         # tool_choice = none: whatever the model wrote is its answer, even text shaped like a call
         content, calls = (text, []) if request.tool_choice == "none" else parse_tool_calls(text)
         reward, self.pending_reward = self.pending_reward, 0.0
-        await r._send(s, obs_tokens, gen, [], reward, done=False, truncated=False, t_start=t_start,
-                      temperature=temperature, context_reset=new_context)
+        await ctx.send(s, obs_tokens, gen, [], reward, done=False, truncated=False, t_start=t_start,
+                       temperature=temperature, context_reset=new_context)
         s.context = context + gen.tokens
         s.last_gen = gen.tokens
         self.tools, self.history = request.tools, [*request.messages, Message("assistant", content, tuple(calls))]
@@ -137,6 +140,6 @@ class AgentEpisode:
     async def _close(self, *, truncated: bool) -> None:
         self.outcome = "truncated" if truncated else "done"
         if self.stream is not None and self.stream.turn:
-            await self.runner._send(self.stream, [], None, [], self.pending_reward, done=True, truncated=truncated,
-                                    t_start=time.time())
+            await self.ctx.send(self.stream, [], None, [], self.pending_reward, done=True, truncated=truncated,
+                                t_start=time.time())
         self.pending_reward = 0.0

@@ -1,0 +1,79 @@
+"""One episode played at the actor's OpenAI-compatible endpoint: the episode gets its own base URL there,
+whatever plays it (a user's agent function in this process, play/agent.py, or a verifiers rollout in a
+harness worker, play/verifiers/) makes chat calls to it, each one streamed turn, and returns the reward
+(added to any the reward route reported).
+
+A failure of what plays it (an exception, a reward that is not a number, running past the time limit)
+abandons the episode: counted in `turnstream_actor_agent_errors_total` by reason, the turns already
+streamed left for the buffer to drop as abandoned after its timeout, and the actor goes on. The exception
+that follows a truncation (the call past the context answered 400) keeps the truncated outcome.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable
+
+from turnstream.actors.loop_shared import LoopShared
+from turnstream.actors.play.context import PlayContext
+from turnstream.actors.play.endpoint.episode import AgentEpisode
+from turnstream.actors.play.endpoint.metrics import AgentMetrics
+from turnstream.actors.play.endpoint.server import OpenAIEndpoint
+from turnstream.actors.play.player import Episode, abandon_on_failure
+
+log = logging.getLogger("turnstream.actor")
+
+
+class AgentFailed(Exception):
+    """A failure of the episode's player that names its own reason (the label of the agent errors counter)."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+_endpoint: "LoopShared[OpenAIEndpoint]" = LoopShared("openai-endpoint", close=OpenAIEndpoint.close)
+
+
+async def shared_endpoint(registry) -> OpenAIEndpoint:
+    """The actor process's one endpoint (started by the first agent episode; evaluation episodes share it)."""
+    return await _endpoint.get(lambda: OpenAIEndpoint(AgentMetrics(registry)).start())
+
+
+async def play_at_endpoint(ctx: PlayContext, episode: Episode, run: Callable[[OpenAIEndpoint, str], Awaitable], *,
+                           prompt_key: str, success_at: float, timeout_s: float) -> str:
+    """Play `episode`, whose calls come to its base URL on the actor's endpoint: `run(endpoint, base_url)`
+    plays it and returns the reward; the outcome (success at a reward of `success_at` or more)."""
+    return await abandon_on_failure(ctx, episode.episode_id, _play(ctx, episode, run, prompt_key=prompt_key,
+                                                                    success_at=success_at, timeout_s=timeout_s))
+
+
+async def _play(ctx: PlayContext, episode: Episode, run: Callable[[OpenAIEndpoint, str], Awaitable], *,
+                prompt_key: str, success_at: float, timeout_s: float) -> str:
+    episode_id = episode.episode_id
+    endpoint = await shared_endpoint(ctx.metrics.registry)
+    played = AgentEpisode(ctx, endpoint.metrics, episode_id, prompt_key)
+    endpoint.episodes[episode_id] = played
+    try:
+        result = await asyncio.wait_for(run(endpoint, endpoint.base_url(episode_id)), timeout_s or None)
+        reward = _reward(result)
+    except Exception as exc:  # the user's code: never the actor's end
+        if played.outcome is not None:  # truncated, or ended by the reward route: the outcome stands
+            return played.outcome
+        reason = "timeout" if isinstance(exc, asyncio.TimeoutError) else \
+            exc.reason if isinstance(exc, AgentFailed) else type(exc).__name__
+        endpoint.metrics.agent_errors.labels(reason).inc()
+        log.warning("episode %s abandoned: the agent failed (%s): %s", episode_id, reason, exc)
+        return "agent_error"
+    finally:
+        del endpoint.episodes[episode_id]
+        if played.stream is not None:  # what the slot reads: streamed chunks, prompt keys
+            episode.streams[0] = played.stream
+    outcome = await played.finish(reward)
+    return "success" if outcome == "done" and reward >= success_at else outcome
+
+
+def _reward(result) -> float:
+    if isinstance(result, bool) or not isinstance(result, (int, float)):
+        raise TypeError(f"the agent returned {type(result).__name__}, not a number (the episode's reward)")
+    return float(result)

@@ -1,0 +1,125 @@
+"""The environment loop: the player of an `Environment` (actors/environment.py). It resets the environment,
+samples each reply from the policy, steps the environment with its text and streams every turn.
+
+An episode with several agents is streamed as one token stream per agent (episode id `<id>/a<k>`, agent
+id on every chunk): each agent has its own conversation, and the buffer assembles each stream as an
+episode of its own, so the learner sees exactly the tokens that agent's context held. When the episode
+ends, every other agent's stream is closed with a chunk that has no generated tokens and carries that
+agent's outstanding reward (e.g. the loser's -1).
+
+Agents share the trained policy unless listed in the context's `frozen_clients`: those are played by a
+fixed policy on other servers, and their turns reach the others only as observations; nothing of theirs
+is streamed.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Callable
+
+from turnstream.actors.environment import EnvError, Environment, Step
+from turnstream.actors.play.context import PlayContext
+from turnstream.actors.play.player import Episode, EpisodePlayer, abandon_on_failure
+from turnstream.actors.play.stream import Stream
+
+log = logging.getLogger("turnstream.actor")
+
+
+class EnvironmentLoop(EpisodePlayer):
+    """Plays each episode on a fresh environment from `make_env`."""
+
+    def __init__(self, make_env: Callable[[], Environment]):
+        self.make_env = make_env
+        self._startup_env: Environment | None = None
+
+    def startup_env(self) -> Environment:
+        if self._startup_env is None:  # made on first ask only: building an environment can load a dataset
+            self._startup_env = self.make_env()
+        return self._startup_env
+
+    async def play(self, ctx: PlayContext, episode: Episode) -> str:
+        env = self.make_env()
+        try:
+            return await abandon_on_failure(ctx, episode.episode_id, _play(ctx, env, episode))
+        finally:
+            try:
+                await env.close()
+            except Exception as exc:  # closing a dead remote environment must not fail the slot
+                log.warning("episode %s: environment close failed: %r", episode.episode_id, exc)
+
+
+async def _play(ctx: PlayContext, env: Environment, episode: Episode) -> str:
+    sampling, chat, streams = ctx.sampling, ctx.chat, episode.streams
+    # an environment that does not enumerate its tasks is never given one (its reset may not take it)
+    reset = await (env.reset(episode.seed) if episode.task is None else env.reset(episode.seed, task=episode.task))
+    # read after reset: a remote environment learns its action tokens when it is created
+    allowed = [chat.single_token_id(a) for a in env.action_tokens] if env.action_tokens else []
+    max_tokens = min(sampling.max_new_tokens, env.max_action_tokens)
+    n_agents = max(1, int(env.num_agents))
+    agent, observation = reset.agent, reset.observation
+    for turn in itertools.count():
+        if agent not in range(n_agents):
+            raise EnvError(f"environment named agent {agent}, it has {n_agents}", "bad_agent")
+        s = streams.get(agent)
+        if s is None:
+            suffix = f"/a{agent}" if n_agents > 1 else ""
+            s = streams[agent] = Stream(episode.episode_id + suffix, reset.prompt_key + suffix, agent)
+        # a restarted context is sampled from the observation alone, as a first turn is
+        restart = s.last_gen is not None and 0 < sampling.context_turns <= s.in_context
+        if s.last_gen is None or restart:
+            s.context, s.in_context = [], 0
+            obs_tokens = chat.first_turn(observation)
+        else:
+            obs_tokens = chat.next_turn(observation, s.last_gen)
+        s.context += obs_tokens
+        over_budget = sampling.max_turns and turn >= sampling.max_turns
+        if over_budget or len(s.context) + max_tokens > sampling.max_context_tokens:
+            # Cannot sample this turn; close every stream as truncated with no new tokens.
+            await ctx.send(s, obs_tokens, None, allowed, s.pending_reward, done=True, truncated=True,
+                           t_start=time.time(), context_reset=restart)
+            await _close_others(ctx, streams, s, allowed, truncated=True)
+            return "truncated"
+        t_start = time.time()
+        started = time.monotonic()
+        client = ctx.frozen_clients.get(agent, ctx.client)
+        gen = await client.generate(s.context, max_tokens=max_tokens, temperature=sampling.temperature,
+                                    allowed_token_ids=allowed or None, cache_salt=f"v{ctx.link.learner_version}")
+        ctx.metrics.generate_seconds.observe(time.monotonic() - started)
+        (ctx.metrics.frozen_tokens if agent in ctx.frozen_clients else ctx.metrics.generated_tokens).inc(
+            len(gen.tokens))
+        step = await env.step(chat.decode(gen.tokens))
+        ctx.metrics.turns.inc()
+        reward = _distribute(step, agent, streams) + s.pending_reward
+        s.pending_reward = 0.0
+        await ctx.send(s, obs_tokens, gen, allowed, reward, done=step.done, truncated=step.truncated,
+                       t_start=t_start, context_reset=restart)
+        if step.done:
+            await _close_others(ctx, streams, s, allowed, truncated=step.truncated)
+            if step.truncated:
+                return "truncated"
+            return "success" if (step.info or {}).get("success") else "done"
+        s.context += gen.tokens
+        s.last_gen = gen.tokens
+        s.in_context += 1
+        agent = agent if step.agent is None else int(step.agent)
+        observation = step.observation
+    raise AssertionError("unreachable")
+
+
+def _distribute(step: Step, acting: int, streams: dict[int, Stream]) -> float:
+    """The acting agent's reward now; other agents' rewards wait for their next (or closing) chunk."""
+    if not step.rewards:
+        return float(step.reward)
+    for agent, r in step.rewards.items():
+        if int(agent) != acting and int(agent) in streams:
+            streams[int(agent)].pending_reward += float(r)
+    return float(step.rewards.get(acting, step.reward))
+
+
+async def _close_others(ctx: PlayContext, streams: dict[int, Stream], current: Stream, allowed, *,
+                        truncated) -> None:
+    for other in streams.values():
+        if other is not current and other.turn > 0:
+            await ctx.send(other, [], None, allowed, other.pending_reward, done=True, truncated=truncated,
+                           t_start=time.time())
