@@ -86,7 +86,7 @@ def _measure_actor(metrics_url: str, window: float) -> tuple[float, float]:
 
 def main(argv: list[str]) -> int:
     args = _parse(argv)
-    from turnstream.actors.chat import ChatTokens
+    from turnstream.actors.inference.chat_tokens import ChatTokens
     from turnstream.core.config import Config, VllmSection
     from turnstream.preflight import ensure_model
     from turnstream.processes import ProcessGroup, free_port, tail

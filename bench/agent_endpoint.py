@@ -50,7 +50,7 @@ class _StubFleet:
         return None
 
     async def generate(self, context, *, max_tokens: int, **kw):
-        from turnstream.actors.inference import Generation
+        from turnstream.actors.inference.client import Generation
 
         await asyncio.sleep(0)
         tokens = self.tokens[:max_tokens]
@@ -72,11 +72,12 @@ async def _direct(fleet, chat, episodes: int, turns: int, concurrency: int, max_
     return totals[0], totals[1]
 
 
-async def _through_endpoint(runner, episodes: int, turns: int, concurrency: int, max_tokens: int,
+async def _through_endpoint(ctx, episodes: int, turns: int, concurrency: int, max_tokens: int,
                             http=None) -> tuple[int, int]:
     """`http`: an aiohttp session to post the same JSON with instead of the openai client (the endpoint's own
     cost, without the client library's)."""
-    from turnstream.actors.agent_runner import play_agent
+    from turnstream.actors.play.agent import play_agent
+    from turnstream.actors.play.player import Episode
 
     limit, totals = asyncio.Semaphore(concurrency), [0, 0]
 
@@ -98,7 +99,7 @@ async def _through_endpoint(runner, episodes: int, turns: int, concurrency: int,
 
     async def episode(i: int) -> None:
         async with limit:
-            await play_agent(runner, solve, i, episode_id=f"b{i}", prompt_key="bench", streams={}, success_at=1.0,
+            await play_agent(ctx, Episode(f"b{i}", seed=i), solve, i, prompt_key="bench", success_at=1.0,
                              timeout_s=0)
 
     await asyncio.gather(*(episode(i) for i in range(episodes)))
@@ -114,23 +115,24 @@ async def measure(url: str, model: str, *, episodes: int, turns: int, concurrenc
                   rounds: int) -> dict:
     import aiohttp
 
-    from turnstream.actors.chat import ChatTokens
-    from turnstream.actors.fleet import InferenceFleet
+    from turnstream.actors.inference.chat_tokens import ChatTokens
+    from turnstream.actors.inference.fleet import InferenceFleet
     from turnstream.actors.metrics import ActorMetrics
-    from turnstream.actors.runner import EpisodeRunner, Sampling
+    from turnstream.actors.play.context import PlayContext, Sampling
 
     chat = ChatTokens(model)
     rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name in SIDES}  # (turns/s, tokens/s, cpu/turn)
-    fleet_in = _StubFleet(chat) if url == "stub" else InferenceFleet([url], timeout_s=120, health_interval_s=60)
+    timeout_s = 60.0 if url == "stub" else 120.0  # the agents' clients wait twice as long (actors/play/agent.py)
+    fleet_in = _StubFleet(chat) if url == "stub" else InferenceFleet([url], timeout_s=timeout_s, health_interval_s=60)
     async with fleet_in as fleet, aiohttp.ClientSession() as http:
-        runner = EpisodeRunner(actor_id="bench", epoch=0, env_factory=None, chat=chat, client=fleet, link=_NoLink(),
-                               sampling=Sampling(1.0, max_tokens, 10**9), metrics=ActorMetrics(), tasks=None)
+        ctx = PlayContext("bench", 0, chat, fleet, _NoLink(), Sampling(1.0, max_tokens, 10**9), ActorMetrics(),
+                          request_timeout_s=timeout_s)
         args = (episodes, turns, concurrency, max_tokens)
         plays = {"direct": lambda: _direct(fleet, chat, *args),
-                 "endpoint": lambda: _through_endpoint(runner, *args, http=http),
-                 "endpoint_openai": lambda: _through_endpoint(runner, *args)}
+                 "endpoint": lambda: _through_endpoint(ctx, *args, http=http),
+                 "endpoint_openai": lambda: _through_endpoint(ctx, *args)}
         await _direct(fleet, chat, concurrency, 1, concurrency, max_tokens)  # warm-up: connections, prefix cache
-        await _through_endpoint(runner, concurrency, 1, concurrency, max_tokens)  # the endpoint and client pool
+        await _through_endpoint(ctx, concurrency, 1, concurrency, max_tokens)  # the endpoint and client pool
         for r in range(rounds):
             for name, play in plays.items():
                 started, cpu = time.perf_counter(), time.process_time()

@@ -251,7 +251,7 @@ def reset_server(url: str, model_dir: str, weights_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from turnstream.learner.weight_sync import DiskWeightSync
+    from turnstream.learner.sync.disk import DiskWeightSync
 
     state = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     sync = DiskWeightSync([url], weights_dir, model_dir)

@@ -79,10 +79,10 @@ class AuditTrail:
 
 def held_in_log(cfg: Config, scratch: Path) -> set[str]:
     """Episodes a copy of the (stopped) buffer's write-ahead log still holds."""
-    from turnstream.buffer.journal import WalJournal
+    from turnstream.buffer.durability.journal import WalJournal
+    from turnstream.buffer.durability.wal import WalFile
     from turnstream.buffer.metrics import BufferMetrics
     from turnstream.buffer.store import ReplayStore
-    from turnstream.buffer.wal import WalFile
 
     b = cfg.buffer
     wal_dir = Path(b.wal_dir) if b.wal_dir else Path(cfg.run.run_dir) / "buffer-wal"
@@ -92,7 +92,7 @@ def held_in_log(cfg: Config, scratch: Path) -> set[str]:
     copy = shutil.copy(wal_dir / "wal.log", scratch / "wal.log")
     store = ReplayStore(batch_episodes=b.batch_episodes, eta=b.eta, max_staleness=b.max_staleness,
                         max_running=b.max_running, max_items=b.max_items, episode_timeout_s=b.episode_timeout_s,
-                        actor_timeout_s=b.actor_timeout_s, metrics=BufferMetrics())
+                        actor_timeout_s=b.actor_timeout_s)
     WalJournal(WalFile(Path(copy)), BufferMetrics(), compact_bytes=b.wal_compact_bytes).replay(store)
     return set(store.ready) | set(store.in_progress)
 

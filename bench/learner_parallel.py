@@ -99,8 +99,8 @@ def _rank(spec: dict, out: Path) -> None:
     import torch.distributed as dist
 
     from turnstream.bench.learner_mfu import _max_rss, synthetic_batch
-    from turnstream.learner import fsdp
-    from turnstream.learner.distributed import init_from_env
+    from turnstream.learner.parallel import fsdp2
+    from turnstream.learner.parallel.ranks import init_from_env
 
     torch.set_num_threads(spec["threads"])
     rank, world = init_from_env(spec["device"])
@@ -118,7 +118,7 @@ def _rank(spec: dict, out: Path) -> None:
     result = {"rank": rank, "world": world, "tokens": int(batch.tokens.size), "max_rss_bytes": _max_rss(),
               "params": sum(p.numel() for p in trainers["ddp"].model.parameters()), "times": times}
     for mode, trainer in trainers.items():  # gradients of the last update are still held
-        result[mode] = fsdp.state_bytes(trainer._params(), trainer.optimizer)
+        result[mode] = fsdp2.state_bytes(trainer._params(), trainer.optimizer)
     result.update(_pushes(trainers["fsdp2"], spec, out, rank))
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
@@ -131,8 +131,8 @@ def _pushes(trainer, spec: dict, out: Path, rank: int) -> dict:
     import torch.distributed as dist
 
     from turnstream.bench.weight_sync import _raw_write_read
-    from turnstream.learner.distributed import broadcast
-    from turnstream.learner.weight_sync_disk import DiskWeightSync, write_source_rows
+    from turnstream.learner.parallel.ranks import broadcast
+    from turnstream.learner.sync.disk import DiskWeightSync, write_source_rows
 
     dtype, bucket = getattr(torch, spec["push_dtype"]), spec["push_bucket_mb"] << 20
     sync = DiskWeightSync([], out / "weights", out / "side-files") if rank == 0 else None

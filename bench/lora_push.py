@@ -49,10 +49,11 @@ def measure(model_config, lora, dtype: str = "auto", out: str | Path = "runs/ben
 
     from turnstream.bench.learner_mfu import model_config as shapes_of
     from turnstream.learner import lora as lora_layers
-    from turnstream.learner.device import serving_state_dict
-    from turnstream.learner.weight_sync import LoraAdapterSync
-    from turnstream.learner.weight_sync_buckets import WeightBuckets, policy_tensors
-    from turnstream.learner.weight_sync_disk import _lay_out, shard_names
+    from turnstream.learner.sync.buckets import WeightBuckets
+    from turnstream.learner.sync.source import serving_state_dict
+    from turnstream.learner.sync.lora import LoraAdapterSync
+    from turnstream.learner.sync.source import policy_tensors
+    from turnstream.learner.sync.disk import _lay_out, shard_names
 
     shapes = shapes_of(model_config) if isinstance(model_config, (str, Path)) else model_config
     served = getattr(torch, dtype) if dtype != "auto" else (shapes.torch_dtype or torch.float32)

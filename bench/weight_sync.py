@@ -83,8 +83,8 @@ async def _bench_size(url: str, model_dir: Path, out: Path, rounds: int, load_n:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from turnstream.actors.chat import ChatTokens
-    from turnstream.learner.weight_sync import DiskWeightSync
+    from turnstream.actors.inference.chat_tokens import ChatTokens
+    from turnstream.learner.sync.disk import DiskWeightSync
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     params = sum(p.numel() for p in model.parameters())

@@ -1,4 +1,4 @@
-"""The buffer's audit trail (turnstream/audit.py; on only with TURNSTREAM_AUDIT=1): acked chunk keys,
+"""The buffer's audit trail (core/audit.py; on only with TURNSTREAM_AUDIT=1): acked chunk keys,
 served and dropped episodes, served segments of open episodes. A store listener (buffer/events.py),
 attached after the log was replayed (replay is not new traffic) and ahead of the journal.
 

@@ -3,7 +3,7 @@
 A *segment* (buffer.segment_turns) is the next turns of an episode still being played: turns
 [served, end) are trained, the turns before them ride along as context (outside the action mask), and the
 first generated token of turn `end`, which has arrived, closes the segment: the learner reads the critic
-there and bootstraps GAE from it (learner/estimators.py) without training on it. Whatever is flattened,
+there and bootstraps GAE from it (learner/estimators/) without training on it. Whatever is flattened,
 each trained turn is served once: `Episode.served` moves past it when its segment leaves the store.
 
 A turn whose context restarted (`TurnChunk.context_reset`, actor.context_turns) was sampled without the turns

@@ -12,14 +12,14 @@ HttpUrl = Annotated[str, Field(pattern=r"^https?://")]
 
 
 class DiskWeightSyncConfig(Section):
-    """safetensors into a shared directory, then reload_weights on every server (learner/weight_sync_disk.py)."""
+    """safetensors into a shared directory, then reload_weights on every server (learner/sync/disk.py)."""
 
     backend: Literal["disk"] = "disk"
 
 
 class NcclWeightSyncConfig(Section):
     """vLLM's weight-transfer engine: a broadcast from the learner (rank 0) to every server's workers
-    (learner/weight_sync_nccl.py)."""
+    (learner/sync/nccl.py)."""
 
     backend: Literal["nccl"]
     master_address: str = Field(min_length=1, description="the learner's address as the servers reach it")
@@ -54,7 +54,7 @@ class VllmSection(Section):
     wait_for_server_s: float = Field(10.0, ge=0,
                                      description="how long a request waits for a usable server before it fails")
     weight_sync: WeightSyncConfig = Field(
-        default_factory=DiskWeightSyncConfig, description="how the learner pushes weights (learner/weight_sync.py): "
+        default_factory=DiskWeightSyncConfig, description="how the learner pushes weights (learner/sync/factory.py): "
         'backend = "disk" (default), or "nccl" with master_address and master_port')
 
     @model_validator(mode="after")

@@ -48,7 +48,7 @@ class CriticSection(Section):
         "auto", description="which tokens advantages are whitened over. batch: the whole batch, which needs every "
         "value before the first loss, so one more no-grad forward per step. microbatch: each forward/backward "
         "micro-batch's own tokens (as CleanRL normalises per minibatch); the values then come from the training "
-        "forward, no extra pass (bench learner: 0.92 of a bare loop against 0.70). auto: microbatch where it equals "
+        "forward, no extra pass. auto: microbatch where it equals "
         "batch (the batch is one micro-batch: max_tokens_per_microbatch = 0, one optimizer step per batch), else batch")
 
 
@@ -88,9 +88,8 @@ class LearnerSection(Section):
     entropy_coef: float = Field(
         0.2, ge=0, description="bonus on the sampling distribution's entropy (over the allowed-token set, else the "
         "vocabulary), counted in units of its maximum (log of the number of choices). Keeps multi-turn tasks out of "
-        "observation-blind attractors: on goal_walk, 0 collapsed onto \"always one side\" in 2 of 3 seeds, 0.03 and "
-        "0.1 behaved like 0, and 0.2 (0.29 per nat for two actions) learned in every seed (BENCHMARKS.md, \"The "
-        "learner learns\")")
+        "observation-blind attractors such as \"always one side\" (BENCHMARKS.md, \"The learner learns\", "
+        "compares coefficients)")
     kl_coef: float = Field(0.0, ge=0, description="k3 KL to the frozen initial model in the loss; 0: no reference "
                            "model is loaded")
     agent_norm: bool = Field(False, description="Dr. MAS: normalise advantages per agent id (when batches carry "
@@ -105,8 +104,7 @@ class LearnerSection(Section):
         "auto", description="episodes back to back in rows of max_tokens_per_microbatch, no padding (position ids "
         "delimit them); only with a budget. auto: pack where attention skips the other episodes of a row "
         "(flash_attention_2 with cu_seqlens, flex_attention); sdpa and eager compute the row's full square, which "
-        "costs more than padding when episodes are short (bench learner --pack-sequences true/false: 1.6x on the "
-        "tiny model)")
+        "costs more than padding when episodes are short (`turnstream bench learner --pack-sequences` measures it)")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
                         description="auto | cpu | cuda | cuda:N (learner/device.py); auto: cuda when present, else cpu")
     precision: Literal["auto", "fp32", "bf16"] = Field(
@@ -114,13 +112,13 @@ class LearnerSection(Section):
     parallel: Literal["ddp", "fsdp2"] = Field(
         "ddp", description="data parallel over the torchrun ranks (one process: plain training). ddp: every rank "
         "holds the whole model, its gradients and AdamW state. fsdp2: those three are sharded over the ranks "
-        "(torch.distributed.fsdp.fully_shard per decoder layer; learner/fsdp.py), for models that do not fit one "
-        "device; each forward then all-gathers a layer's parameters")
+        "(torch.distributed.fsdp.fully_shard per decoder layer; learner/parallel/fsdp2.py), for models that do not "
+        "fit one device; each forward then all-gathers a layer's parameters")
     reshard_after_forward: bool = Field(
         True, description="fsdp2: free each decoder layer's gathered parameters after its forward and gather them "
         "again for its backward (least memory). false: keep them until the backward, one all-gather per layer and "
-        "micro-batch instead of two, for a model's worth of parameters more at the peak (bench learner --parallel "
-        "--keep-gathered: tokens/s 0.68 of ddp against 0.57 on 2 CPU ranks)")
+        "micro-batch instead of two, for a model's worth of parameters more at the peak (`turnstream bench learner "
+        "--parallel --keep-gathered` measures the trade)")
     activation_checkpointing: bool = Field(
         False, description="recompute each decoder layer in backward: less memory, ~1/3 more compute")
     attn_implementation: str = Field(
@@ -134,7 +132,7 @@ class LearnerSection(Section):
     weights_dir: str = Field("", description="where pushed weights are written; empty: <run_dir>/weights")
     keep_weight_versions: int = Field(2, ge=1, description="pushed versions kept on disk")
     push_bucket_mb: int = Field(
-        512, ge=0, description="a push reads the weights in buckets of this many MiB (learner/weight_sync_buckets.py): "
+        512, ge=0, description="a push reads the weights in buckets of this many MiB (learner/sync/buckets.py): "
         "under fsdp2 each bucket is gathered from the shards and dropped before the next, so no rank holds more "
         "of the full weights than one bucket (a larger tensor is a bucket alone); the disk backend writes one "
         "safetensors file per bucket, nccl broadcasts bucket after bucket. Larger: fewer, bigger transfers; "

@@ -1,6 +1,6 @@
 """The [tasks] table: which task each new episode of an actor plays, and how many episodes play it.
 
-The actor's task source (actors/tasks.py) reads it; the buffer's group sampling reads `group_size` from
+The actor's task source (actors/tasks/) reads it; the buffer's group sampling reads `group_size` from
 here too, so that the n episodes an actor plays of one task are the n the buffer waits for.
 """
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Turn a wire Batch into padded tensors, and compute masked, temperature-scaled action log-probs."""
+"""Turn a wire Batch into padded tensors, and compute masked, temperature-scaled action log-probs from the logits
+at the action positions (learner/forward.py gives those)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -81,39 +82,6 @@ def context_positions(offsets: np.ndarray, context_starts: np.ndarray) -> np.nda
     starts = np.union1d(np.asarray(offsets[:-1], np.int64), np.asarray(context_starts, np.int64))
     index = np.arange(int(offsets[-1]))
     return index - starts[np.searchsorted(starts, index, side="right") - 1] if index.size else index
-
-
-def action_logprobs(model, tb: TensorBatch, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs and entropies of the action tokens under the sampling distribution the actor used.
-
-    The logits predicting position p sit at p - 1; they are divided by the sampling temperature and
-    restricted to the allowed-token set, exactly as vLLM's processed log-probs are.
-    `rows` selects a subset of episodes (a minibatch); results are for the action tokens of those rows.
-    One row per episode under a padding mask: for episodes whose context restarted, learner/forward.py's build.
-    """
-    if rows is None:
-        rows = torch.arange(tb.num_episodes)
-    ids, att = crop(tb, rows)
-    if ((tb.position_ids[rows, 1:ids.shape[1]] == 0) & (att[:, 1:] == 1)).any():
-        raise ValueError("an episode's context restarts: read it with learner/forward.py's build")
-    logits = model(input_ids=ids, attention_mask=att).logits
-    return logprobs_from_logits(logits, tb, rows)
-
-
-def crop(tb: TensorBatch, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rows' ids and mask, cut to their longest episode so a micro-batch of short ones stays short."""
-    width = int(tb.attention_mask[rows].sum(1).max()) if len(rows) else 0
-    return tb.input_ids[rows, :width], tb.attention_mask[rows, :width]
-
-
-def logprobs_from_logits(logits: torch.Tensor, tb: TensorBatch,
-                         rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    select = torch.isin(tb.act_episode, rows)
-    row_index = torch.full((tb.num_episodes,), -1, dtype=torch.long)
-    row_index[rows] = torch.arange(len(rows))
-    ep, pos = row_index[tb.act_episode[select]], tb.act_pos[select]
-    return logprobs_from_action_logits(logits[ep, pos - 1], tb.temperature[select], tb.mask_id[select],
-                                       tb.allowed, tb.act_tokens[select])
 
 
 def max_entropy(tb: TensorBatch, vocab_size: int) -> torch.Tensor:

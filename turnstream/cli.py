@@ -79,7 +79,7 @@ def _dispatch(args) -> int:
         print(make_tiny_model(args.dir, seed=args.seed))
         return 0
     if args.command == "export":
-        from turnstream.learner.checkpoint_export import export
+        from turnstream.learner.checkpoint.export import export
 
         print(export(args.checkpoint, args.dir, args.dtype, args.shard_mb))
         return 0

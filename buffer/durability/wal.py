@@ -1,7 +1,7 @@
 """Append-only write-ahead log file: framed, checksummed records; a torn tail is cut off on open.
 
 Record layout (little endian): u32 body length, u32 crc32 of the body, then the body. The body is
-u8 kind followed by kind-specific bytes (buffer/journal.py defines the kinds). Writes go straight to the
+u8 kind followed by kind-specific bytes (buffer/durability/records.py defines the kinds). Writes go straight to the
 file descriptor with os.writev (no user-space buffer), so a record whose append returned survives
 `kill -9` of the process under every fsync policy; only a machine crash can lose what was not fsynced:
 

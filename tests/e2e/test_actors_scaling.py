@@ -133,7 +133,7 @@ def _restore(url, tiny_model, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from turnstream.learner.weight_sync import DiskWeightSync
+    from turnstream.learner.sync.disk import DiskWeightSync
 
     sync = DiskWeightSync([url], tmp_path / "restore", tiny_model)
     state = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()

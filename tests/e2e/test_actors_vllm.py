@@ -11,15 +11,19 @@ import numpy as np
 import pytest
 import torch
 
-from turnstream.actors.chat import ChatTokens
+from tests.learner_logprobs import action_logprobs
+from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.environment import Environment, Reset, Step
 from turnstream.actors.registry import make_env
-from turnstream.actors.fleet import InferenceFleet
+from turnstream.actors.tasks.orders import RandomOrder
+from turnstream.actors.tasks.source import TaskSource
+from turnstream.actors.inference.fleet import InferenceFleet
 from turnstream.actors.metrics import ActorMetrics
-from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import RandomOrder, TaskSource
+from turnstream.actors.play.context import Sampling
+from turnstream.actors.play.env_loop import EnvironmentLoop
+from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.buffer.episodes import Episode, flatten
-from turnstream.learner.batching import action_logprobs, to_tensors
+from turnstream.learner.batching import to_tensors
 
 from tests.helpers import CollectingLink
 
@@ -75,8 +79,8 @@ def _model(path):
 
 async def _play(fleet, model_dir, factory, n, temperature=1.0, seed0=0):
     link, metrics = CollectingLink(), ActorMetrics()
-    runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=factory, chat=ChatTokens(model_dir), client=fleet,
-                           link=link, sampling=Sampling(temperature, 8, 512), metrics=metrics,
+    runner = EpisodeRunner(actor_id="t", epoch=1, player=EnvironmentLoop(factory), chat=ChatTokens(model_dir),
+                           client=fleet, link=link, sampling=Sampling(temperature, 8, 512), metrics=metrics,
                            tasks=TaskSource(RandomOrder(0)))
     outcomes = await asyncio.gather(*(runner.play(f"e{seed0 + i}", seed=seed0 + i) for i in range(n)))
     return link.chunks, outcomes, metrics
@@ -127,7 +131,7 @@ def test_a_frozen_opponent_samples_from_its_own_server_and_stays_out_of_training
         async with RecordingFleet([vllm_url], health_interval_s=60) as trained, \
                 RecordingFleet([vllm_url], health_interval_s=60, learner_version=lambda: 0) as frozen:
             link, metrics = CollectingLink(), ActorMetrics()
-            runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=lambda: make_env("tictactoe"),
+            runner = EpisodeRunner(actor_id="t", epoch=1, player=EnvironmentLoop(lambda: make_env("tictactoe")),
                                    chat=ChatTokens(tiny_model), client=trained, link=link,
                                    sampling=Sampling(1.0, 8, 512), metrics=metrics,
                                    tasks=TaskSource(RandomOrder(0)), frozen_clients={1: frozen})
@@ -178,7 +182,7 @@ def test_fleet_survives_one_of_two_servers_killed_mid_run(vllm_url, tiny_model, 
             async with InferenceFleet([vllm_url, url2], timeout_s=30, health_interval_s=0.5, retries=2,
                                       metrics=metrics) as fleet:
                 link = CollectingLink()
-                runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=lambda: make_env("follow_signs"),
+                runner = EpisodeRunner(actor_id="t", epoch=1, player=EnvironmentLoop(lambda: make_env("follow_signs")),
                                        chat=ChatTokens(tiny_model), client=fleet, link=link,
                                        sampling=Sampling(1.0, 1, 512), metrics=metrics,
                                        tasks=TaskSource(RandomOrder(0)))

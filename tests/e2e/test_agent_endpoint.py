@@ -12,17 +12,20 @@ import numpy as np
 import pytest
 import torch
 
-from turnstream.actors.chat import ChatTokens
+from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.metrics import ActorMetrics
+from turnstream.actors.play.context import Sampling
 from turnstream.actors.registry import make_env
-from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import RandomOrder, TaskSource
+from turnstream.actors.tasks.orders import RandomOrder
+from turnstream.actors.tasks.source import TaskSource
+from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.buffer.episodes import flatten
 from turnstream.core.config import LearnerSection
-from turnstream.learner.batching import action_logprobs, to_tensors
+from turnstream.learner.batching import to_tensors
 from turnstream.learner.trainer import Trainer
 from tests.e2e.test_actors_vllm import LOGPROB_TOLERANCE, RecordingFleet, _episodes, _model
 from tests.helpers import CollectingLink
+from tests.learner_logprobs import action_logprobs
 
 pytestmark = pytest.mark.vllm
 
@@ -50,8 +53,8 @@ async def weather_agent(client, task):
 
 
 def agent_runner(fleet, tiny_model, link, max_context: int = 512):
-    env = make_env("agent", entry="tests.e2e.test_agent_endpoint:weather_agent", tasks=CITIES)
-    return EpisodeRunner(actor_id="t", epoch=1, env_factory=lambda: env, chat=ChatTokens(tiny_model), client=fleet,
+    player = make_env("agent", entry="tests.e2e.test_agent_endpoint:weather_agent", tasks=CITIES)
+    return EpisodeRunner(actor_id="t", epoch=1, player=player, chat=ChatTokens(tiny_model), client=fleet,
                          link=link, sampling=Sampling(1.0, 96, max_context), metrics=ActorMetrics(),
                          tasks=TaskSource(RandomOrder(0)))
 
@@ -141,7 +144,7 @@ def test_two_concurrent_episodes_never_mix_tokens(vllm_url, tiny_model):
         async with RecordingFleet([vllm_url], health_interval_s=60) as fleet:
             link = CollectingLink()
             runner = agent_runner(fleet, tiny_model, link)
-            runner.env_factory().solve = interleaved
+            runner.player.solve = interleaved
             outcomes = await asyncio.gather(runner.play("A", seed=0, task=0), runner.play("B", seed=1, task=1))
             return fleet.record, link.chunks, outcomes
 
@@ -191,7 +194,7 @@ def test_an_openai_agents_sdk_agent_trains_through_the_endpoint(vllm_url, tiny_m
             link = CollectingLink()
             # the session server's whole context: the SDK's tool signature alone is some 250 tokens here
             runner = agent_runner(fleet, tiny_model, link, max_context=1024)
-            runner.env_factory().solve = agents_sdk_agent
+            runner.player.solve = agents_sdk_agent
             outcomes = [await runner.play(f"sdk{i}", seed=i, task=i) for i in range(2)]
             return fleet.record, link.chunks, outcomes, runner
 
@@ -208,4 +211,4 @@ def test_an_openai_agents_sdk_agent_trains_through_the_endpoint(vllm_url, tiny_m
             stream += t.obs_tokens.tolist()
             assert [g.tokens for c, g in record if c == stream] == [t.gen_tokens.tolist()]
             stream += t.gen_tokens.tolist()
-    assert not runner.m.registry.get_sample_value("turnstream_actor_agent_segments_total")
+    assert not runner.context.metrics.registry.get_sample_value("turnstream_actor_agent_segments_total")

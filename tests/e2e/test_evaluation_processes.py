@@ -15,7 +15,7 @@ SPLIT, EVERY, STEPS, ROUNDS = 0.25, 2, 4, 3
 
 
 def test_held_out_tasks_are_evaluated_every_few_versions_and_never_trained_on(vllm_url, tiny_model, tmp_path):
-    from turnstream.actors.evaluation import split_tasks
+    from turnstream.actors.tasks.eval_split import split_tasks
     from turnstream.actors.registry import make_env
     from turnstream.processes import ProcessGroup, free_port
 

@@ -13,12 +13,13 @@ from safetensors.torch import load_file
 
 from tests.e2e.test_vllm_roundtrip import LOGPROB_TOLERANCE, _as_batch, _load_model, _max_logprob_error
 from tests.helpers import http_json, play_episodes
-from turnstream.actors.fleet import InferenceFleet
+from turnstream.actors.inference.fleet import InferenceFleet
 from turnstream.core.config import VllmSection
 from turnstream.core.config_lora import LoraSection
 from turnstream.learner import lora
-from turnstream.learner.device import serving_state_dict
-from turnstream.learner.weight_sync import DiskWeightSync, LoraAdapterSync
+from turnstream.learner.sync.disk import DiskWeightSync
+from turnstream.learner.sync.lora import LoraAdapterSync
+from turnstream.learner.sync.source import serving_state_dict
 
 pytestmark = pytest.mark.vllm
 
@@ -54,7 +55,8 @@ def _with_adapters(tiny_model, seed: int):
 
 
 def _healthy_for(url: str, adapter: str) -> bool:
-    """The actors' health check of a server when they sample from `adapter` (actors/fleet.py: /v1/models lists it)."""
+    """The actors' health check of a server when they sample from `adapter` (actors/inference/fleet.py:
+    /v1/models lists it)."""
     async def check() -> bool:
         async with InferenceFleet([url], model=adapter, health_interval_s=0) as fleet:
             await fleet.check_health()

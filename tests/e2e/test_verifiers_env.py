@@ -11,11 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from turnstream.actors.chat import ChatTokens
+from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.metrics import ActorMetrics
+from turnstream.actors.play.context import Sampling
 from turnstream.actors.registry import make_env
-from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import RandomOrder, TaskSource
+from turnstream.actors.tasks.orders import RandomOrder
+from turnstream.actors.tasks.source import TaskSource
+from turnstream.actors.play.runner import EpisodeRunner
 from tests.e2e.test_actors_vllm import RecordingFleet, _episodes
 from tests.helpers import CollectingLink
 
@@ -40,7 +42,7 @@ def play_at_once(vllm_url, tiny_model, env, prefix: str, n: int, max_context: in
     async def run():
         async with RecordingFleet([vllm_url], health_interval_s=60) as fleet:
             link = CollectingLink()
-            runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=lambda: env, chat=ChatTokens(tiny_model),
+            runner = EpisodeRunner(actor_id="t", epoch=1, player=env, chat=ChatTokens(tiny_model),
                                    client=fleet, link=link, sampling=Sampling(1.0, 96, max_context),
                                    metrics=ActorMetrics(), tasks=TaskSource(RandomOrder(0)))
             outcomes = await asyncio.gather(*(runner.play(f"{prefix}{i}", seed=i, task=i) for i in range(n)))
@@ -57,7 +59,7 @@ def test_a_multi_turn_verifiers_environment_trains_on_the_generated_tokens_with_
     # four episodes at once through one harness worker; the fourth's environment fails mid-rollout
     record, chunks, outcomes, runner = play_at_once(vllm_url, tiny_model, env, "vf", 4, max_context=512)
     assert outcomes[:3] == ["success"] * 3 and outcomes[3] == "agent_error", outcomes
-    errors = runner.m.registry.get_sample_value
+    errors = runner.context.metrics.registry.get_sample_value
     assert errors("turnstream_actor_agent_errors_total", {"reason": "exception"}) == 1
     assert not errors("turnstream_actor_agent_segments_total")  # verifiers' history matched the tokens
     chat = ChatTokens(tiny_model)
@@ -100,7 +102,7 @@ def test_a_verifiers_tool_env_gets_its_calls_as_tool_calls_and_its_results_back_
 
     record, chunks, outcomes, runner = play_at_once(vllm_url, tiny_model, env, "tool", 3, max_context=1024)
     assert outcomes == ["success"] * 3, outcomes
-    assert not runner.m.registry.get_sample_value("turnstream_actor_agent_segments_total")
+    assert not runner.context.metrics.registry.get_sample_value("turnstream_actor_agent_segments_total")
     chat = ChatTokens(tiny_model)
     cities = ["paris", "rome", "oslo"]
     for name, e in {e.episode_id: e for e in _episodes(chunks)}.items():
@@ -137,7 +139,7 @@ def test_a_verifiers_environment_trains_through_the_actor_buffer_and_learner_pro
 
     def harness_workers(procs) -> list:
         actor = next(c.proc for c in procs.children if c.name == "actor-0")
-        return [p for p in psutil.Process(actor.pid).children() if "verifiers_harness.py" in " ".join(p.cmdline())]
+        return [p for p in psutil.Process(actor.pid).children() if "verifiers/worker.py" in " ".join(p.cmdline())]
 
     steps, actor, batches, harness = train_through_processes(cfg, vllm_url, tiny_model, tmp_path, harness_workers)
     assert len(harness) == 1, "one harness worker serves the actor's episodes"

@@ -7,11 +7,12 @@ import json
 import pytest
 import torch
 
-from turnstream.actors.chat import ChatTokens
+from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.buffer.episodes import Episode, flatten
-from turnstream.learner.batching import action_logprobs, to_tensors
-from turnstream.learner.weight_sync import DiskWeightSync
+from turnstream.learner.batching import to_tensors
+from turnstream.learner.sync.disk import DiskWeightSync
 from tests.helpers import http_json, play_episodes
+from tests.learner_logprobs import action_logprobs
 
 pytestmark = pytest.mark.vllm
 
@@ -118,7 +119,7 @@ def test_push_while_generating_keeps_requests_alive(vllm_url, tiny_model, tmp_pa
     its tokens are split between the old and the new version, in that order."""
     import aiohttp
 
-    from turnstream.learner.weight_sync import post
+    from turnstream.learner.sync.base import post
 
     model = _load_model(tiny_model)
     prompt = ChatTokens(tiny_model).first_turn("junction 1 sign R")

@@ -167,7 +167,7 @@ def restore_vllm(url: str, model: Path, scratch: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from turnstream.learner.weight_sync import DiskWeightSync
+    from turnstream.learner.sync.disk import DiskWeightSync
 
     sync = DiskWeightSync([url], scratch / "restore", model)
     state = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).state_dict()

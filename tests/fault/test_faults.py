@@ -279,16 +279,16 @@ def test_every_acked_chunk_is_trained_held_or_dropped_for_a_reason(stack: FaultS
 
 def _held_in_log(stack: FaultStack, scratch) -> dict[str, set[int]]:
     """Replay a copy of the stopped buffer's write-ahead log: episode -> turns it still holds."""
-    from turnstream.buffer.journal import WalJournal
+    from turnstream.buffer.durability.journal import WalJournal
+    from turnstream.buffer.durability.wal import WalFile
     from turnstream.buffer.metrics import BufferMetrics
     from turnstream.buffer.store import ReplayStore
-    from turnstream.buffer.wal import WalFile
 
     b = stack.cfg.buffer
     copy = scratch / "wal.log"
     shutil.copy(stack.run_dir / "buffer-wal" / "wal.log", copy)
     store = ReplayStore(batch_episodes=b.batch_episodes, eta=b.eta, max_staleness=b.max_staleness,
                         max_running=b.max_running, max_items=b.max_items, episode_timeout_s=b.episode_timeout_s,
-                        actor_timeout_s=b.actor_timeout_s, metrics=BufferMetrics())
+                        actor_timeout_s=b.actor_timeout_s)
     WalJournal(WalFile(copy), BufferMetrics(), compact_bytes=b.wal_compact_bytes).replay(store)
     return {ep_id: set(ep.turns) for ep_id, ep in [*store.ready.items(), *store.in_progress.items()]}

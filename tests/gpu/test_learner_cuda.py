@@ -117,8 +117,8 @@ def test_activation_checkpointing_lowers_peak_memory_with_the_same_gradient():
 def test_pushed_weights_are_cast_to_the_served_dtype(tmp_path):
     from safetensors import safe_open
 
-    from turnstream.learner.device import serving_state_dict
-    from turnstream.learner.weight_sync import DiskWeightSync
+    from turnstream.learner.sync.source import serving_state_dict
+    from turnstream.learner.sync.disk import DiskWeightSync
 
     model = _tiny_lm().cuda()
     state = serving_state_dict(model, torch.bfloat16)

@@ -12,7 +12,7 @@ import torch
 from tests.helpers import http_json
 from tests.learner_batches import synthetic_batch
 from turnstream.core.config import LearnerSection, VllmSection
-from turnstream.learner import checkpoint_dcp
+from turnstream.learner.checkpoint import store
 from turnstream.processes import ProcessGroup
 from turnstream.vllm_server import start_vllm_server
 
@@ -38,7 +38,7 @@ def _trained(tiny_model):
 def test_exported_sharded_checkpoint_serves_the_learners_tokens_and_logprobs(tmp_path, tiny_model):
     trainer = _trained(tiny_model)
     model = trainer.net.model.eval()
-    ckpt = checkpoint_dcp.save(tmp_path / "checkpoints", trainer, tiny_model, trainer.tracker.state_dict(), 2, "tmp")
+    ckpt = store.save(tmp_path / "checkpoints", trainer, tiny_model, keep=2, tmp="tmp")
     out = tmp_path / "exported"
     proc = subprocess.run([sys.executable, "-m", "turnstream.cli", "export", str(ckpt), str(out), "--shard-mb", "1"],
                           capture_output=True, text=True, timeout=300)

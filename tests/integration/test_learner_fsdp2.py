@@ -4,7 +4,7 @@ resumes from sharded checkpoints on 2 -> 2, 2 -> 1 and 1 -> 2 ranks, and pushes 
 One torchrun launch (real processes, 127.0.0.1, a free port) runs every case of CASES on both ranks; rank 0
 writes the full weights a push reads (gathered from the shards bucket by bucket) and the critic's, and the
 test compares them with the same steps taken by one plain process. The cases of RESUMED also write sharded
-checkpoints (learner/checkpoint_dcp.py), which fresh trainers load on 2 ranks and on 1 (the test process),
+checkpoints (learner/checkpoint/sharded.py), which fresh trainers load on 2 ranks and on 1 (the test process),
 next to checkpoints the test process wrote on 1 rank before the launch. This file is also the ranks' script
 (`python -m torch.distributed.run ... test_learner_fsdp2.py OUT`).
 """
@@ -66,7 +66,7 @@ def _weights(trainer) -> dict[str, torch.Tensor]:
     from torch.distributed.tensor import DTensor
 
     out = {f"model.{k}": v.detach().clone() for k, v in trainer.weight_buckets(None, 0).items()}
-    critic = trainer._critic_module()
+    critic = trainer.net.critic_module()
     prefix = "head" if trainer.net.head is not None else "critic"
     for k, v in (critic.state_dict() if critic is not None else {}).items():
         out[f"{prefix}.{k}"] = (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
@@ -94,6 +94,8 @@ def _rank_main(out: Path) -> None:
 
     import torch.distributed as dist
 
+    from turnstream.learner.parallel.fsdp2 import FullySharded
+
     from turnstream.learner.trainer import Trainer
 
     torch.set_num_threads(1)
@@ -108,7 +110,7 @@ def _rank_main(out: Path) -> None:
             dist.reduce_scatter_single = _counting(counts[name], "reductions", reduce_scatter)
             Trainer._forward_backward = _counting(counts[name], "backwards", forward_backward)
             trainer, _ = _train(name, "fsdp2", str(out / "critic"))
-            assert trainer.sharded
+            assert isinstance(trainer.parallel, FullySharded)
             weights = _weights(trainer)
             if dist.get_rank() == 0:
                 torch.save(weights, out / f"{name}.pt")
@@ -125,9 +127,9 @@ def _rank_main(out: Path) -> None:
 
 
 def _save_checkpoint(out: Path, name: str, trainer, ranks: int) -> None:
-    from turnstream.learner import checkpoint_dcp
+    from turnstream.learner.checkpoint import store
 
-    checkpoint_dcp.save(out / f"ckpt{ranks}-{name}", trainer, out / "critic", trainer.tracker.state_dict(), 2, "tmp")
+    store.save(out / f"ckpt{ranks}-{name}", trainer, out / "critic", keep=2, tmp="tmp")
 
 
 def _resumed(out: Path, name: str, ranks):
@@ -135,19 +137,16 @@ def _resumed(out: Path, name: str, ranks):
     checkpoint of `name`, or ("ddp") from its one-process single-file checkpoint, as learner/main.py loads them."""
     from transformers import AutoModelForCausalLM
 
-    from turnstream.learner import checkpoint, checkpoint_dcp
+    from turnstream.learner.checkpoint import sharded, store
+    from turnstream.learner.checkpoint.layout import latest
     from turnstream.learner.trainer import Trainer
 
-    path = checkpoint.latest(out / f"ckpt{ranks}-{name}")
-    sharded = checkpoint_dcp.is_sharded(path)
+    path = latest(out / f"ckpt{ranks}-{name}")
     # sharded: built from the config alone (model/ holds no weights), every weight comes from dcp/
-    model = checkpoint_dcp.model_to_fill(path / "model", attn_implementation="eager") if sharded else \
+    model = sharded.model_to_fill(path / "model", attn_implementation="eager") if sharded.is_sharded(path) else \
         AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32, attn_implementation="eager")
     trainer = Trainer(model, _config(name, "fsdp2"), seed=0, critic_path=str(out / "critic"))
-    if sharded:
-        checkpoint_dcp.load(path, trainer)
-    else:
-        trainer.load_state_dict(*checkpoint.load(path))
+    store.restore(path, trainer)
     return trainer
 
 
@@ -186,8 +185,8 @@ def _push_memory(out: Path, trainer) -> None:
 
     from tests.push_memory import peak_bytes_held
 
-    from turnstream.learner.distributed import broadcast
-    from turnstream.learner.weight_sync_disk import DiskWeightSync, write_source_rows
+    from turnstream.learner.parallel.ranks import broadcast
+    from turnstream.learner.sync.disk import DiskWeightSync, write_source_rows
 
     rank = dist.get_rank()
     source = trainer.weight_buckets(torch.bfloat16, PUSH_BUCKET_BYTES)
@@ -210,8 +209,8 @@ def _push_memory(out: Path, trainer) -> None:
 
 @pytest.fixture(scope="module")
 def two_rank_results(tmp_path_factory):
-    from turnstream.learner import checkpoint
     from tests.helpers import run_on_ranks
+    from turnstream.learner.checkpoint import store
 
     out = tmp_path_factory.mktemp("fsdp2")
     _critic_path(out)
@@ -220,8 +219,7 @@ def two_rank_results(tmp_path_factory):
         _save_checkpoint(out, name, trainer, ranks=1)
         torch.save(_next_step(trainer), out / f"went_on1-{name}.pt")
         plain, _ = _train(name, "ddp", str(out / "critic"))  # and the single-file format of the same state
-        checkpoint.save(out / f"ckptddp-{name}", plain.version, plain.net.model, out / "critic", plain.state_dict(),
-                        plain.tracker.state_dict())
+        store.save(out / f"ckptddp-{name}", plain, out / "critic", keep=2)
     run_on_ranks(__file__, out)
     return out
 
@@ -310,11 +308,13 @@ def test_fsdp2_resumes_from_sharded_checkpoints_on_2_and_1_ranks(two_rank_result
     single-file checkpoint loaded on 2 fsdp2 ranks: step 3 is the step of the run that went on."""
     import json
 
+    from turnstream.learner.parallel.fsdp2 import FullySharded
+
     out = two_rank_results
     two = torch.load(out / f"resume2-{name}.pt")
     went_on_one = torch.load(out / f"went_on1-{name}.pt")
     one_from_two = _resumed(out, name, ranks=2)  # 2 -> 1
-    assert one_from_two.version == STEPS and not one_from_two.sharded
+    assert one_from_two.version == STEPS and not isinstance(one_from_two.parallel, FullySharded)
     tracker = one_from_two.tracker.state_dict()
     diffs = {"2->2": _max_diff(two["from2"], two["went_on"]), "1->2": _max_diff(two["from1"], went_on_one),
              "2->1": _max_diff(_next_step(one_from_two), two["went_on"]),

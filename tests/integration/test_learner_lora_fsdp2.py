@@ -41,20 +41,20 @@ def _train(name: str, parallel: str, steps: int = STEPS):
 
 
 def _resumed_step_difference(name: str, trainer, out: Path) -> float:
-    """A sharded checkpoint (learner/checkpoint_dcp.py) of the LoRA learner, loaded by a fresh one: one more
+    """A sharded checkpoint (learner/checkpoint/sharded.py) of the LoRA learner, loaded by a fresh one: one more
     step on each gives the same weights (every rank calls this; rank 0's answer counts)."""
     import torch.distributed as dist
 
     from tests.learner_batches import synthetic_batch, tiny_causal_lm
-    from turnstream.learner import checkpoint_dcp
+    from turnstream.learner.checkpoint import store
 
     if dist.get_rank() == 0:
         tiny_causal_lm(seed=0).save_pretrained(out / "base")  # the side files a checkpoint copies
     dist.barrier()
-    checkpoint_dcp.save(out / f"ckpt-{name}", trainer, out / "base", trainer.tracker.state_dict(), 2, "tmp")
+    store.save(out / f"ckpt-{name}", trainer, out / "base", keep=2, tmp="tmp")
     dist.barrier()
     resumed = _train(name, "fsdp2", steps=0)
-    checkpoint_dcp.load(out / f"ckpt-{name}" / f"step-{STEPS:06d}", resumed)
+    store.restore(out / f"ckpt-{name}" / f"step-{STEPS:06d}", resumed)
     for t in (trainer, resumed):
         t.step(synthetic_batch(12, group=4, seed=100 + STEPS))
     went_on, came_back = _full(trainer.net.model.state_dict()), _full(resumed.net.model.state_dict())
@@ -70,7 +70,7 @@ def _full(tensors: dict) -> dict[str, torch.Tensor]:
 
 def _pushes(trainer) -> dict[str, dict[str, torch.Tensor]]:
     """The policy's weights and both kinds of push, computed from its (possibly sharded) state dict."""
-    from turnstream.learner.lora import push_tensors
+    from turnstream.learner.sync.source import push_tensors
 
     state = trainer.net.model.state_dict()
     return {"weights": _full(state), "adapter": _full(push_tensors(state, _lora("adapter"))),
@@ -85,9 +85,10 @@ def _learner_pushes(trainer, out: Path) -> dict[str, dict[str, torch.Tensor]]:
     from safetensors.torch import load_file
 
     from turnstream.core.config import Config
-    from turnstream.learner.distributed import broadcast
+    from turnstream.learner.parallel.ranks import broadcast
     from turnstream.learner.rank_commands import follow, push_source
-    from turnstream.learner.weight_sync import DiskWeightSync, LoraAdapterSync
+    from turnstream.learner.sync.disk import DiskWeightSync
+    from turnstream.learner.sync.lora import LoraAdapterSync
 
     pushed = {}
     for push in ("adapter", "merged"):
@@ -108,12 +109,14 @@ def _learner_pushes(trainer, out: Path) -> dict[str, dict[str, torch.Tensor]]:
 def _rank_main(out: Path) -> None:
     import torch.distributed as dist
 
+    from turnstream.learner.parallel.fsdp2 import FullySharded
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
         for name in CASES:
             trainer = _train(name, "fsdp2")
-            assert trainer.sharded
+            assert isinstance(trainer.parallel, FullySharded)
             pushes = _pushes(trainer)  # every rank gathers
             learner = _learner_pushes(trainer, out / name)
             resumed = _resumed_step_difference(name, trainer, out)

@@ -19,7 +19,7 @@ from turnstream.protocol.codec import decode, encode
 from turnstream.protocol.messages import CreditRequest
 from tests.helpers import acks_in, chunk, chunk_frames, http_json, wait_for_child
 from turnstream.core.config import Config
-from turnstream.learner.checkpoint_export import export
+from turnstream.learner.checkpoint.export import export
 from turnstream.processes import ProcessGroup, free_port
 
 pytestmark = pytest.mark.vllm

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from turnstream.actors.inference import Generation
+from turnstream.actors.inference.client import Generation
 
 
 class ScriptedClient:

@@ -5,9 +5,9 @@ import asyncio
 
 import pytest
 
-from turnstream.actors.chat import ChatTokens
+from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.registry import known_envs, make_env
-from turnstream.actors.inference import InferenceError, parse_generation, parse_version
+from turnstream.actors.inference.client import InferenceError, parse_generation, parse_version
 
 
 def _play(env, policy, seed):

@@ -1,4 +1,4 @@
-"""The actor's task source (actors/tasks.py) and the environment's task API: which task each episode plays."""
+"""The actor's task source (actors/tasks/) and the environment's task API: which task each episode plays."""
 from __future__ import annotations
 
 import random
@@ -6,12 +6,15 @@ from collections import Counter
 
 import pytest
 
-from turnstream.actors.chat import ChatTokens
+from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.environment import Environment, Reset, Step
 from turnstream.actors.metrics import ActorMetrics
+from turnstream.actors.play.context import Sampling
+from turnstream.actors.play.env_loop import EnvironmentLoop
 from turnstream.actors.registry import make_env
-from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import Assignment, RandomOrder, SequentialOrder, TaskSource, make_order
+from turnstream.actors.tasks.orders import Assignment, RandomOrder, SequentialOrder, make_order
+from turnstream.actors.tasks.source import TaskSource
+from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.core.config import ConfigError, load_config
 from turnstream.preflight import preflight
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
@@ -105,7 +108,7 @@ class SeedOnly(Environment):
 
 
 def _runner(tiny_model, factory, tasks, link):
-    return EpisodeRunner(actor_id="a", epoch=1, env_factory=factory, chat=ChatTokens(tiny_model),
+    return EpisodeRunner(actor_id="a", epoch=1, player=EnvironmentLoop(factory), chat=ChatTokens(tiny_model),
                          client=ScriptedClient(), link=link, sampling=Sampling(1.0, 16, 512),
                          metrics=ActorMetrics(), tasks=tasks)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from turnstream.actors.fleet import InferenceFleet
+from turnstream.actors.inference.fleet import InferenceFleet
 from turnstream.core.urls_file import read_urls_file, watch_urls_file
 from turnstream.core.config import ConfigError, load_config
 from turnstream.preflight import preflight

@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from turnstream.actors.fleet import InferenceFleet
-from turnstream.actors.inference import InferenceError
+from turnstream.actors.inference.fleet import InferenceFleet
+from turnstream.actors.inference.client import InferenceError
 from turnstream.actors.metrics import ActorMetrics
 from tests.helpers import until
 from tests.unit.fake_vllm import FakeVllm

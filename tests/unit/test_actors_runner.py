@@ -5,17 +5,20 @@ import asyncio
 
 import numpy as np
 
-from turnstream.actors.chat import ChatTokens
+from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.environment import EnvError, Environment, Reset, Step
 from turnstream.actors.registry import make_env
+from turnstream.actors.tasks.orders import RandomOrder
+from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.metrics import ActorMetrics
-from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import RandomOrder, TaskSource
+from turnstream.actors.play.context import Sampling
+from turnstream.actors.play.env_loop import EnvironmentLoop
+from turnstream.actors.play.runner import EpisodeRunner
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 
 
 def _runner(tiny_model, factory, client=None, link=None, max_turns=0, metrics=None):
-    return EpisodeRunner(actor_id="a", epoch=1, env_factory=factory, chat=ChatTokens(tiny_model),
+    return EpisodeRunner(actor_id="a", epoch=1, player=EnvironmentLoop(factory), chat=ChatTokens(tiny_model),
                          client=client or ScriptedClient(), link=link or CollectingLink(),
                          sampling=Sampling(1.0, 16, 512, max_turns), metrics=metrics or ActorMetrics(),
                          tasks=TaskSource(RandomOrder(0)))
@@ -65,7 +68,7 @@ async def test_each_agent_stream_is_exactly_the_context_it_was_sampled_from(tiny
 
 async def test_a_frozen_agent_plays_from_its_own_servers_and_is_never_streamed(tiny_model):
     trained, fixed, link, metrics = ScriptedClient(seed=3), ScriptedClient(seed=4), CollectingLink(), ActorMetrics()
-    runner = EpisodeRunner(actor_id="a", epoch=1, env_factory=lambda: make_env("tictactoe"),
+    runner = EpisodeRunner(actor_id="a", epoch=1, player=EnvironmentLoop(lambda: make_env("tictactoe")),
                            chat=ChatTokens(tiny_model), client=trained, link=link, sampling=Sampling(1.0, 16, 512),
                            metrics=metrics, tasks=TaskSource(RandomOrder(0)), frozen_clients={1: fixed})
     for i in range(10):

@@ -7,12 +7,15 @@ import gymnasium
 import pytest
 from gymnasium import spaces
 
-from turnstream.actors.chat import ChatTokens
+from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.environment import EnvError
 from turnstream.actors.registry import make_env
+from turnstream.actors.tasks.orders import RandomOrder
+from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.metrics import ActorMetrics
-from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import RandomOrder, TaskSource
+from turnstream.actors.play.context import Sampling
+from turnstream.actors.play.env_loop import EnvironmentLoop
+from turnstream.actors.play.runner import EpisodeRunner
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 from tests.unit.test_adapter_registry import sequential_epochs
 
@@ -167,7 +170,7 @@ async def test_runner_plays_frozenlake_and_survives_a_raising_environment(tiny_m
 
     explode = [ChatTokens(tiny_model).encode("explode")]
     metrics, link = ActorMetrics(), CollectingLink()
-    runner = EpisodeRunner(actor_id="a", epoch=1, env_factory=factory, chat=ChatTokens(tiny_model),
+    runner = EpisodeRunner(actor_id="a", epoch=1, player=EnvironmentLoop(factory), chat=ChatTokens(tiny_model),
                            client=ScriptedClient(seed=0, free_tokens=explode[0]), link=link,
                            sampling=Sampling(1.0, 8, 4096), metrics=metrics, tasks=TaskSource(RandomOrder(0)))
     outcomes = [await runner.play(f"ep{i}", seed=i) for i in range(3)]

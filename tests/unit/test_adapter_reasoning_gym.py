@@ -8,12 +8,15 @@ from dataclasses import dataclass
 import pytest
 
 import reasoning_gym
-from turnstream.actors.chat import ChatTokens
+from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.environment import EnvError
 from turnstream.actors.registry import make_env
+from turnstream.actors.tasks.orders import RandomOrder
+from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.metrics import ActorMetrics
-from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import RandomOrder, TaskSource
+from turnstream.actors.play.context import Sampling
+from turnstream.actors.play.env_loop import EnvironmentLoop
+from turnstream.actors.play.runner import EpisodeRunner
 from reasoning_gym.dataset import ProceduralDataset
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 from tests.unit.test_adapter_registry import sequential_epochs
@@ -130,8 +133,8 @@ def test_bad_configurations_fail_when_the_environment_is_made():
 async def test_runner_scores_episodes_and_survives_a_broken_scorer(tiny_model):
     names = iter(["basic_arithmetic", "turnstream_exploding", "basic_arithmetic"])
     metrics, link = ActorMetrics(), CollectingLink()
-    runner = EpisodeRunner(actor_id="a", epoch=1,
-                           env_factory=lambda: make_env("reasoning_gym", dataset=next(names), max_attempts=2),
+    player = EnvironmentLoop(lambda: make_env("reasoning_gym", dataset=next(names), max_attempts=2))
+    runner = EpisodeRunner(actor_id="a", epoch=1, player=player,
                            chat=ChatTokens(tiny_model), client=ScriptedClient(seed=0), link=link,
                            sampling=Sampling(1.0, 4, 4096), metrics=metrics, tasks=TaskSource(RandomOrder(0)))
     outcomes = [await runner.play(f"ep{i}", seed=i) for i in range(3)]

@@ -11,7 +11,7 @@ import pytest
 
 from turnstream.actors.environment import Reset
 from turnstream.actors.registry import describe, known_envs, make_env
-from turnstream.actors.tasks import make_order
+from turnstream.actors.tasks.orders import make_order
 from turnstream.actors.envs.adapters.common import LibraryNotInstalled
 from turnstream.cli import main as cli_main
 from turnstream.core.config import load_config

@@ -9,12 +9,15 @@ import re
 import pytest
 
 import textarena as ta
-from turnstream.actors.chat import ChatTokens
+from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.environment import EnvError
 from turnstream.actors.registry import make_env
+from turnstream.actors.tasks.orders import RandomOrder, make_order
+from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.metrics import ActorMetrics
-from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import RandomOrder, TaskSource, make_order
+from turnstream.actors.play.context import Sampling
+from turnstream.actors.play.env_loop import EnvironmentLoop
+from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.core.configtools import ConfigError
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 from tests.unit.test_adapter_registry import sequential_epochs
@@ -147,7 +150,7 @@ async def test_runner_streams_both_players_and_survives_a_crashing_game(tiny_mod
             return make_env("textarena", game=game, action_tokens=DIGITS, max_action_tokens=1)
         return make_env("textarena", game=game, num_players=1, max_action_tokens=2)
 
-    runner = EpisodeRunner(actor_id="a", epoch=1, env_factory=factory, chat=ChatTokens(tiny_model),
+    runner = EpisodeRunner(actor_id="a", epoch=1, player=EnvironmentLoop(factory), chat=ChatTokens(tiny_model),
                            client=ScriptedClient(seed=2), link=link, sampling=Sampling(1.0, 4, 4096),
                            metrics=metrics, tasks=TaskSource(RandomOrder(0)))
     outcomes = [await runner.play(f"ep{i}", seed=i) for i in range(3)]

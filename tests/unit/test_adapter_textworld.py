@@ -8,12 +8,15 @@ import shutil
 
 import pytest
 
-from turnstream.actors.chat import ChatTokens
+from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.environment import EnvError
 from turnstream.actors.registry import make_env
+from turnstream.actors.tasks.orders import RandomOrder
+from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.metrics import ActorMetrics
-from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import RandomOrder, TaskSource
+from turnstream.actors.play.context import Sampling
+from turnstream.actors.play.env_loop import EnvironmentLoop
+from turnstream.actors.play.runner import EpisodeRunner
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 from tests.unit.test_adapter_registry import sequential_epochs
 
@@ -129,8 +132,8 @@ async def test_runner_plays_on_after_a_broken_game(game_file, tmp_path, tiny_mod
     broken.write_bytes(b"garbage")
     files = iter([game_file, broken, game_file])
     metrics, link = ActorMetrics(), CollectingLink()
-    runner = EpisodeRunner(actor_id="a", epoch=1, env_factory=lambda: make_env(
-                               "textworld", game_file=str(next(files)), max_steps=3, max_action_tokens=4),
+    runner = EpisodeRunner(actor_id="a", epoch=1, player=EnvironmentLoop(lambda: make_env(
+                               "textworld", game_file=str(next(files)), max_steps=3, max_action_tokens=4)),
                            chat=ChatTokens(tiny_model), client=ScriptedClient(seed=0), link=link,
                            sampling=Sampling(1.0, 4, 4096), metrics=metrics, tasks=TaskSource(RandomOrder(0)))
     outcomes = [await runner.play(f"ep{i}", seed=i) for i in range(3)]

@@ -40,8 +40,9 @@ def test_counted_full_push_is_the_bytes_the_disk_backend_writes(tmp_path):
     from turnstream.bench.learner_mfu import model_config
     from turnstream.bench.lora_push import _weight_bytes, measure
     from turnstream.core.config_lora import LoraSection
-    from turnstream.learner.weight_sync import DiskWeightSync
-    from turnstream.learner.weight_sync_buckets import WeightBuckets, policy_tensors
+    from turnstream.learner.sync.buckets import WeightBuckets
+    from turnstream.learner.sync.disk import DiskWeightSync
+    from turnstream.learner.sync.source import policy_tensors
 
     shapes = model_config("tiny")
     r = measure(shapes, LoraSection(rank=4), "bfloat16", tmp_path / "out")

@@ -9,7 +9,7 @@ import pytest
 from turnstream.buffer.ratelimit import BlockedClock, Cancelled, Gate, RateLimiter, limiter_problem
 from turnstream.core.config import ConfigError, load_config
 from turnstream.preflight import preflight
-from tests.unit.test_store import ID, chunk, ingest, make_store, metric
+from tests.unit.test_store import ID, chunk, ingest, make_store, metric, metrics_of
 
 
 def fill(store, specs):
@@ -61,7 +61,7 @@ def test_a_group_left_incomplete_is_dropped_after_group_timeout_and_counted():
     # a1+a2 form a complete group and stay; a3 (its group's sibling never came) and b1 go
     assert list(store.ready) == ["a1", "a2"]
     assert store.admission.accepted == accepted - 2  # their admission room is free again
-    assert store.m.registry.get_sample_value("turnstream_buffer_dropped_episodes_total",
+    assert metrics_of(store).registry.get_sample_value("turnstream_buffer_dropped_episodes_total",
                                              {"reason": "group_timeout"}) == 2
 
 
@@ -239,7 +239,7 @@ async def test_gate_times_out():
 
 def test_blocked_clock_accumulates_only_while_blocked():
     store = make_store()
-    clock = BlockedClock(store.m.insert_blocked)
+    clock = BlockedClock(metrics_of(store).insert_blocked)
     clock.update(True, now=10.0)
     clock.update(True, now=12.0)
     clock.update(False, now=13.5)

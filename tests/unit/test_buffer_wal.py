@@ -1,4 +1,4 @@
-"""buffer.wal / buffer.journal: framing, torn tails, replay rebuilding the store, compaction."""
+"""buffer.durability (wal, journal): framing, torn tails, replay rebuilding the store, compaction."""
 from __future__ import annotations
 
 import os
@@ -6,18 +6,19 @@ import os
 import numpy as np
 import pytest
 
-from turnstream.buffer.journal import CHUNK, WalJournal
-from turnstream.buffer.wal import WalFile
+from turnstream.buffer.durability.journal import WalJournal
+from turnstream.buffer.durability.records import CHUNK
+from turnstream.buffer.durability.wal import WalFile
 from turnstream.protocol.chunk_batch import pack
 from turnstream.protocol.codec import encode
-from tests.unit.test_store import ID, chunk, ingest, make_store
+from tests.unit.test_store import ID, chunk, ingest, make_store, metrics_of
 
 
 def open_store(path, fsync="always", **kw):
     store = make_store(**kw)
-    journal = WalJournal(WalFile(path, fsync=fsync), store.m, compact_bytes=1 << 20)
+    journal = WalJournal(WalFile(path, fsync=fsync), metrics_of(store), compact_bytes=1 << 20)
     journal.replay(store)
-    store.journal = journal
+    store.listeners.add(journal)
     return store, journal
 
 
@@ -146,9 +147,9 @@ def test_replay_does_not_count_as_new_traffic(tmp_path):
     ingest_logged(store, journal, chunk(seq=0, ep="a", done=True))
     journal.close()
     again = make_store()
-    WalJournal(WalFile(path), again.m, compact_bytes=1 << 20).replay(again)
-    assert not again.m.registry.get_sample_value("turnstream_buffer_chunks_total", {"outcome": "ok"})
-    assert again.m.registry.get_sample_value("turnstream_buffer_wal_replayed_records_total") == 1
+    WalJournal(WalFile(path), metrics_of(again), compact_bytes=1 << 20).replay(again)
+    assert not metrics_of(again).registry.get_sample_value("turnstream_buffer_chunks_total", {"outcome": "ok"})
+    assert metrics_of(again).registry.get_sample_value("turnstream_buffer_wal_replayed_records_total") == 1
     assert list(again.ready) == ["a"]
 
 

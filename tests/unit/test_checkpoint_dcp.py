@@ -1,4 +1,4 @@
-"""One process: the sharded checkpoint format (learner/checkpoint_dcp.py) resumes exactly, `turnstream export` turns
+"""One process: the sharded checkpoint format (learner/checkpoint/sharded.py) resumes exactly, `turnstream export` turns
 it into a Hugging Face directory that transformers loads, and a push's buckets hold one bucket at a time.
 Several ranks: tests/integration/test_learner_fsdp2.py."""
 from __future__ import annotations
@@ -13,11 +13,12 @@ from tests.learner_batches import synthetic_batch, tiny_causal_lm
 from tests.push_memory import peak_bytes_held
 from turnstream.core.config import LearnerSection
 from turnstream.core.configtools import ConfigError
-from turnstream.learner import checkpoint, checkpoint_dcp
-from turnstream.learner.checkpoint_export import export
+from turnstream.learner.checkpoint import sharded, store
+from turnstream.learner.checkpoint.export import export
+from turnstream.learner.checkpoint.layout import latest, tmp_name
 from turnstream.learner.trainer import Trainer
-from turnstream.learner.weight_sync_buckets import TensorSpec, WeightBuckets, plan
-from turnstream.learner.weight_sync_disk import DiskWeightSync
+from turnstream.learner.sync.buckets import TensorSpec, WeightBuckets, plan
+from turnstream.learner.sync.disk import DiskWeightSync
 
 
 def _trainer(estimator: str = "spo") -> Trainer:
@@ -36,11 +37,11 @@ def test_sharded_checkpoint_resumes_weights_adam_tracker_and_rng(tmp_path):
     for s in range(2):
         a.step(synthetic_batch(12, group=4, seed=100 + s))
     root = tmp_path / "ckpt"
-    path = checkpoint_dcp.save(root, a, _source(tmp_path), a.tracker.state_dict(), 2, checkpoint_dcp.tmp_name(2, 1))
-    assert path.name == "step-000002" and checkpoint.latest(root) == path and checkpoint_dcp.is_sharded(path)
+    path = store.save(root, a, _source(tmp_path), keep=2, tmp=tmp_name(2, 1))
+    assert path.name == "step-000002" and latest(root) == path and sharded.is_sharded(path)
     assert not list(root.glob(".tmp-*")) and not list((path / "model").glob("*.safetensors"))
     b = _trainer("turn_gae")
-    checkpoint_dcp.load(path, b)
+    store.restore(path, b)
     assert b.version == 2 and b.tracker.state_dict() == a.tracker.state_dict()
     for p, q in zip(a._params(), b._params()):
         assert torch.equal(p, q)
@@ -75,7 +76,7 @@ def test_a_sharded_resume_reads_no_weights_of_model_path(tmp_path, tied):
     for weights in (tmp_path / "base").glob("*.safetensors"):
         weights.unlink()
     model, b, resumed_from = build_trainer(cfg)
-    assert checkpoint_dcp.is_sharded(resumed_from) and b.version == a.version == 1
+    assert sharded.is_sharded(resumed_from) and b.version == a.version == 1
     assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
     for (name, p), q in zip(a.net.model.state_dict().items(), model.state_dict().values()):
         assert torch.equal(p, q), name
@@ -90,7 +91,7 @@ def test_export_of_a_sharded_checkpoint_loads_in_transformers_with_the_learners_
 
     a = _trainer()
     a.step(synthetic_batch(12, group=4, seed=100))
-    path = checkpoint_dcp.save(tmp_path / "ckpt", a, _source(tmp_path), {}, 2, "tmp")
+    path = store.save(tmp_path / "ckpt", a, _source(tmp_path), keep=2, tmp="tmp")
     out = export(tmp_path / "ckpt", tmp_path / "hf", shard_mb=0)  # the latest checkpoint of a checkpoints dir
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
     loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
@@ -108,7 +109,7 @@ def test_export_command_of_a_single_file_checkpoint_in_shards(tmp_path):
     cfg = LearnerSection(estimator="spo", lr=1e-2, device="cpu")
     a = Trainer(tiny_causal_lm(seed=0), cfg, seed=0)
     a.step(synthetic_batch(12, group=4, seed=100))
-    checkpoint.save(tmp_path / "run" / "checkpoints", 1, a.net.model, _source(tmp_path), a.state_dict(), {})
+    store.save(tmp_path / "run" / "checkpoints", a, _source(tmp_path), keep=2)
     proc = subprocess.run([sys.executable, "-m", "turnstream.cli", "export", str(tmp_path / "run"),
                            str(tmp_path / "hf"), "--dtype", "bfloat16", "--shard-mb", "0"],
                           capture_output=True, text=True, timeout=120)

@@ -8,11 +8,14 @@ import dataclasses
 import numpy as np
 import torch
 
-from turnstream.actors.chat import ChatTokens
+from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.registry import make_env
+from turnstream.actors.tasks.orders import RandomOrder
+from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.metrics import ActorMetrics
-from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import RandomOrder, TaskSource
+from turnstream.actors.play.context import Sampling
+from turnstream.actors.play.env_loop import EnvironmentLoop
+from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.buffer.episodes import Episode, Segment, flatten
 from turnstream.learner import forward
 from turnstream.learner.batching import logprobs_from_action_logits, to_tensors
@@ -27,8 +30,8 @@ from tests.unit.test_store import chunk
 
 async def test_the_actor_restarts_the_context_every_k_turns(tiny_model):
     chat, client, link = ChatTokens(tiny_model), ScriptedClient(seed=3), CollectingLink()
-    runner = EpisodeRunner(actor_id="a", epoch=1, env_factory=lambda: make_env("trail", length=7), chat=chat,
-                           client=client, link=link, sampling=Sampling(1.0, 4, 512, context_turns=3),
+    runner = EpisodeRunner(actor_id="a", epoch=1, player=EnvironmentLoop(lambda: make_env("trail", length=7)),
+                           chat=chat, client=client, link=link, sampling=Sampling(1.0, 4, 512, context_turns=3),
                            metrics=ActorMetrics(), tasks=TaskSource(RandomOrder(0)))
     await runner.play("e", seed=0, task=0)
     chunks = link.chunks

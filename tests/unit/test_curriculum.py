@@ -10,15 +10,18 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from turnstream.actors.chat import ChatTokens
-from turnstream.actors.curriculum import PRIOR_VALUE, TrackerValues, follow_announcements, spo_weight
+from turnstream.actors.inference.chat_tokens import ChatTokens
+from turnstream.actors.tasks.curriculum import PRIOR_VALUE, TrackerValues, follow_announcements, spo_weight
+from turnstream.actors.tasks.orders import SpoOrder, make_order
+from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.metrics import ActorMetrics
+from turnstream.actors.play.context import Sampling
+from turnstream.actors.play.env_loop import EnvironmentLoop
 from turnstream.actors.registry import make_env
-from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import SpoOrder, TaskSource, make_order
+from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.core.config import ConfigError, load_config
 from turnstream.learner.serve import changed_values
-from turnstream.learner.spo import SpoTracker
+from turnstream.learner.estimators.spo import SpoTracker
 from turnstream.protocol.codec import decode, encode
 from turnstream.protocol.messages import VersionAnnouncement
 from turnstream.protocol.sockets import subscriber
@@ -86,7 +89,7 @@ def test_spo_order_needs_enumeration_and_the_spo_estimator():
 
 async def test_the_runner_tells_the_order_which_prompt_keys_a_task_produced(tiny_model):
     order = SpoOrder(range(4), TrackerValues(), epsilon=0.05, actor_seed=0)
-    runner = EpisodeRunner(actor_id="a", epoch=1, env_factory=lambda: make_env("fixed_odds"),
+    runner = EpisodeRunner(actor_id="a", epoch=1, player=EnvironmentLoop(lambda: make_env("fixed_odds")),
                            chat=ChatTokens(tiny_model), client=ScriptedClient(), link=CollectingLink(credits=12),
                            sampling=Sampling(1.0, 4, 512), metrics=ActorMetrics(), tasks=TaskSource(order))
     slots = asyncio.ensure_future(runner.run(concurrent_episodes=2))

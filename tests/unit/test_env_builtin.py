@@ -8,8 +8,8 @@ import pytest
 
 from turnstream.actors.registry import known_envs, make_env
 from turnstream.actors.envs import sokoban
-from turnstream.actors.envs.math_tool import parse_action
-from turnstream.actors.envs.sandbox import evaluate
+from turnstream.actors.envs.tasks.math_tool import parse_action
+from turnstream.actors.envs.tasks.sandbox import evaluate
 
 
 # ---- Sokoban -----------------------------------------------------------------------------------------

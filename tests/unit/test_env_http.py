@@ -9,14 +9,17 @@ import urllib.request
 import pytest
 from aiohttp import web
 
-from turnstream.actors.chat import ChatTokens
+from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.environment import EnvError
 from turnstream.actors.registry import make_env
-from turnstream.actors.envs.http_env import close_sessions
-from turnstream.actors.envs.http_server import make_app
+from turnstream.actors.tasks.orders import RandomOrder
+from turnstream.actors.tasks.source import TaskSource
+from turnstream.actors.envs.remote.http_env import close_sessions
+from turnstream.actors.envs.remote.http_server import make_app
 from turnstream.actors.metrics import ActorMetrics
-from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import RandomOrder, TaskSource
+from turnstream.actors.play.context import Sampling
+from turnstream.actors.play.env_loop import EnvironmentLoop
+from turnstream.actors.play.runner import EpisodeRunner
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 from turnstream.processes import ProcessGroup, free_port
 
@@ -39,7 +42,7 @@ async def server(request):
 
 
 def _runner(tiny_model, factory, link, metrics):
-    return EpisodeRunner(actor_id="a", epoch=1, env_factory=factory, chat=ChatTokens(tiny_model),
+    return EpisodeRunner(actor_id="a", epoch=1, player=EnvironmentLoop(factory), chat=ChatTokens(tiny_model),
                          client=ScriptedClient(), link=link, sampling=Sampling(1.0, 16, 512),
                          metrics=metrics, tasks=TaskSource(RandomOrder(0)))
 
@@ -129,7 +132,7 @@ async def test_server_dying_mid_episode_abandons_it_and_counts(tmp_path, tiny_mo
     """A real server process, stopped by PID after the first turn of the second episode."""
     procs = ProcessGroup(tmp_path)
     port = free_port()
-    procs.start("envserver", [sys.executable, "-m", "actors.envs.http_server", "--port", str(port)])
+    procs.start("envserver", [sys.executable, "-m", "turnstream.actors.envs.remote.http_server", "--port", str(port)])
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -147,8 +150,8 @@ async def test_server_dying_mid_episode_abandons_it_and_counts(tmp_path, tiny_mo
             return await super().generate(token_ids, **kw)
 
     link, metrics = CollectingLink(), ActorMetrics()
-    runner = EpisodeRunner(actor_id="a", epoch=1, env_factory=lambda: make_env(
-        "http", url=url, name="follow_signs", args={"junctions": [3]}, timeout_s=5.0), chat=ChatTokens(tiny_model),
+    runner = EpisodeRunner(actor_id="a", epoch=1, player=EnvironmentLoop(lambda: make_env(
+        "http", url=url, name="follow_signs", args={"junctions": [3]}, timeout_s=5.0)), chat=ChatTokens(tiny_model),
         client=KillingClient(), link=link, sampling=Sampling(1.0, 16, 512), metrics=metrics,
         tasks=TaskSource(RandomOrder(0)))
     try:

@@ -1,4 +1,4 @@
-"""trail and trail_longtail (actors/envs/trail.py): the long-horizon task. Rewards along the way and a terminal
+"""trail and trail_longtail (actors/envs/tasks/trail.py): the long-horizon task. Rewards along the way and a terminal
 bonus, the turn budget, tasks, the long tail's lengths, random against optimal play, and the tokens a whole
 episode takes through the actor's runner and chat template."""
 from __future__ import annotations
@@ -8,12 +8,15 @@ import statistics
 
 import pytest
 
-from turnstream.actors.chat import ChatTokens
+from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.metrics import ActorMetrics
+from turnstream.actors.play.context import Sampling
+from turnstream.actors.play.env_loop import EnvironmentLoop
 from turnstream.actors.registry import describe, known_envs, make_env
-from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import RandomOrder, TaskSource
-from turnstream.actors.envs.trail import Trail
+from turnstream.actors.tasks.orders import RandomOrder
+from turnstream.actors.tasks.source import TaskSource
+from turnstream.actors.play.runner import EpisodeRunner
+from turnstream.actors.envs.tasks.trail import Trail
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 
 MAX_MODEL_LEN = 1024  # bench/async_vs_sync.py's, which bench learning uses too
@@ -180,7 +183,7 @@ async def test_whole_episodes_fit_the_context_through_the_runner(tiny_model):
     chat = ChatTokens(tiny_model)
     for client, turns, outcome in ((_Follower(chat), 50, "success"), (ScriptedClient(seed=0), 60, "done")):
         link = CollectingLink()
-        runner = EpisodeRunner(actor_id="a", epoch=1, env_factory=lambda: make_env("trail"), chat=chat,
+        runner = EpisodeRunner(actor_id="a", epoch=1, player=EnvironmentLoop(lambda: make_env("trail")), chat=chat,
                                client=client, link=link, sampling=Sampling(1.0, 16, MAX_MODEL_LEN),
                                metrics=ActorMetrics(), tasks=TaskSource(RandomOrder(0)))
         assert await runner.play("ep", seed=0, task=0) == outcome

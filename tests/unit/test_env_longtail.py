@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from turnstream.actors.registry import known_envs, make_env
-from turnstream.actors.envs.follow_signs_longtail import corridor_length
+from turnstream.actors.envs.tasks.follow_signs_longtail import corridor_length
 
 
 async def _layout(env, seed: int) -> tuple[str, list]:

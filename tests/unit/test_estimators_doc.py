@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from turnstream.learner import estimators
-from turnstream.learner.advantages import gae, grpo_advantages, rloo_advantages, whiten
+from turnstream.learner.estimators.advantages import gae, grpo_advantages, rloo_advantages, whiten
 from turnstream.learner.batching import logprobs_from_action_logits, max_entropy
+from turnstream.learner.estimators import compute as estimators
 from turnstream.learner.loss import aggregation_weights, decoupled_ppo_loss, step_kl, value_loss
-from turnstream.learner.spo import SpoTracker, fold_batch, normalize_advantages
+from turnstream.learner.estimators.spo import SpoTracker, fold_batch, normalize_advantages
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "estimators.md"
 TOLERANCE = 5e-5 + 1e-9
@@ -129,7 +129,7 @@ def _gae_table(name: str, bootstrap_from_last: bool = False):
 
 
 def test_spo_curriculum():
-    from turnstream.actors.curriculum import spo_weight
+    from turnstream.actors.tasks.curriculum import spo_weight
 
     params, rows = EXAMPLES["spo_curriculum"]
     weights = [spo_weight(v, params["epsilon"]) for v in column(rows, "v")]
@@ -198,7 +198,7 @@ def test_gigpo():
     whose observation labels are token ids and whose turns hold one or two action tokens."""
     from turnstream.buffer.episodes import Episode, flatten
     from turnstream.core.config_learner import GigpoSection
-    from turnstream.learner.advantages import gigpo_advantages
+    from turnstream.learner.estimators.advantages import gigpo_advantages
     from turnstream.learner.batching import to_tensors
     from turnstream.protocol.messages import TurnChunk
 

@@ -7,13 +7,17 @@ import json
 
 import pytest
 
-from turnstream.actors.chat import ChatTokens
-from turnstream.actors.envs.follow_signs import FollowSigns
-from turnstream.actors.evaluation import Evaluator, round_plan, split_tasks
+from turnstream.actors.inference.chat_tokens import ChatTokens
+from turnstream.actors.envs.tasks.follow_signs import FollowSigns
+from turnstream.actors.evaluation import Evaluator, round_plan
 from turnstream.actors.metrics import ActorMetrics
+from turnstream.actors.play.context import Sampling
+from turnstream.actors.play.env_loop import EnvironmentLoop
 from turnstream.actors.registry import make_env
-from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import RandomOrder, TaskSource, make_order
+from turnstream.actors.tasks.eval_split import split_tasks
+from turnstream.actors.tasks.orders import RandomOrder, make_order
+from turnstream.actors.tasks.source import TaskSource
+from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.core.config import ConfigError, load_config
 from turnstream.preflight import preflight
 from turnstream.report import main as report_main
@@ -101,7 +105,7 @@ async def test_rounds_follow_the_learner_version_and_stream_nothing(tiny_model, 
     _, held = split_tasks(N, 0.25, run_seed=3)
     link, metrics = CollectingLink(credits=0), ActorMetrics()
     RecordingSigns.resets = []
-    runner = EpisodeRunner(actor_id="a", epoch=1, env_factory=RecordingSigns, chat=ChatTokens(tiny_model),
+    runner = EpisodeRunner(actor_id="a", epoch=1, player=EnvironmentLoop(RecordingSigns), chat=ChatTokens(tiny_model),
                            client=ScriptedClient(), link=link, sampling=Sampling(1.0, 16, 512), metrics=metrics,
                            tasks=TaskSource(RandomOrder(0)))
     version: list[int | None] = [None]
@@ -126,14 +130,14 @@ async def test_rounds_follow_the_learner_version_and_stream_nothing(tiny_model, 
     assert all(e["episodes"] == len(held) and e["actor"] == "a" and 0 <= e["success"] <= 1 for e in got)
     assert sorted(RecordingSigns.resets) == sorted(held * 3)  # only held-out tasks, each once per round
     assert link.chunks == [] and link.credits == 0  # no chunk left, no credit taken
-    assert evaluator.runner.link.dropped > 0
+    assert evaluator.context.link.dropped > 0
     played = sum(metrics.registry.get_sample_value("turnstream_actor_eval_episodes_total", {"outcome": o}) or 0
                  for o in ("success", "done", "truncated"))
     assert played == 3 * len(held)
     assert metrics.registry.get_sample_value("turnstream_actor_eval_learner_version") == 6
     assert metrics.registry.get_sample_value("turnstream_actor_eval_success_ratio") == got[-1]["success"]
     # the training runner still streams to the real link
-    assert runner.link is link
+    assert runner.context.link is link
     await runner.play("train", seed=0, task=held[0])
     assert link.chunks
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 
-from turnstream.actors.fleet import InferenceFleet, Server
+from turnstream.actors.inference.fleet import InferenceFleet, Server
 from turnstream.actors.metrics import ActorMetrics
 from tests.helpers import until
 from tests.unit.fake_vllm import FakeVllm

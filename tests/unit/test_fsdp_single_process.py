@@ -1,4 +1,4 @@
-"""learner/fsdp.py without a process group: fsdp2 asked with one process trains unsharded (with a log line),
+"""learner/parallel/fsdp2.py without a process group: fsdp2 asked with one process trains unsharded (with a log line),
 the clip equals torch's, and the byte count is what the tensors hold."""
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 from tests.learner_batches import params_after_steps, tiny_causal_lm
 from turnstream.core.config import LearnerSection
 from turnstream.core.configtools import ConfigError
-from turnstream.learner import fsdp
+from turnstream.learner.parallel import fsdp2
+from turnstream.learner.parallel.strategy import clip_grad_norm
 
 
 def test_fsdp2_with_one_process_trains_as_plain_training(caplog):
@@ -26,7 +27,7 @@ def test_clip_grad_norm_matches_torch_on_plain_tensors():
     for model in (a, b):
         model(input_ids=torch.arange(1, 9)[None], labels=torch.arange(1, 9)[None]).loss.mul(50).backward()
     expected = torch.nn.utils.clip_grad_norm_(list(a.parameters()), 0.5)
-    assert fsdp.clip_grad_norm(list(b.parameters()), 0.5) == pytest.approx(float(expected), rel=1e-6)
+    assert clip_grad_norm(list(b.parameters()), 0.5) == pytest.approx(float(expected), rel=1e-6)
     for p, q in zip(a.parameters(), b.parameters()):
         assert torch.allclose(p.grad, q.grad, rtol=1e-6, atol=0)
 
@@ -38,7 +39,7 @@ def test_state_bytes_counts_parameters_gradients_and_adam_moments():
     model(input_ids=torch.arange(1, 9)[None], labels=torch.arange(1, 9)[None]).loss.backward()
     optimizer.step()
     n = sum(p.numel() for p in params)
-    got = fsdp.state_bytes(params, optimizer)
+    got = fsdp2.state_bytes(params, optimizer)
     assert (got["params"], got["grads"]) == (4 * n, 4 * n)
     assert got["optimizer"] == 8 * n + 4 * len(params)  # two fp32 moments, and a step count per tensor
     assert got["total"] == sum(got[k] for k in ("params", "grads", "optimizer"))
@@ -46,4 +47,4 @@ def test_state_bytes_counts_parameters_gradients_and_adam_moments():
 
 def test_a_model_without_named_decoder_layers_gets_a_readable_refusal():
     with pytest.raises(ConfigError, match="learner.parallel: fsdp2 found no decoder layers"):
-        fsdp.decoder_layers(torch.nn.Linear(2, 2))
+        fsdp2.decoder_layers(torch.nn.Linear(2, 2))

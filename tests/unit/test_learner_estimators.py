@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from turnstream.learner import estimators
-from turnstream.learner.advantages import agentwise_normalize, gae, grpo_advantages, rloo_advantages, whiten
+from turnstream.learner.estimators.advantages import agentwise_normalize, gae, grpo_advantages, rloo_advantages, whiten
 from turnstream.learner.batching import to_tensors
-from turnstream.learner.spo import SpoTracker
-from tests.learner_batches import synthetic_batch
+from turnstream.learner.estimators import compute as estimators
+from turnstream.learner.estimators.spo import SpoTracker
+from tests.learner_batches import init_from_counts, synthetic_batch
 
 # ---- turn-level GAE ---------------------------------------------------------------------------------
 
@@ -126,11 +126,11 @@ def test_spo_estimator_reads_the_tracker_before_the_update():
     batch = synthetic_batch(4, seed=5)
     tb = to_tensors(batch, 64)
     t = SpoTracker()
-    t.init_from_counts("p0", 7, 8)
+    init_from_counts(t, "p0", 7, 8)
     before = dict(t.state)
     adv = estimators.compute("spo", batch, tb, tracker=t, spo_normalize="sequence", gamma=1, lam=1, old_values=None)
     assert t.state == before
-    from turnstream.learner.spo import normalize_advantages
+    from turnstream.learner.estimators.spo import normalize_advantages
     raw = np.array(batch.returns) - np.array([t.value(k) for k in batch.prompt_keys])
     want = normalize_advantages(raw, tb.tokens_per_episode, "sequence")[tb.act_episode.numpy()]
     np.testing.assert_allclose(adv.token_adv.numpy(), want, atol=1e-6)

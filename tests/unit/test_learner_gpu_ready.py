@@ -10,9 +10,10 @@ import torch
 
 from turnstream.learner import forward
 from turnstream.learner.batching import logprobs_from_action_logits, to_tensors
-from turnstream.learner.device import Placement, placement, resolve_device, served_dtype, serving_state_dict
+from turnstream.learner.device import Placement, placement, resolve_device, served_dtype
 from turnstream.learner.metrics import LearnerMetrics
 from turnstream.learner.packing import SequenceTooLong, drop_out_of_vocabulary, drop_over_budget, microbatches
+from turnstream.learner.sync.source import serving_state_dict
 from turnstream.learner.trainer import NothingToTrain, Trainer
 from tests.learner_batches import params_after_steps, synthetic_batch, tiny_causal_lm
 from turnstream.core.config import LearnerSection
@@ -180,7 +181,7 @@ def test_a_batch_without_bad_tokens_is_kept_whole():
 def test_pushed_weights_have_the_served_dtype(tmp_path):
     from safetensors import safe_open
 
-    from turnstream.learner.weight_sync import DiskWeightSync
+    from turnstream.learner.sync.disk import DiskWeightSync
 
     model = tiny_causal_lm()
     model.save_pretrained(tmp_path / "model")

@@ -11,7 +11,9 @@ import torch
 from tests.learner_batches import synthetic_batch, tiny_causal_lm
 from turnstream.core.config import LearnerSection, VllmSection
 from turnstream.core.config_lora import LoraSection
-from turnstream.learner import checkpoint, lora
+from turnstream.learner import lora
+from turnstream.learner.checkpoint import store
+from turnstream.learner.sync.source import push_tensors
 from turnstream.learner.trainer import Trainer
 
 LORA = LoraSection(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"])
@@ -58,10 +60,10 @@ def test_adapter_push_is_a_peft_adapter_that_gives_the_trained_model(tmp_path):
     from peft import PeftModel
     from peft.utils import get_peft_model_state_dict
 
-    from turnstream.learner.weight_sync_lora import LoraAdapterSync
+    from turnstream.learner.sync.lora import LoraAdapterSync
 
     model, _ = _trained()
-    pushed = lora.push_tensors(model.state_dict(), LORA)
+    pushed = push_tensors(model.state_dict(), LORA)
     # what peft itself saves for this model, under the names a PeftModel (which wraps it) writes to its file
     reference = {"base_model.model." + k: v for k, v in get_peft_model_state_dict(model).items()}
     assert pushed.keys() == reference.keys() and all(torch.equal(pushed[k], reference[k]) for k in pushed)
@@ -80,7 +82,7 @@ def test_merged_push_is_the_base_s_names_with_the_update_folded_in():
     from transformers import Qwen2ForCausalLM
 
     model, _ = _trained()
-    merged = lora.push_tensors(model.state_dict(), LORA.model_copy(update={"push": "merged"}))
+    merged = push_tensors(model.state_dict(), LORA.model_copy(update={"push": "merged"}))
     plain = tiny_causal_lm()
     assert merged.keys() == plain.state_dict().keys()
     plain.load_state_dict(merged)
@@ -93,14 +95,13 @@ def test_checkpoint_holds_the_adapter_and_a_resume_rebuilds_the_model(tmp_path):
     model, trainer = _trained()
     base_dir = tmp_path / "base"
     tiny_causal_lm().save_pretrained(base_dir)
-    path = checkpoint.save(tmp_path / "ckpt", trainer.version, model, base_dir, trainer.state_dict(),
-                           trainer.tracker.state_dict())
+    path = store.save(tmp_path / "ckpt", trainer, base_dir, keep=2)
     files = {p.name for p in (path / "model").iterdir()}
     assert lora.ADAPTER_FILE in files and "model.safetensors" not in files  # the base is model.path's
     resumed = lora.attach(tiny_causal_lm(), LORA, path / "model")
     assert torch.equal(_logits(resumed), _logits(model))
     again = Trainer(resumed, _cfg(), seed=0)
-    again.load_state_dict(*checkpoint.load(path))
+    store.restore(path, again)
     assert again.version == trainer.version == 2
 
 
@@ -149,15 +150,14 @@ def test_export_of_a_lora_checkpoint_is_the_base_with_the_update_merged_in(tmp_p
     from transformers import AutoModelForCausalLM
 
     from turnstream.core.configtools import ConfigError
-    from turnstream.learner.checkpoint_export import export
+    from turnstream.learner.checkpoint.export import export
 
     base_dir = tmp_path / "base"
     tiny_causal_lm().save_pretrained(base_dir)
     model = lora.attach(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32), LORA)
     trainer = Trainer(model, _cfg(), seed=0)
     trainer.step(synthetic_batch(8, group=4, seed=100))
-    path = checkpoint.save(tmp_path / "ckpt", trainer.version, model, base_dir, trainer.state_dict(),
-                           trainer.tracker.state_dict())
+    path = store.save(tmp_path / "ckpt", trainer, base_dir, keep=2)
     out = export(path, tmp_path / "exported", dtype="float32")
     assert not (out / "adapter_config.json").exists()
     exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)

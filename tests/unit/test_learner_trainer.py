@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from turnstream.learner import checkpoint
 from turnstream.learner.packing import microbatches, shard
-from turnstream.learner.spo import SpoTracker, fold_batch
+from turnstream.learner.estimators.spo import SpoTracker, fold_batch
 from turnstream.learner.trainer import Trainer
 from tests.learner_batches import params_after_steps, synthetic_batch, tiny_causal_lm
 from turnstream.core.config import LearnerSection
+from turnstream.learner.checkpoint import store
+from turnstream.learner.checkpoint.layout import latest
+from turnstream.learner.checkpoint.trainer_state import file_state, load_file_state
 
 
 def cfg_for(estimator="spo", **kw) -> LearnerSection:
@@ -71,14 +73,14 @@ def test_checkpoint_round_trip_continues_identically(tmp_path):
 
     a = Trainer(tiny_causal_lm(), cfg, seed=3)
     a.step(synthetic_batch(8, seed=1))
-    path = checkpoint.save(tmp_path / "ckpt", a.version, a.model, src, a.state_dict(), a.tracker.state_dict())
-    assert path.name == "step-000001" and checkpoint.latest(tmp_path / "ckpt") == path
+    path = store.save(tmp_path / "ckpt", a, src, keep=2)
+    assert path.name == "step-000001" and latest(tmp_path / "ckpt") == path
     assert (path / "model" / "tokenizer_config.json").exists()  # loadable by vLLM: tokenizer files travel
 
     from transformers import AutoModelForCausalLM
     b = Trainer(AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32, attn_implementation="eager"),
                 cfg, seed=99)
-    b.load_state_dict(*checkpoint.load(path))
+    store.restore(path, b)
     assert b.version == 1 and b.tracker.state == a.tracker.state
     batch = synthetic_batch(8, seed=2)
     sa, sb = a.step(batch), b.step(batch)
@@ -96,11 +98,11 @@ def test_checkpoints_are_pruned_and_partial_ones_ignored(tmp_path):
     root = tmp_path / "ckpt"
     for v in (1, 2, 3):
         t.version = v
-        checkpoint.save(root, v, t.model, src, t.state_dict(), t.tracker.state_dict(), keep=2)
+        store.save(root, t, src, keep=2)
     assert sorted(p.name for p in root.glob("step-*")) == ["step-000002", "step-000003"]
     (root / ".tmp-step-000004-1").mkdir()  # a crash mid-write
     (root / "step-000005").mkdir()  # a directory without its trainer state is not a checkpoint
-    assert checkpoint.latest(root).name == "step-000003"
+    assert latest(root).name == "step-000003"
     assert not (root / ".tmp-step-000004-1").exists()
 
 
@@ -109,7 +111,7 @@ def test_value_based_checkpoint_keeps_the_critic(tmp_path):
     a = Trainer(tiny_causal_lm(), cfg)
     a.step(synthetic_batch(6))
     b = Trainer(tiny_causal_lm(), cfg)
-    b.load_state_dict(a.state_dict(), a.tracker.state_dict())
+    load_file_state(b, file_state(a), a.tracker.state_dict())
     for p, q in zip(a.net.critic_parameters(), b.net.critic_parameters()):
         torch.testing.assert_close(p, q)
 
@@ -155,8 +157,8 @@ def test_values_from_the_training_forward_give_the_same_update_on_one_microbatch
 def test_microbatch_whitening_standardises_each_microbatch_alone():
     """Under a token budget every micro-batch's advantages have mean 0 and std 1 over its own tokens, and
     are an increasing affine map of the batch-whitened ones (the same GAE, other statistics)."""
-    from turnstream.learner import estimators
     from turnstream.learner.batching import to_tensors
+    from turnstream.learner.estimators import compute as estimators
 
     batch = synthetic_batch(12, seed=6)
     tb = to_tensors(batch, 64)
@@ -178,7 +180,8 @@ def test_microbatch_whitening_standardises_each_microbatch_alone():
 def test_spo_drift_is_read_at_the_configured_policy(drift):
     """proximal (default): D is |log mu - log pi_prox|, taken from the training forward; updated: D is read
     from the policy after the step. Either way a separate no-grad pass over that policy reproduces it."""
-    from turnstream.learner.batching import action_logprobs, to_tensors
+    from tests.learner_logprobs import action_logprobs
+    from turnstream.learner.batching import to_tensors
 
     cfg = cfg_for("spo")
     cfg.spo.drift = drift
@@ -205,7 +208,8 @@ def test_spo_drift_is_read_at_the_configured_policy(drift):
 def test_step_kl_is_the_kl_between_the_policies_before_and_after_the_step(estimator):
     """step_kl: KL(pi_before || pi_after) on the batch's action tokens (k3 on the sampled tokens, token-mean),
     read from the learner's own passes; a separate computation from copies of the two policies agrees."""
-    from turnstream.learner.batching import action_logprobs, to_tensors
+    from tests.learner_logprobs import action_logprobs
+    from turnstream.learner.batching import to_tensors
 
     model = tiny_causal_lm()
     batch = synthetic_batch(8, seed=8)

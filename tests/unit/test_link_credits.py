@@ -7,13 +7,16 @@ import asyncio
 import zmq
 import zmq.asyncio
 
-from turnstream.actors.chat import ChatTokens
+from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.registry import make_env
-from turnstream.actors.inference import InferenceError
+from turnstream.actors.tasks.orders import RandomOrder
+from turnstream.actors.tasks.source import TaskSource
+from turnstream.actors.inference.client import InferenceError
 from turnstream.actors.link import BufferLink
 from turnstream.actors.metrics import ActorMetrics
-from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import RandomOrder, TaskSource
+from turnstream.actors.play.context import Sampling
+from turnstream.actors.play.env_loop import EnvironmentLoop
+from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.protocol.codec import decode, encode
 from turnstream.protocol.messages import CreditGrant, CreditRequest
 from tests.helpers import link_to_router
@@ -44,7 +47,7 @@ async def test_failed_first_turns_do_not_leak_credits(tiny_model):
     ctx = zmq.asyncio.Context()
     router, link, metrics = link_to_router(ctx, "actor-c", slots=2, heartbeat_s=0.2)
     client = FailingClient()
-    runner = EpisodeRunner(actor_id="actor-c", epoch=1, env_factory=lambda: make_env("trivial"),
+    runner = EpisodeRunner(actor_id="actor-c", epoch=1, player=EnvironmentLoop(lambda: make_env("trivial")),
                            chat=ChatTokens(tiny_model), client=client, link=link,
                            sampling=Sampling(1.0, 8, 512), metrics=metrics, tasks=TaskSource(RandomOrder(0)))
     tasks = [asyncio.create_task(c) for c in (_serve_grants(router, 2, "buffer-1"), link.run(), runner.run(2))]

@@ -1,4 +1,5 @@
-"""learner.loss.decoupled_ppo_loss and learner.batching (to_tensors, action_logprobs) with tiny fake models."""
+"""learner.loss.decoupled_ppo_loss, learner.batching (to_tensors) and the action log-probs of learner/forward.py's
+micro-batches (tests/learner_logprobs.py) with tiny fake models."""
 from __future__ import annotations
 
 import math
@@ -8,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from tests.learner_logprobs import action_logprobs
 from turnstream.buffer.episodes import flatten
-from turnstream.buffer.metrics import BufferMetrics
 from turnstream.buffer.store import ReplayStore
-from turnstream.learner.batching import action_logprobs, to_tensors
+from turnstream.learner.batching import to_tensors
 from turnstream.learner.loss import decoupled_ppo_loss
 from turnstream.protocol.chunk_batch import pack
 from turnstream.protocol.codec import decode, encode
@@ -137,10 +138,10 @@ class BigramModel:
 
     def __init__(self, seed: int = 0):
         self.table = torch.randn(V, V, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
-        self.calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.calls: list[torch.Tensor] = []  # input_ids of each call
 
-    def __call__(self, input_ids, attention_mask):
-        self.calls.append((input_ids, attention_mask))
+    def __call__(self, input_ids, **_):
+        self.calls.append(input_ids)
         return SimpleNamespace(logits=self.table[input_ids])
 
 
@@ -156,7 +157,7 @@ def make_chunk(seq, ep, turn, obs, gen, logp, done, allowed=(), temperature=1.0,
 def served_batch() -> Batch:
     """Episode "a": [1 2 | 3 4] [6 | 7]; episode "b": [8 9 10 | 5]; '|' separates observation and action."""
     store = ReplayStore(batch_episodes=2, eta=2, max_staleness=2, max_running=10, max_items=10,
-                        episode_timeout_s=60, actor_timeout_s=60, metrics=BufferMetrics())
+                        episode_timeout_s=60, actor_timeout_s=60)
     chunks = [
         make_chunk(0, "a", 0, (1, 2), (3, 4), (-0.3, -1.1), False, allowed=(3, 4, 5), temperature=0.7, versions=(1, 2)),
         make_chunk(1, "b", 0, (8, 9, 10), (5,), (-0.6,), True, allowed=(5, 6), temperature=1.3, versions=(2,)),
@@ -251,9 +252,8 @@ def test_action_logprobs_match_the_sampling_distribution():
     # restricted tokens: entropy is over the allowed set, so it is at most log |set|
     assert entropy[0].item() <= math.log(2) + 1e-6  # allowed {5, 6}
     assert entropy[1].item() <= math.log(3) + 1e-6  # allowed {3, 4, 5}
-    (ids, mask), = model.calls
+    ids, = model.calls  # one row per episode (no context restarts), right-padded
     torch.testing.assert_close(ids, tb.input_ids)
-    torch.testing.assert_close(mask, tb.attention_mask)
 
 
 def test_action_logprobs_use_the_temperature():
@@ -284,15 +284,15 @@ def test_action_logprobs_for_a_row_subset():
         select = torch.isin(tb.act_episode, rows)
         torch.testing.assert_close(logp, full_logp[select])
         torch.testing.assert_close(ent, full_ent[select])
-        width = int(tb.attention_mask[rows].sum(1).max())  # cropped to the rows' longest episode
-        torch.testing.assert_close(model.calls[-1][0], tb.input_ids[rows, :width])
+        width = int(tb.attention_mask[rows].sum(1).max())  # cut to the rows' longest episode
+        torch.testing.assert_close(model.calls[-1], tb.input_ids[rows.sort().values, :width])
 
 
 def test_disallowed_logits_get_no_gradient():
     batch = served_batch()
     tb = to_tensors(batch, V)
     logits = torch.randn(2, tb.input_ids.shape[1], V, generator=torch.Generator().manual_seed(5), requires_grad=True)
-    model = lambda input_ids, attention_mask: SimpleNamespace(logits=logits)  # noqa: E731
+    model = lambda input_ids, **_: SimpleNamespace(logits=logits)  # noqa: E731
     logp, entropy = action_logprobs(model, tb)
     assert torch.isfinite(logp).all() and torch.isfinite(entropy).all()
     (logp.sum() + entropy.sum()).backward()

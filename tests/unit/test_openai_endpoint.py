@@ -12,14 +12,16 @@ import aiohttp
 import pytest
 from prometheus_client import generate_latest
 
-from turnstream.actors.chat import ChatTokens
-from turnstream.actors.envs.agent import AgentEnv
+from turnstream.actors.inference.chat_tokens import ChatTokens
+from turnstream.actors.play.agent import AgentPlayer
+from turnstream.actors.play.context import Sampling
 from turnstream.actors.metrics import ActorMetrics
-from turnstream.actors.openai_chat import (BadRequest, Message, parse_request, parse_tool_calls, render,
+from turnstream.actors.play.endpoint.chat_format import (BadRequest, Message, parse_request, parse_tool_calls, render,
                                            tool_call_constraint)
 from turnstream.actors.registry import make_env
-from turnstream.actors.runner import EpisodeRunner, Sampling
-from turnstream.actors.tasks import RandomOrder, TaskSource
+from turnstream.actors.tasks.orders import RandomOrder
+from turnstream.actors.tasks.source import TaskSource
+from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.core.config import ConfigError
 from turnstream.metrics_catalogue import lint_exposition
 from tests.unit.fakes import CollectingLink, ScriptedClient
@@ -29,11 +31,11 @@ TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type":
 
 def runner_for(tiny_model, solve=None, *, tasks=None, client=None, max_context: int = 512):
     """(runner, link, env) of an agent environment playing `solve` (set env.solve to change it)."""
-    env = AgentEnv(entry="tests.unit.test_openai_endpoint:two_turns", tasks=tasks, timeout_s=30)
+    env = AgentPlayer(entry="tests.unit.test_openai_endpoint:two_turns", tasks=tasks, timeout_s=30)
     env.solve = solve or two_turns
     link = CollectingLink()
     chat = ChatTokens(tiny_model)
-    runner = EpisodeRunner(actor_id="t", epoch=1, env_factory=lambda: env, chat=chat,
+    runner = EpisodeRunner(actor_id="t", epoch=1, player=env, chat=chat,
                            client=client or ScriptedClient(free_tokens=chat.encode("hello there")), link=link,
                            sampling=Sampling(1.0, 8, max_context), metrics=ActorMetrics(),
                            tasks=TaskSource(RandomOrder(0)))
@@ -41,7 +43,7 @@ def runner_for(tiny_model, solve=None, *, tasks=None, client=None, max_context: 
 
 
 def sample(runner, name, labels=None):
-    return runner.m.registry.get_sample_value(name, labels or {}) or 0.0
+    return runner.context.metrics.registry.get_sample_value(name, labels or {}) or 0.0
 
 
 # ---- the chat format ------------------------------------------------------------------------------------
@@ -97,7 +99,7 @@ async def test_each_call_is_one_turn_that_appends_only_the_new_messages(tiny_mod
     runner, link, _ = runner_for(tiny_model, two_turns)
     streams = {}
     assert await runner.play("ep", seed=7, streams=streams) == "success"
-    chat, calls = runner.chat, runner.client.calls
+    chat, calls = runner.context.chat, runner.context.client.calls
     first, second, closing = link.chunks
     assert first.obs_tokens.tolist() == chat.encode("<|im_start|>user\ntask 7<|im_end|>\n<|im_start|>assistant\n")
     assert calls[0] == first.obs_tokens.tolist()
@@ -124,8 +126,8 @@ async def test_a_history_that_does_not_continue_the_tokens_restarts_the_context_
     assert {c.episode_id for c in link.chunks} == {"ep"} and {c.prompt_key for c in link.chunks} == {"task-0"}
     # one episode: the second turn's context is the edited conversation rendered afresh, not the first turn's
     assert (first.context_reset, second.context_reset) == (False, True)
-    assert second.obs_tokens.tolist()[:3] == runner.chat.encode("<|im_start|>user\na (edited)")[:3]
-    assert runner.client.calls[1] == second.obs_tokens.tolist()
+    assert second.obs_tokens.tolist()[:3] == runner.context.chat.encode("<|im_start|>user\na (edited)")[:3]
+    assert runner.context.client.calls[1] == second.obs_tokens.tolist()
     assert closing.done and closing.reward == 0.5 and [c.turn for c in link.chunks] == [0, 1, 2]
     assert sample(runner, "turnstream_actor_agent_segments_total") == 1
 
@@ -172,7 +174,7 @@ async def test_bad_requests_get_openai_errors_and_counters_and_the_server_keeps_
     for reason in ("bad_json", "no_messages", "unknown_episode", "bad_reward"):
         assert sample(runner, "turnstream_actor_openai_bad_requests_total", {"reason": reason}) == 1
     # the endpoint's metrics are in the actor's catalogue (docs/metrics.md) and follow its naming rules
-    assert lint_exposition(generate_latest(runner.m.registry).decode(), role="actor") == {}
+    assert lint_exposition(generate_latest(runner.context.metrics.registry).decode(), role="actor") == {}
 
 
 async def test_a_call_past_the_context_truncates_the_episode(tiny_model):
@@ -186,7 +188,7 @@ async def test_tool_calls_reach_the_caller_in_the_openai_shape_unless_tool_choic
     chat = ChatTokens(tiny_model)
     runner, link, env = runner_for(tiny_model,
                                    client=ScriptedClient(free_tokens=chat.encode(text) + [chat.end_of_turn_id]))
-    runner.sampling.max_new_tokens = 64
+    runner.context.sampling.max_new_tokens = 64
     seen = []
 
     async def calls_add(client, task):
@@ -227,7 +229,7 @@ async def test_a_streamed_call_is_one_turn_answered_as_server_sent_chunks(tiny_m
     env.solve = streams
     assert await runner.play("ep", seed=0) == "success"
     first = link.chunks[0]
-    assert got == {"text": runner.chat.decode(first.gen_tokens.tolist()), "finish": "length",
+    assert got == {"text": runner.context.chat.decode(first.gen_tokens.tolist()), "finish": "length",
                    "usage": first.gen_tokens.size}
     assert [c.episode_id for c in link.chunks] == ["ep"] * 3  # no new segment: the history matched
 

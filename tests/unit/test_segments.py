@@ -7,13 +7,13 @@ import numpy as np
 import torch
 
 from turnstream.buffer.episodes import Episode, Segment, flatten
-from turnstream.learner import estimators
-from turnstream.learner.advantages import gae, whiten
+from turnstream.learner.estimators.advantages import gae, whiten
 from turnstream.learner.batching import to_tensors
+from turnstream.learner.estimators import compute as estimators
 from turnstream.learner.objective import update_weights
-from turnstream.learner.spo import SpoTracker
+from turnstream.learner.estimators.spo import SpoTracker
 from tests.unit.test_buffer_wal import ingest_logged, open_store
-from tests.unit.test_store import ID, chunk, ingest, make_store
+from tests.unit.test_store import ID, chunk, ingest, make_store, metrics_of
 
 GEN = (4, 5, 6)
 
@@ -54,9 +54,9 @@ def test_an_open_episode_is_served_in_segments_and_every_turn_once():
     assert rest.first_turns.tolist() == [2] and rest.bootstrap_turns.tolist() == [-1]
     assert trained_turns(rest) == [("e0", t) for t in range(2, 6)]
     assert serve(store, 1) is None and not store.in_progress and not store.ready
-    assert store.m.registry.get_sample_value("turnstream_buffer_segments_served_total") == 1
-    assert store.m.registry.get_sample_value("turnstream_buffer_turn_to_train_seconds_count") == 6
-    assert store.m.registry.get_sample_value("turnstream_buffer_turn_to_train_versions_count") == 6
+    assert metrics_of(store).registry.get_sample_value("turnstream_buffer_segments_served_total") == 1
+    assert metrics_of(store).registry.get_sample_value("turnstream_buffer_turn_to_train_seconds_count") == 6
+    assert metrics_of(store).registry.get_sample_value("turnstream_buffer_turn_to_train_versions_count") == 6
 
 
 def test_segment_layout_context_trained_and_the_bootstrap_token():
@@ -131,7 +131,7 @@ def test_a_long_episode_is_not_stale_for_being_long_and_no_token_over_the_bound_
     store.expire()
     assert "e0" in store.in_progress  # its stale turn is skipped, not the episode
     assert trained_turns(serve(store, 1, version=3)) == [("e0", 2)]
-    assert store.m.registry.get_sample_value("turnstream_buffer_stale_turns_skipped_total") == 1
+    assert metrics_of(store).registry.get_sample_value("turnstream_buffer_stale_turns_skipped_total") == 1
     # a long episode whose old turns were served is judged on its unserved turns alone
     play(store, [0], ep="e1", start_seq=10, versions=3)
     play(store, [1], ep="e1", start_seq=11, versions=4)
@@ -156,7 +156,7 @@ def test_a_complete_episode_keeps_its_fresh_turns_and_is_dropped_only_with_none(
         ingest_logged(store, journal, chunk(seq=10 + t, ep="e1", turn=t, obs=(3,), gen=GEN, done=t == 1))
     store.set_learner_version(3)
     assert list(store.ready) == ["e0"] and store.ready["e0"].served == 2  # e1 had nothing fresh
-    assert store.m.registry.get_sample_value("turnstream_buffer_dropped_episodes_total", {"reason": "stale"}) == 1
+    assert metrics_of(store).registry.get_sample_value("turnstream_buffer_dropped_episodes_total", {"reason": "stale"}) == 1
     journal.commit()
     journal.close()
     again, journal = open_store(path, batch_episodes=1, eta=1, max_staleness=1, segment_turns=4)

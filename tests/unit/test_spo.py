@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from turnstream.learner.spo import SpoTracker, normalize_advantages
+from tests.learner_batches import init_from_counts
+from turnstream.learner.estimators.spo import SpoTracker, normalize_advantages
 
 PROMPTS = ["p1", "p2", "p3", "p4"]
 COUNTS = {"p1": (2, 8), "p2": (7, 8), "p3": (0, 8), "p4": (0, 0)}
@@ -33,7 +34,7 @@ def close4(actual, expected):
 def tracker() -> SpoTracker:
     t = SpoTracker()
     for key, (s, n) in COUNTS.items():
-        t.init_from_counts(key, s, n)
+        init_from_counts(t, key, s, n)
     return t
 
 
@@ -54,9 +55,9 @@ def test_init_from_counts_matches_table(tracker, key):
 
 def test_init_pseudo_count_is_n_init():
     t = SpoTracker()
-    t.init_from_counts("x", 3, 8)
+    init_from_counts(t, "x", 3, 8)
     assert sum(t.state["x"]) == pytest.approx(1 / (1 - 0.875))  # N_eff0 = N_init = 8
-    t.init_from_counts("y", 0, 0)
+    init_from_counts(t, "y", 0, 0)
     assert t.state["y"] == (0.5, 0.5)  # Jeffreys prior
 
 
@@ -119,7 +120,7 @@ def test_rho_is_clipped_to_bounds():
 @pytest.mark.parametrize("reward,clipped", [(2.5, 1.0), (1.0000001, 1.0), (-3.0, 0.0), (-1e-9, 0.0)])
 def test_rewards_outside_unit_interval_are_clipped(reward, clipped):
     t = SpoTracker()
-    t.init_from_counts("x", 2, 8)
+    init_from_counts(t, "x", 2, 8)
     a0, b0 = t.state["x"]
     rho = t.update("x", reward, 0.0)
     a, b = t.state["x"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -14,17 +15,27 @@ from hypothesis import strategies as st
 from turnstream.buffer.episodes import flatten
 from turnstream.buffer.metrics import BufferMetrics
 from turnstream.buffer.store import ReplayStore
+from turnstream.buffer.store_metrics import meter
 from turnstream.protocol.chunk_batch import pack
 from turnstream.protocol.messages import TurnChunk
 
 ID = b"actor-identity"
+STORE_METRICS: weakref.WeakKeyDictionary[ReplayStore, BufferMetrics] = weakref.WeakKeyDictionary()  # make_store's
 
 
 def make_store(**kw) -> ReplayStore:
     args = dict(batch_episodes=2, eta=1, max_staleness=2, max_running=100, max_items=100,
                 episode_timeout_s=60.0, actor_timeout_s=15.0)
     args.update(kw)
-    return ReplayStore(metrics=BufferMetrics(), **args)
+    store = ReplayStore(**args)
+    STORE_METRICS[store] = BufferMetrics()
+    meter(store, STORE_METRICS[store])
+    return store
+
+
+def metrics_of(store: ReplayStore) -> BufferMetrics:
+    """The metrics that make_store's store counts its events into."""
+    return STORE_METRICS[store]
 
 
 def chunk(*, seq: int, ep: str = "e0", turn: int = 0, done: bool = False, actor: str = "a0", epoch: int = 0,
@@ -49,7 +60,7 @@ def ingest(store: ReplayStore, identity: bytes, c: TurnChunk) -> tuple[str, str]
 
 
 def metric(store: ReplayStore, name: str, **labels) -> float:
-    value = store.m.registry.get_sample_value(name, labels)
+    value = metrics_of(store).registry.get_sample_value(name, labels)
     return 0.0 if value is None else value
 
 

@@ -1,12 +1,13 @@
-"""The task source's position (actors/task_position.py): what is saved, and where a restarted actor goes on."""
+"""The task source's position (actors/tasks/position.py): what is saved, and where a restarted actor goes on."""
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
 
-from turnstream.actors.task_position import keep_saving, position_path, restore_position, save_position
-from turnstream.actors.tasks import SequentialOrder, TaskSource
+from turnstream.actors.tasks.orders import SequentialOrder
+from turnstream.actors.tasks.position import keep_saving, position_path, restore_position, save_position
+from turnstream.actors.tasks.source import TaskSource
 
 
 def source(group_size: int = 1, **kw) -> TaskSource:

@@ -1,7 +1,7 @@
 """The verifiers environment's error paths: a missing interpreter or a Python without verifiers is a one-line
 config error naming what to install; a rollout that fails in the environment's code, the harness worker's
 death or a rollout past its time abandon only their episode, counted by reason, and the next episode gets a
-worker again. The worker is the real one (actors/verifiers_harness.py in .venv-verifiers, a subprocess);
+worker again. The worker is the real one (actors/play/verifiers/worker.py in .venv-verifiers, a subprocess);
 no chat call is made, so no inference server is needed."""
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.helpers import until
-from turnstream.actors.harness_process import shared_harness
+from turnstream.actors.play.player import Episode
+from turnstream.actors.play.verifiers.harness import shared_harness
 from turnstream.actors.registry import make_env
 from turnstream.core.configtools import ConfigError
 
@@ -42,7 +43,7 @@ def test_setup_installs_the_requirement_the_harness_names():
     """scripts/setup.sh reads the requirement from the harness (one source, so they cannot drift)."""
     import subprocess
 
-    from turnstream.actors.verifiers_harness import REQUIREMENT
+    from turnstream.actors.play.verifiers.worker import REQUIREMENT
 
     root = Path(__file__).resolve().parents[2]
     setup = (root / "scripts" / "setup.sh").read_text()
@@ -64,28 +65,28 @@ def test_harness_failures_abandon_only_their_episode_with_a_counted_reason():
     # row 0 fails in the environment's setup, row 1 never starts its first call
     env = make_env("verifiers", environment=GAME, env_args={"rows": 2, "setup_boom_rows": [0], "stall_rows": [1]},
                    python=str(HARNESS_PYTHON), timeout_s=30)
-    runner = SimpleNamespace(m=SimpleNamespace(registry=CollectorRegistry()))  # no call reaches the model
+    ctx = SimpleNamespace(metrics=SimpleNamespace(registry=CollectorRegistry()))  # no call reaches the model
 
     def errors(reason: str) -> float:
-        return runner.m.registry.get_sample_value("turnstream_actor_agent_errors_total", {"reason": reason}) or 0
+        return ctx.metrics.registry.get_sample_value("turnstream_actor_agent_errors_total", {"reason": reason}) or 0
 
     async def run():
-        first = await env.drive(runner, "boom", seed=0, task=0, streams={})
+        first = await env.play(ctx, Episode("boom", seed=0, task=0))
         worker = await shared_harness(env.python, env.spec)
         assert first == "agent_error" and errors("exception") == 1
         assert worker.alive, "the environment's exception ends the rollout, not the worker"
 
-        stalled = asyncio.create_task(env.drive(runner, "stalled", seed=1, task=1, streams={}))
+        stalled = asyncio.create_task(env.play(ctx, Episode("stalled", seed=1, task=1)))
         await until(lambda: worker.pending, "a rollout in flight")
         os.kill(worker.proc.pid, signal.SIGKILL)  # the worker dies with a rollout in flight
         assert await stalled == "agent_error" and errors("harness_exited") == 1
 
-        again = await env.drive(runner, "again", seed=0, task=0, streams={})  # a new worker serves it
+        again = await env.play(ctx, Episode("again", seed=0, task=0))  # a new worker serves it
         restarted = await shared_harness(env.python, env.spec)
         assert again == "agent_error" and errors("exception") == 2 and restarted.proc.pid != worker.proc.pid
 
         env.timeout_s = 0.5  # a rollout past the episode's time: abandoned, and the worker drops it too
-        assert await env.drive(runner, "late", seed=1, task=1, streams={}) == "agent_error"
+        assert await env.play(ctx, Episode("late", seed=1, task=1)) == "agent_error"
         assert errors("timeout") == 1 and restarted.alive
         return restarted
 

@@ -9,10 +9,14 @@ import time
 import pytest
 import torch
 
-from turnstream.learner.weight_sync import DiskWeightSync, WeightSyncError, make_weight_sync
-from turnstream.learner.weight_sync_nccl import NcclWeightSync
+from turnstream.learner.sync.base import WeightSyncError
+
+from turnstream.learner.sync.disk import DiskWeightSync
+
+from turnstream.learner.sync.nccl import NcclWeightSync
 from tests.unit.fake_vllm import FakeVllm
 from turnstream.core.urls_file import watch_urls_file, write_urls_file
+from turnstream.learner.sync.factory import make_weight_sync
 
 DISK_SEQUENCE = ["pause?mode=keep&clear_cache=false", "collective_rpc", "update_weight_version", "resume"]
 NCCL_SEQUENCE = ["init_weight_transfer_engine", "pause?mode=keep&clear_cache=false", "start_weight_update",
@@ -245,7 +249,7 @@ NCCL = ["vllm.weight_sync.backend=nccl", "vllm.weight_sync.master_address='10.1.
 
 
 def test_backend_from_config(tmp_path):
-    from turnstream.learner.weight_sync import weight_sync_from_config
+    from turnstream.learner.sync.factory import weight_sync_from_config
     from turnstream.core.config import load_config
 
     cfg = load_config(None, ["vllm.urls=['http://127.0.0.1:9']", f"model.path='{tmp_path}'"])

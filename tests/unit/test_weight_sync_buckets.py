@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tests.unit.test_weight_sync import FakeTransport, _state, servers  # noqa: F401  (servers: a fixture)
-from turnstream.learner.weight_sync import WeightSyncError
-from turnstream.learner.weight_sync_buckets import WeightBuckets
-from turnstream.learner.weight_sync_nccl import NcclWeightSync
+from turnstream.learner.sync.base import WeightSyncError
+from turnstream.learner.sync.buckets import WeightBuckets
+from turnstream.learner.sync.nccl import NcclWeightSync
 
 
 def _read_once(announced: list) -> WeightBuckets:

@@ -9,7 +9,10 @@ import torch
 from tests.unit.fake_vllm import FakeVllm
 from turnstream.core.config import load_config
 from turnstream.core.config_lora import LoraSection
-from turnstream.learner.weight_sync import DiskWeightSync, LoraAdapterSync, WeightSyncError, weight_sync_from_config
+from turnstream.learner.sync.base import WeightSyncError
+from turnstream.learner.sync.disk import DiskWeightSync
+from turnstream.learner.sync.factory import weight_sync_from_config
+from turnstream.learner.sync.lora import LoraAdapterSync
 
 SEQUENCE = ["pause?mode=keep&clear_cache=false", "load_lora_adapter", "update_weight_version", "resume"]
 LORA = LoraSection(rank=2, alpha=4.0, target_modules=["q_proj"])

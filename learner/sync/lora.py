@@ -4,7 +4,7 @@ Chosen instead of `vllm.weight_sync.backend` when `[learner.lora]` pushes adapte
 `save` writes a PEFT adapter directory (adapter_config.json + adapter_model.safetensors, the adapters only:
 the base never changes) atomically into the weights directory; per server, in parallel: pause(keep) ->
 `POST /v1/load_lora_adapter {lora_name, lora_path, load_inplace: true}` -> `update_weight_version` ->
-resume, the same control flow and version labels as the full-weight backends (learner/weight_sync_base.py).
+resume, the same control flow and version labels as the full-weight backends (learner/sync/base.py).
 `load_inplace` replaces the adapter's weights under the name the actors ask for (`learner.lora.served_name`),
 and loads it where the server does not hold it yet (a first push, a restarted server's re-sync).
 
@@ -19,12 +19,13 @@ import asyncio
 from pathlib import Path
 
 import aiohttp
+import torch
 
 from turnstream.core.config_lora import LoraSection
-from turnstream.learner.lora import adapter_files, adapter_tensors, is_adapter
-from turnstream.learner.weight_sync_base import WeightSyncError, post
-from turnstream.learner.weight_sync_buckets import WeightBuckets
-from turnstream.learner.weight_sync_disk import DiskWeightSync
+from turnstream.learner.lora import ADAPTER_FILE, adapter_tensors, is_adapter, peft_config
+from turnstream.learner.sync.base import WeightSyncError, post
+from turnstream.learner.sync.buckets import WeightBuckets
+from turnstream.learner.sync.disk import DiskWeightSync
 
 HINT = ("the server does not load LoRA adapters at run time (start vLLM with --enable-lora --max-lora-rank R and "
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1, or set learner.lora.push = \"merged\")")
@@ -77,3 +78,12 @@ async def load_adapter(session: aiohttp.ClientSession, url: str, body: dict) -> 
                 raise WeightSyncError(f"{endpoint}: HTTP {resp.status}: {(await resp.text())[:300]}{hint}")
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise WeightSyncError(f"{endpoint}: {exc!r}") from None
+
+
+def adapter_files(directory: Path, tensors: dict[str, torch.Tensor], cfg: LoraSection, base_model: str) -> None:
+    """A PEFT adapter directory (adapter_config.json, adapter_model.safetensors) that vLLM and peft load."""
+    from safetensors.torch import save_file
+
+    peft_config(cfg, str(base_model)).save_pretrained(str(directory))
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(directory / ADAPTER_FILE),
+              metadata={"format": "pt"})

@@ -1,7 +1,8 @@
 """Advantage estimators as plain functions over numpy arrays.
 
 Everything here is pure arithmetic with no model in sight, so each formula can be checked against its
-worked example in docs/estimators.md. learner/estimators.py wires these to batches, the SPO tracker and the critic.
+worked example in docs/estimators.md. learner/estimators/compute.py wires these to batches, the SPO tracker
+and the critic.
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Sharded checkpoints (`learner.parallel = "fsdp2"`): each rank writes its own shards (torch.distributed.checkpoint).
 
-Layout of <run_dir>/checkpoints/step-000012/ (learner/checkpoint.py has the single-file one):
+Layout of <run_dir>/checkpoints/step-000012/ (learner/checkpoint/single_file.py has the single-file one,
+learner/checkpoint/layout.py the conventions both share):
   dcp/            torch.distributed.checkpoint: `net.*` (policy `net.model.*`, value head or separate critic)
                   and `optimizer.*` (AdamW moments, keyed by parameter name), each rank's shards
   model/          the source model's config and tokenizer files, no weights (`turnstream export` adds them)
@@ -8,7 +9,7 @@ Layout of <run_dir>/checkpoints/step-000012/ (learner/checkpoint.py has the sing
   tracker.json    SPO tracker state
 Writing is a collective: every rank writes its shards into the same `.tmp-*` directory (a filesystem every
 rank sees: one machine, or shared storage across nodes), then rank 0 completes it and renames it into place,
-as learner/checkpoint.py does, so `latest()` and pruning are the same. Reading is a collective too, and
+as a single-file checkpoint is published, so `latest()` and pruning are the same. Reading is a collective too, and
 reshards: a checkpoint written on N ranks loads on M (torch.distributed.checkpoint plans the reads from the
 saved shards' offsets), also into a one-process learner whose tensors are plain.
 """
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from turnstream.learner import checkpoint
+from turnstream.learner.checkpoint.layout import final_name, publish, read_state
+from turnstream.learner.checkpoint.trainer_state import load_sharded_state, meta_state, sharded_state
 
 DCP_DIR = "dcp"
 POLICY_PREFIX = "net.model."  # the policy's keys in dcp/: net.model.<Hugging Face name>
@@ -27,11 +29,6 @@ POLICY_PREFIX = "net.model."  # the policy's keys in dcp/: net.model.<Hugging Fa
 
 def is_sharded(path: Path) -> bool:
     return (Path(path) / DCP_DIR).is_dir()
-
-
-def tmp_name(version: int, pid: int) -> str:
-    """The temporary directory every rank writes into (rank 0 picks it and tells the others)."""
-    return f".tmp-step-{version:06d}-{pid}"
 
 
 def _barrier() -> None:
@@ -43,15 +40,15 @@ def save(root: Path, trainer, source_model_dir: str | Path, tracker_state: dict,
     """On every rank (collective); rank 0 returns the published directory, the other ranks None."""
     import torch.distributed.checkpoint as dcp
 
-    root, final = Path(root), Path(root) / f"step-{trainer.version:06d}"
+    root, final = Path(root), Path(root) / final_name(trainer.version)
     if trainer.rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(root / tmp, ignore_errors=True)
     _barrier()  # nobody writes into a directory rank 0 is still clearing
-    dcp.save(trainer.sharded_state(), checkpoint_id=root / tmp / DCP_DIR)  # fsyncs each rank's files
+    dcp.save(sharded_state(trainer), checkpoint_id=root / tmp / DCP_DIR)  # fsyncs each rank's files
     if trainer.rank != 0:
         return None
-    return checkpoint.publish(root / tmp, final, source_model_dir, trainer.meta_state(), tracker_state, keep)
+    return publish(root / tmp, final, source_model_dir, meta_state(trainer), tracker_state, keep)
 
 
 def model_to_fill(model_dir: str | Path, **kwargs):
@@ -75,6 +72,6 @@ def load(path: Path, trainer) -> None:
     the number of ranks that wrote it."""
     import torch.distributed.checkpoint as dcp
 
-    state = trainer.sharded_state()  # the structure to fill: this learner's own shards
+    state = sharded_state(trainer)  # the structure to fill: this learner's own shards
     dcp.load(state, checkpoint_id=Path(path) / DCP_DIR)
-    trainer.load_sharded_state(state, *checkpoint.load(path))
+    load_sharded_state(trainer, state, *read_state(path))

@@ -2,11 +2,10 @@
 
 Per server, independently and in parallel: pause(keep) -> `/collective_rpc reload_weights(weights_path)` ->
 `update_weight_version` -> resume. Works on CPU and across hosts that share the weights directory. `save`
-writes the weights bucket by bucket (learner/weight_sync_buckets.py), one safetensors file each. Under fsdp2
+writes the weights bucket by bucket (learner/sync/buckets.py), one safetensors file each. Under fsdp2
 nothing is gathered: rank 0 lays out each file and every rank writes the rows of its own shards into it
 (write_rows), so no rank holds a full tensor, and the bytes go to the file once, from the rank that has them
-(a gather onto rank 0 first cost 5 to 7 times the raw write and read; BENCHMARKS.md). The push itself reads
-only files.
+instead of through a gather onto rank 0. The push itself reads only files.
 """
 from __future__ import annotations
 
@@ -20,9 +19,9 @@ import aiohttp
 
 import torch
 
-from turnstream.learner.distributed import broadcast
-from turnstream.learner.weight_sync_base import WeightSync, post
-from turnstream.learner.weight_sync_buckets import Bucket, TensorSpec, WeightBuckets
+from turnstream.learner.parallel.ranks import broadcast
+from turnstream.learner.sync.base import WeightSync, post
+from turnstream.learner.sync.buckets import Bucket, TensorSpec, WeightBuckets
 
 MODEL_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                     "chat_template.jinja", "special_tokens_map.json")

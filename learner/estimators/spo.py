@@ -22,14 +22,6 @@ class SpoTracker:
         self.rho_min, self.rho_max, self.d_half = rho_min, rho_max, d_half
         self.state: dict[str, tuple[float, float]] = {}  # prompt key -> (alpha, beta)
 
-    def init_from_counts(self, key: str, successes: int, n: int) -> None:
-        """Offline initialisation: v0 = (s + 0.5)/(n + 1) with N_init = 1/(1 - rho_min) pseudo-counts."""
-        n_init = 1.0 / (1.0 - self.rho_min)
-        if n == 0:
-            self.state[key] = (0.5, 0.5)
-        else:
-            self.state[key] = (n_init * (successes + 0.5) / (n + 1), n_init * (n - successes + 0.5) / (n + 1))
-
     def value(self, key: str) -> float:
         alpha, beta = self.state.get(key, (0.5, 0.5))  # Jeffreys prior for an unseen prompt
         return alpha / (alpha + beta)

@@ -1,10 +1,11 @@
 """`turnstream export CHECKPOINT DIR`: a plain Hugging Face directory (config, safetensors, tokenizer files) of the
 policy in any learner checkpoint, for transformers, vLLM, or a new run's `model.path`.
 
-A sharded checkpoint (learner/checkpoint_dcp.py) is read without a process group, bucket by bucket: only the
+A sharded checkpoint (learner/checkpoint/sharded.py) is read without a process group, bucket by bucket: only the
 policy's tensors (`net.model.*`), each bucket loaded from the ranks' shard files, cast, written as one
 safetensors file and dropped, so exporting holds one bucket in memory. A single-file checkpoint
-(learner/checkpoint.py) already holds a Hugging Face directory under model/, which is re-written the same way.
+(learner/checkpoint/single_file.py) already holds a Hugging Face directory under model/, which is re-written
+the same way.
 """
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ from pathlib import Path
 import torch
 
 from turnstream.core.configtools import ConfigError
-from turnstream.learner import checkpoint, checkpoint_dcp
+from turnstream.learner.checkpoint import layout, sharded
 from turnstream.learner.device import model_dtype
 from turnstream.learner.lora import merge
-from turnstream.learner.weight_sync_buckets import TensorSpec, plan
-from turnstream.learner.weight_sync_disk import ST_DTYPES, write_shards
+from turnstream.learner.sync.buckets import TensorSpec, plan
+from turnstream.learner.sync.disk import ST_DTYPES, write_shards
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -30,7 +31,7 @@ def resolve(path: str | Path) -> Path:
     if (path / "trainer.pt").is_file():
         return path
     for root in (path, path / "checkpoints"):
-        if (found := checkpoint.latest(root)) is not None:
+        if (found := layout.latest(root)) is not None:
             return found
     raise ConfigError(f"export: {path} is not a learner checkpoint (no trainer.pt), nor a directory holding one")
 
@@ -45,10 +46,10 @@ def export(source: str | Path, out: str | Path, dtype: str = "auto", shard_mb: i
     target = model_dtype(ckpt / "model") if dtype == "auto" else _DTYPES[dtype]
     tmp = out.parent / f".tmp-{out.name}"
     shutil.rmtree(tmp, ignore_errors=True)
-    checkpoint.copy_side_files(ckpt / "model", tmp)
+    layout.copy_side_files(ckpt / "model", tmp)
     (tmp / "adapter_config.json").unlink(missing_ok=True)  # a LoRA checkpoint's: the export is plain weights
     tied = json.loads((tmp / "config.json").read_text()).get("tie_word_embeddings", False)
-    read = _sharded_reader(ckpt) if checkpoint_dcp.is_sharded(ckpt) else _file_reader(ckpt / "model")
+    read = _sharded_reader(ckpt) if sharded.is_sharded(ckpt) else _file_reader(ckpt / "model")
     read = _with_lora_merged(ckpt / "model", read)
     specs = [s for s in read.specs if not (tied and s.name == "lm_head.weight")]  # as save_pretrained drops it
     specs = [TensorSpec(s.name, s.shape, target if s.dtype.is_floating_point else s.dtype) for s in specs]
@@ -75,17 +76,19 @@ class _sharded_reader:
 
     def __init__(self, ckpt: Path):
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-        self.reader = dcp.FileSystemReader(str(ckpt / checkpoint_dcp.DCP_DIR))
+        self.reader = dcp.FileSystemReader(str(ckpt / sharded.DCP_DIR))
         meta = self.reader.read_metadata().state_dict_metadata
-        prefix = checkpoint_dcp.POLICY_PREFIX
-        self.meta = {k[len(prefix):]: m for k, m in meta.items() if k.startswith(prefix) and hasattr(m, "size")}
+        prefix = sharded.POLICY_PREFIX
+        self.meta = {k[len(prefix):]: m for k, m in meta.items()
+                     if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
         self.specs = [TensorSpec(k, tuple(m.size), m.properties.dtype) for k, m in self.meta.items()]
 
     def __call__(self, names: list[str]) -> list[torch.Tensor]:
         import torch.distributed.checkpoint as dcp
 
-        state = {checkpoint_dcp.POLICY_PREFIX + n: torch.empty(tuple(self.meta[n].size),
+        state = {sharded.POLICY_PREFIX + n: torch.empty(tuple(self.meta[n].size),
                                                                dtype=self.meta[n].properties.dtype) for n in names}
         dcp.load(state, storage_reader=self.reader, no_dist=True)  # one bucket: the shard files read once
         return list(state.values())

@@ -1,11 +1,12 @@
-"""What every weight-sync backend shares: pause (keep) -> transfer -> label -> resume, on all servers in
-parallel, and the bookkeeping of which server is behind (learner/weight_sync.py explains the whole; the
-backends, learner/weight_sync_disk.py and learner/weight_sync_nccl.py, implement the transfer)."""
+"""The weight-sync interface and what every backend shares: pause (keep) -> transfer -> label -> resume, on all
+servers in parallel, and the bookkeeping of which server is behind (learner/sync/__init__.py explains the
+whole; the backends, learner/sync/disk.py, nccl.py and lora.py, implement the transfer)."""
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from abc import ABC, abstractmethod
 from typing import Any
 
 import aiohttp
@@ -17,7 +18,7 @@ class WeightSyncError(RuntimeError):
     pass
 
 
-class WeightSync:
+class WeightSync(ABC):
     """The shared control flow; a backend implements `save` and `_transfer` (and may override `_push_all`)."""
 
     backend = ""
@@ -32,12 +33,14 @@ class WeightSync:
 
     # ---- to implement ------------------------------------------------------------------------------
 
+    @abstractmethod
     def save(self, state_dict: dict, version: int) -> Any:
-        raise NotImplementedError
+        """Make the weights ready to push (a state dict, or the learner's WeightBuckets source); returns what
+        `push` takes, which the learner also announces as the weights' location."""
 
+    @abstractmethod
     async def _transfer(self, session: aiohttp.ClientSession, urls: list[str], payload: Any, version: int) -> None:
         """Move the weights into the (already paused) servers `urls` and label them `version`."""
-        raise NotImplementedError
 
     # ---- membership --------------------------------------------------------------------------------
 
@@ -54,7 +57,7 @@ class WeightSync:
             del self.versions[url]
 
     def set_urls(self, urls: list[str]) -> None:
-        """Follow a changed server list (turnstream/urls_file.py): newcomers are behind until resynced."""
+        """Follow a changed server list (core/urls_file.py): newcomers are behind until resynced."""
         wanted = [u.rstrip("/") for u in urls]
         for url in [u for u in self.urls if u not in wanted]:
             self.remove_server(url)

@@ -3,28 +3,76 @@
 Each decoder layer is its own FSDP unit, so a forward or backward holds one layer's full parameters at a time
 (all-gathered just before it runs, freed after); the model root holds what is left (embeddings, final norm,
 LM head, which stay together so tied embeddings share one parameter). The separate critic's backbone is
-sharded the same way, and the network root (learner/critic.py's PolicyAndValue) takes the shared value head.
+sharded the same way, and the network root (learner/estimators/critic.py's PolicyAndValue) takes the shared
+value head.
 
-Every forward all-gathers, so every rank must run the same number of forwards (learner/trainer.py gives an
-idle rank stand-in micro-batches). No rank holds the full weights: a push gathers them bucket by bucket
-(learner/weight_sync_buckets.py) and a checkpoint writes each rank's shards (learner/checkpoint_dcp.py).
+Every forward all-gathers, so every rank must run the same number of forwards: a rank with fewer micro-batches
+runs stand-ins (`forwards`). Gradients are summed by a reduce-scatter of the sharded gradients, once per
+optimizer step (a rank's other micro-batches accumulate unreduced). No rank holds the full weights: a push
+gathers them bucket by bucket (learner/sync/buckets.py) and a checkpoint writes each rank's shards
+(learner/checkpoint/sharded.py).
 """
 from __future__ import annotations
 
-import logging
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
 
-log = logging.getLogger("turnstream.learner")
+from turnstream.core.config_lora import LoraSection
+from turnstream.learner.parallel.strategy import ParallelStrategy
+from turnstream.learner.sync.buckets import WeightBuckets
+from turnstream.learner.sync.source import push_source
 
 
-def sharded(parallel: str, world: int) -> bool:
-    """Whether the learner shards: fsdp2 asked for and more than one rank (one rank has nothing to shard with)."""
-    if parallel == "fsdp2" and world == 1:
-        log.info("learner.parallel = fsdp2 with one process: training unsharded (start it with torchrun "
-                 "--nproc-per-node N to shard)")
-    return parallel == "fsdp2" and world > 1
+class FullySharded(ParallelStrategy):
+    """FSDP2 over the torchrun ranks: no rank holds the full weights, gradients or AdamW state."""
+
+    collective_push = True  # every read of the weights gathers shards
+
+    def place(self, module: nn.Module) -> nn.Module:
+        return module.to(dtype=torch.float32)  # fully_shard moves each rank's shards to the device
+
+    def prepare(self, net: nn.Module, ref_model: nn.Module | None, reshard_after_forward: bool) -> nn.Module:
+        # sharding replaces the parameters with DTensor ones: before the optimizer is built
+        shard_network(net, self.device, self.where.compute_dtype, ref_model, reshard_after_forward)
+        return net
+
+    def gradient_sync(self, train_net: nn.Module, last: bool) -> contextlib.AbstractContextManager:
+        # gradients reduce-scatter in the backward of the rank's last micro-batch only; before it they
+        # accumulate unreduced on the rank (FSDP2's no_sync)
+        train_net.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+
+    def forwards(self, groups: int, mine: int) -> int:
+        return -(-groups // self.world)  # the busiest rank's count: each forward all-gathers, a collective
+
+    def end_step(self, net: nn.Module) -> None:
+        reshard(net)  # the root keeps its gathered parameters after the no-grad pass: the shards again
+
+    def push_source(self, model: nn.Module, lora: LoraSection | None, dtype: torch.dtype | None, bucket_bytes: int,
+                    announce: Callable[[Path | None], None] | None = None) -> WeightBuckets:
+        return push_source(model, lora, dtype, bucket_bytes, announce)
+
+    def file_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        raise RuntimeError("fsdp2 state is sharded: write it with learner/checkpoint/sharded.py")
+
+    def load_optimizer_state(self, net: nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
+        """From a ddp or one-process checkpoint (every rank read it): AdamW's state, kept there by parameter
+        index, is keyed by name (both learners build their parameter groups in the same order), and each rank
+        keeps its shards of it."""
+        names = {id(p): n for n, p in net.named_parameters()}
+        order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+        named = {"state": {order[int(i)]: s for i, s in saved["state"].items()},
+                 "param_groups": [{**g, "params": [order[int(i)] for i in g["params"]]} for g in saved["param_groups"]]}
+        load_full_optimizer_state_dict(net, optimizer, named)
+
+    def load_critic_state(self, net: nn.Module, state: dict | None) -> None:
+        critic = net.critic_module()
+        if critic is not None and state:  # each rank keeps its shards
+            load_full_state_dict(critic, state)
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -71,7 +119,7 @@ def shard_network(net: nn.Module, device: torch.device, compute_dtype: torch.dty
 
     options = _options(device, compute_dtype)
     shard_model(net.model, options, reshard_after_forward)
-    if getattr(net, "critic", None) is not None:
+    if net.critic is not None:
         shard_model(net.critic.backbone, options, reshard_after_forward)
     fully_shard(net, **options)
     if ref_model is not None:
@@ -87,25 +135,6 @@ def reshard(net: nn.Module) -> None:
     for m in net.modules():
         if isinstance(m, FSDPModule):
             m.reshard()
-
-
-def set_gradient_sync(net: nn.Module, enabled: bool) -> None:
-    """Gradients reduce-scatter in the next backward only if `enabled`; otherwise they accumulate unreduced on
-    the rank (FSDP2's no_sync), so a rank's micro-batches cost one reduction per optimizer step."""
-    net.set_requires_gradient_sync(enabled)
-
-
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
-    """clip_grad_norm_ that also takes sharded (DTensor) gradients: the norm of a shard is partial, so the
-    total is reduced over ranks before the clip coefficient is applied; plain tensors take the same path."""
-    from torch.distributed.tensor import DTensor
-
-    grads = [p.grad for p in params if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-    return float(total)
 
 
 def load_full_state_dict(module: nn.Module, state: dict) -> None:
@@ -125,8 +154,10 @@ def load_full_optimizer_state_dict(net: nn.Module, optimizer: torch.optim.Optimi
 
 def state_bytes(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes this rank holds of parameters, gradients and optimizer state (a shard's local part only)."""
+    from torch.distributed.tensor import DTensor
+
     def local(t) -> int:
-        t = t.to_local() if hasattr(t, "to_local") else t
+        t = t.to_local() if isinstance(t, DTensor) else t
         return t.numel() * t.element_size()
 
     out = {"params": sum(local(p) for p in params),

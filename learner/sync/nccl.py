@@ -23,8 +23,8 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from turnstream.learner.weight_sync_base import WeightSync, WeightSyncError, get, healthy, post
-from turnstream.learner.weight_sync_buckets import WeightBuckets
+from turnstream.learner.sync.base import WeightSync, WeightSyncError, get, healthy, post
+from turnstream.learner.sync.buckets import WeightBuckets
 
 log = logging.getLogger("turnstream.learner")
 
@@ -44,7 +44,7 @@ class NcclTransport(Protocol):
 @dataclass
 class NcclPayload:
     version: int
-    weights: WeightBuckets  # read during the push (learner/weight_sync_buckets.py)
+    weights: WeightBuckets  # read during the push (learner/sync/buckets.py)
 
     def __str__(self) -> str:  # what the learner announces as the weights' location
         return f"nccl:v{self.version:06d}"

@@ -1,26 +1,17 @@
-"""Atomic checkpoints: HF model directory + trainer state, written to a temp dir and renamed into place.
+"""Where checkpoints live and how one is published, whatever its format.
 
-Layout of <run_dir>/checkpoints/step-000012/:
-  model/          save_pretrained (safetensors) + the source model's tokenizer files: loadable by
-                  transformers and vLLM as is
-  trainer.pt      optimizer, scheduler, critic, RNG states, policy version
-  tracker.json    SPO tracker state (plain JSON, readable without torch)
-A checkpoint directory exists under its final name only once every file in it is complete (rename is
-atomic on one filesystem); a crash mid-write leaves a `.tmp-*` directory that is ignored and removed.
-
-This is the format of ddp and one-process learners. An fsdp2 learner writes each rank's shards instead
-(learner/checkpoint_dcp.py: `dcp/` in place of the weights, the same trainer.pt and tracker.json), which any
-learner resumes from, on any number of ranks; `turnstream export` turns either into a Hugging Face directory.
+<run_dir>/checkpoints/step-000012/ holds a policy version's checkpoint: model/ (a Hugging Face directory, or its
+side files alone when the weights are sharded), trainer.pt and tracker.json. A checkpoint directory exists under
+its final name only once every file in it is complete (rename is atomic on one filesystem); a crash mid-write
+leaves a `.tmp-*` directory that is ignored and removed. The newest `keep` checkpoints are kept.
 """
 from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from turnstream.core.fsutil import fsync_dir
@@ -28,27 +19,14 @@ from turnstream.core.fsutil import fsync_dir
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")  # an index names weight files
 
 
-def rng_state(generator: torch.Generator) -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-            "generator": generator.get_state()}
+def final_name(version: int) -> str:
+    return f"step-{version:06d}"
 
 
-def set_rng_state(state: dict, generator: torch.Generator) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    generator.set_state(state["generator"])
-
-
-def save(root: Path, version: int, model, source_model_dir: str | Path, trainer_state: dict, tracker_state: dict,
-         keep: int = 2) -> Path:
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{version:06d}"
-    tmp = root / f".tmp-step-{version:06d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp / "model", safe_serialization=True)
-    return publish(tmp, final, source_model_dir, trainer_state, tracker_state, keep)
+def tmp_name(version: int, pid: int) -> str:
+    """The temporary directory a checkpoint is written into (for a sharded one, rank 0 picks it and tells the
+    other ranks)."""
+    return f".tmp-step-{version:06d}-{pid}"
 
 
 def publish(tmp: Path, final: Path, source_model_dir: str | Path, trainer_state: dict, tracker_state: dict,
@@ -93,7 +71,8 @@ def version_of(path: Path | None) -> int:
     return int(Path(path).name.split("-", 1)[1]) if path is not None else -1
 
 
-def load(path: Path) -> tuple[dict, dict]:
+def read_state(path: Path) -> tuple[dict, dict]:
+    """trainer.pt and tracker.json of a checkpoint."""
     trainer_state = torch.load(Path(path) / "trainer.pt", weights_only=False)  # our own file: numpy RNG state
     tracker_state = json.loads((Path(path) / "tracker.json").read_text())
     return trainer_state, tracker_state

@@ -2,7 +2,7 @@
 The formulas, with worked examples: docs/estimators.md.
 
 `learner.estimator` selects one of:
-- spo: persistent per-prompt Beta tracker baseline, read before the update (learner/spo.py);
+- spo: persistent per-prompt Beta tracker baseline, read before the update (learner/estimators/spo.py);
 - grpo / rloo: group baselines over the samples of one prompt_key in the batch;
 - gigpo: grpo's episode term plus a step term per turn, against the turns of the prompt's episodes that
   acted from the same observation (GiGPO's anchor states);
@@ -20,10 +20,10 @@ import torch
 
 from turnstream.core.config import LearnerSection
 from turnstream.core.config_learner import GigpoSection
-from turnstream.learner.advantages import (agentwise_normalize, gae, gigpo_advantages, grpo_advantages,
-                                           rloo_advantages, whiten)
 from turnstream.learner.batching import TensorBatch
-from turnstream.learner.spo import SpoTracker, normalize_advantages
+from turnstream.learner.estimators.advantages import (agentwise_normalize, gae, gigpo_advantages, grpo_advantages,
+                                           rloo_advantages, whiten)
+from turnstream.learner.estimators.spo import SpoTracker, normalize_advantages
 from turnstream.protocol.messages import Batch
 
 ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo", "gigpo")
@@ -41,7 +41,7 @@ class Advantages:
 def episode_agent_ids(batch: Batch) -> np.ndarray | None:
     """Agent id of each episode, or None when the batch holds a single agent (nothing to normalise apart).
 
-    Each agent of a multi-agent episode travels as its own episode (actors/runner.py), so one id per episode."""
+    Each agent of a multi-agent episode travels as its own episode (actors/play/), so one id per episode."""
     ids = np.asarray(batch.agent_ids)
     if ids.size != len(batch.episode_ids) or np.unique(ids).size < 2:
         return None

@@ -75,11 +75,15 @@ class PolicyAndValue(nn.Module):
             return list(self.head.parameters())
         return [p for p in self.critic.parameters() if p.requires_grad] if self.critic is not None else []
 
+    def critic_module(self) -> nn.Module | None:
+        """The value head or the separate critic, whichever trains (None without a critic)."""
+        return self.head if self.head is not None else self.critic
+
     def critic_state_dict(self) -> dict:
-        module = self.head if self.head is not None else self.critic
+        module = self.critic_module()
         return module.state_dict() if module is not None else {}
 
     def load_critic_state_dict(self, state: dict) -> None:
-        module = self.head if self.head is not None else self.critic
+        module = self.critic_module()
         if module is not None and state:
             module.load_state_dict(state)
