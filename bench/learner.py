@@ -1,7 +1,7 @@
 """`turnstream bench learner`: learner tokens/s against a bare torch forward/backward loop on the same batch.
 
 Both sides get the same model (the tiny Qwen2 of the demo unless --model), the same multi-turn batch, the
-same micro-batches (learner/packing.py) and one AdamW step per batch. The bare loop is the floor of what
+same micro-batches (learner/step/packing.py) and one AdamW step per batch. The bare loop is the floor of what
 any learner must do: one forward, a log-softmax at the action positions, one backward, one optimizer
 step. The learner additionally applies temperature and allowed-token masks, computes advantages and the
 decoupled PPO loss, and measures step_kl with a no-grad forward over 32 episodes at the new weights;
@@ -55,14 +55,14 @@ class BareLoop:
     """Forward + action log-softmax + backward + AdamW over the same micro-batches: the floor of any learner.
 
     Same rows (packed or padded, as the learner chose) and action-position-only LM head as the learner
-    (learner/forward.py)."""
+    (learner/step/forward.py)."""
 
     def __init__(self, model, batch, budget: int, lr: float, where, packed: bool):
         import torch
 
-        from turnstream.learner import forward
-        from turnstream.learner.batching import to_tensors
-        from turnstream.learner.packing import microbatches
+        from turnstream.learner.step import forward
+        from turnstream.learner.step.batching import to_tensors
+        from turnstream.learner.step.packing import microbatches
 
         self.where, self.model = where, model.to(where.device)
         self.tb = to_tensors(batch, model.config.vocab_size)
@@ -74,7 +74,7 @@ class BareLoop:
     def step(self) -> float:
         import torch
 
-        from turnstream.learner.forward import action_logits
+        from turnstream.learner.step.forward import action_logits
 
         tb = self.tb
         started = time.perf_counter()
@@ -99,7 +99,7 @@ def _context_rows(args, fresh, vocab: int) -> int:
     import numpy as np
 
     from turnstream.core.config import LearnerSection
-    from turnstream.learner.trainer import Trainer
+    from turnstream.learner.step.trainer import Trainer
 
     batch = _batch(vocab, args.episodes, args.seed, args.turns, args.context_turns)
     whole = dataclasses.replace(batch, context_starts=np.zeros(0, np.int64))
@@ -155,7 +155,7 @@ def main(argv: list[str]) -> int:
     from transformers import AutoModelForCausalLM
 
     from turnstream.learner.device import placement
-    from turnstream.learner.trainer import Trainer
+    from turnstream.learner.step.trainer import Trainer
     from turnstream.core.config import LearnerSection
     from turnstream.tiny_model import make_tiny_model
 

@@ -81,7 +81,7 @@ def _trainer(spec: dict, shapes, parallel: str):
     from transformers import AutoModelForCausalLM
 
     from turnstream.core.config import LearnerSection
-    from turnstream.learner.trainer import Trainer
+    from turnstream.learner.step.trainer import Trainer
 
     torch.manual_seed(spec["seed"])  # the same weights on every rank, and for both modes
     model = AutoModelForCausalLM.from_config(shapes, attn_implementation="sdpa", dtype=torch.float32)

@@ -97,7 +97,7 @@ class LearnerSection(Section):
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch over a batch")
     epochs: int = Field(1, ge=1, description="passes over each batch")
     max_tokens_per_microbatch: int = Field(
-        0, ge=0, description="token budget of one forward/backward (learner/packing.py): packed tokens, or rows x "
+        0, ge=0, description="token budget of one forward/backward (learner/step/packing.py): packed tokens, or rows x "
         "longest episode when pack_sequences is off; it bounds activation memory. An episode longer than the budget "
         "alone is dropped (counted, logged). 0: no budget, the whole minibatch in one micro-batch")
     pack_sequences: Literal["auto", True, False] = Field(

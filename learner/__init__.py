@@ -3,9 +3,8 @@
 Where things live:
 - main.py (the process: build a Trainer, resume it), serve.py (rank 0: batches in, versions out),
   rank_commands.py (what rank 0 tells the other ranks), batch_client.py, metrics.py, trackers.py;
-- trainer.py (one step), with batching.py (wire Batch -> tensors, log-probs), packing.py (micro-batches),
-  forward.py (a micro-batch's forward), step_inputs.py, objective.py and loss.py (the loss), step_stats.py;
   device.py (device and precision), lora.py (LoRA adapters on the policy);
-- estimators/ (advantages, SPO tracker, critic), parallel/ (one process, DDP, FSDP2), sync/ (weight pushes
-  into vLLM), checkpoint/ (save, restore, export).
+- step/ (one learner step: the Trainer and what it is made of), estimators/ (advantages, SPO tracker,
+  critic), parallel/ (one process, DDP, FSDP2), sync/ (weight pushes into vLLM), checkpoint/ (save, restore,
+  export).
 """

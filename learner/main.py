@@ -22,7 +22,7 @@ from turnstream.learner.device import attn_implementation, placement
 from turnstream.learner.parallel.ranks import broadcast, init_from_env, shutdown
 from turnstream.learner.rank_commands import follow
 from turnstream.learner.serve import serve
-from turnstream.learner.trainer import Trainer
+from turnstream.learner.step.trainer import Trainer
 
 __all__ = ["build_trainer", "main", "train"]
 

@@ -34,7 +34,7 @@ class LearnerMetrics:
         # staleness is bounded by buffer.max_staleness, so it is a bounded label
         self.rejected_batches = Counter("turnstream_learner_rejected_batches_total",
                                         "Batches skipped because the model cannot take them", registry=r)
-        # one episode longer than learner.max_tokens_per_microbatch: dropped before the step (learner/packing.py)
+        # one episode longer than learner.max_tokens_per_microbatch: dropped before the step (learner/step/packing.py)
         self.over_budget = Counter("turnstream_learner_over_budget_episodes_total",
                                    "Episodes dropped because alone they exceed max_tokens_per_microbatch",
                                    registry=r)

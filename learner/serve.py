@@ -25,7 +25,7 @@ from turnstream.learner.rank_commands import push_source, save_checkpoint as wri
 from turnstream.learner.sync.base import WeightSync, WeightSyncError
 from turnstream.learner.sync.factory import weight_sync_from_config
 from turnstream.learner.trackers import Trackers, open_trackers
-from turnstream.learner.trainer import NothingToTrain, Trainer
+from turnstream.learner.step.trainer import NothingToTrain, Trainer
 from turnstream.protocol.auth import (count_refusals, keys_for, make_server, refusal_counter, refusal_monitor,
                                       start_authenticator)
 from turnstream.protocol.codec import encode

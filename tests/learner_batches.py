@@ -47,7 +47,7 @@ def params_after_steps(cfg, steps: int = 2, n_episodes: int = 12, seed: int = 0,
     """Train a fresh tiny model on fixed synthetic batches; returns the flat parameter vector."""
     import torch
 
-    from turnstream.learner.trainer import Trainer
+    from turnstream.learner.step.trainer import Trainer
 
     model = tiny_causal_lm(seed=seed)
     trainer = Trainer(model, cfg, seed=seed, critic_path=critic_path)

@@ -124,7 +124,7 @@ def fingerprint(name: str, fields: dict, critic_dir: str) -> dict:
 
     from tests.learner_batches import synthetic_batch, tiny_causal_lm
     from turnstream.learner import lora
-    from turnstream.learner.trainer import Trainer
+    from turnstream.learner.step.trainer import Trainer
 
     cfg = _config(fields)
     torch.manual_seed(0)

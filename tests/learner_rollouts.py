@@ -91,7 +91,7 @@ def train_in_process(model_dir, env_name: str, env_args: dict, cfg, *, seed: int
 
     from turnstream.actors.inference.chat_tokens import ChatTokens
     from turnstream.buffer.episodes import flatten
-    from turnstream.learner.trainer import Trainer
+    from turnstream.learner.step.trainer import Trainer
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

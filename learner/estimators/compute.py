@@ -20,7 +20,7 @@ import torch
 
 from turnstream.core.config import LearnerSection
 from turnstream.core.config_learner import GigpoSection
-from turnstream.learner.batching import TensorBatch
+from turnstream.learner.step.batching import TensorBatch
 from turnstream.learner.estimators.advantages import (agentwise_normalize, gae, gigpo_advantages, grpo_advantages,
                                            rloo_advantages, whiten)
 from turnstream.learner.estimators.spo import SpoTracker, normalize_advantages

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from turnstream.learner.forward import MicroBatch, action_logits
+from turnstream.learner.step.forward import MicroBatch, action_logits
 
 
 class ValueHead(nn.Module):
@@ -62,7 +62,7 @@ class PolicyAndValue(nn.Module):
             self.critic = SeparateCritic(AutoModelForCausalLM.from_pretrained(critic_path, dtype=torch.float32))
 
     def forward(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits [n, V] and values [n] (or None) at the micro-batch's action positions (learner/forward.py)."""
+        """Logits [n, V] and values [n] (or None) at the micro-batch's action positions (learner/step/forward.py)."""
         if self.mode == "shared":
             out = action_logits(self.model, mb, output_hidden_states=True)
             return out.logits, self.head(mb.at_actions(out.hidden_states[-1]))

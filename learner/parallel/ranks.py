@@ -1,7 +1,7 @@
 """Data-parallel plumbing for `torchrun --nproc-per-node N -m turnstream.cli learner ...` (gloo/nccl).
 
 Rank 0 owns every socket (buffer, version PUB, vLLM pushes, metrics, checkpoints); it broadcasts each
-batch to the other ranks, and every rank runs the same Trainer.step on it (learner/trainer.py deals out
+batch to the other ranks, and every rank runs the same Trainer.step on it (learner/step/trainer.py deals out
 micro-batches and sums gradients). Without torchrun's environment this is one rank and costs nothing.
 """
 from __future__ import annotations

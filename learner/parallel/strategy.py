@@ -5,7 +5,7 @@ a push are read, and how a checkpoint's optimizer and critic state go back into 
 
 Data parallel in every form: every rank holds the same batch and computes the same advantages; micro-batches
 are dealt round-robin over ranks and gradients are summed across ranks. Because the loss carries batch-global
-aggregation weights (learner/objective.py), the sum over micro-batches and ranks is exactly the one-rank loss.
+aggregation weights (learner/step/objective.py), the sum over micro-batches and ranks is exactly the one-rank loss.
 """
 from __future__ import annotations
 

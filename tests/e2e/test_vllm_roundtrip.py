@@ -9,7 +9,7 @@ import torch
 
 from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.buffer.episodes import Episode, flatten
-from turnstream.learner.batching import to_tensors
+from turnstream.learner.step.batching import to_tensors
 from turnstream.learner.sync.disk import DiskWeightSync
 from tests.helpers import http_json, play_episodes
 from tests.learner_logprobs import action_logprobs

@@ -43,7 +43,7 @@ def _grads(trainer, batch) -> torch.Tensor:
 
 def test_auto_picks_cuda_and_bf16_with_fp32_master_weights_and_fused_adamw():
     from turnstream.learner.device import placement
-    from turnstream.learner.trainer import Trainer
+    from turnstream.learner.step.trainer import Trainer
     from turnstream.core.config import LearnerSection
 
     where = placement("auto", "auto")
@@ -58,7 +58,7 @@ def test_auto_picks_cuda_and_bf16_with_fp32_master_weights_and_fused_adamw():
 
 def test_cuda_bf16_gradient_matches_the_cpu_fp32_gradient():
     from turnstream.learner.device import Placement
-    from turnstream.learner.trainer import Trainer
+    from turnstream.learner.step.trainer import Trainer
     from turnstream.core.config import LearnerSection
 
     grads = []
@@ -72,8 +72,8 @@ def test_cuda_bf16_gradient_matches_the_cpu_fp32_gradient():
 def test_packed_rows_equal_padded_rows_on_the_gpu_kernels(attn):
     from transformers.utils import is_flash_attn_2_available
 
-    from turnstream.learner import forward
-    from turnstream.learner.batching import logprobs_from_action_logits, to_tensors
+    from turnstream.learner.step import forward
+    from turnstream.learner.step.batching import logprobs_from_action_logits, to_tensors
 
     if attn == "flash_attention_2" and not is_flash_attn_2_available():
         pytest.skip("flash-attn is not installed")
@@ -94,7 +94,7 @@ def test_packed_rows_equal_padded_rows_on_the_gpu_kernels(attn):
 
 def test_activation_checkpointing_lowers_peak_memory_with_the_same_gradient():
     from turnstream.learner.device import placement
-    from turnstream.learner.trainer import Trainer
+    from turnstream.learner.step.trainer import Trainer
     from turnstream.core.config import LearnerSection
 
     peaks, grads = {}, {}

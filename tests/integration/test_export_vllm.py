@@ -25,7 +25,7 @@ def _trained(tiny_model):
     """Two fsdp2 steps of the tiny model (one process writes the sharded format), moved well off its start."""
     from transformers import AutoModelForCausalLM
 
-    from turnstream.learner.trainer import Trainer
+    from turnstream.learner.step.trainer import Trainer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation="eager")
     cfg = LearnerSection(estimator="spo", lr=5e-2, device="cpu", parallel="fsdp2", behaviour_weight_mode="none")

@@ -49,7 +49,7 @@ def _config(name: str, parallel: str):
 def _train(name: str, parallel: str, critic_path: str, steps: int = STEPS):
     """STEPS steps on fixed batches; returns the Trainer and the model object its caller pushes from."""
     from tests.learner_batches import synthetic_batch, tiny_causal_lm
-    from turnstream.learner.trainer import Trainer
+    from turnstream.learner.step.trainer import Trainer
 
     cfg = _config(name, parallel)
     model = tiny_causal_lm(seed=0)
@@ -96,7 +96,7 @@ def _rank_main(out: Path) -> None:
 
     from turnstream.learner.parallel.fsdp2 import FullySharded
 
-    from turnstream.learner.trainer import Trainer
+    from turnstream.learner.step.trainer import Trainer
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -139,7 +139,7 @@ def _resumed(out: Path, name: str, ranks):
 
     from turnstream.learner.checkpoint import sharded, store
     from turnstream.learner.checkpoint.layout import latest
-    from turnstream.learner.trainer import Trainer
+    from turnstream.learner.step.trainer import Trainer
 
     path = latest(out / f"ckpt{ranks}-{name}")
     # sharded: built from the config alone (model/ holds no weights), every weight comes from dcp/

@@ -28,7 +28,7 @@ def _train(name: str, parallel: str, steps: int = STEPS):
     from tests.learner_batches import synthetic_batch, tiny_causal_lm
     from turnstream.core.config import LearnerSection
     from turnstream.learner import lora
-    from turnstream.learner.trainer import Trainer
+    from turnstream.learner.step.trainer import Trainer
 
     estimator, budget, checkpointing = CASES[name]
     cfg = LearnerSection(estimator=estimator, lr=1e-2, max_tokens_per_microbatch=budget, device="cpu",

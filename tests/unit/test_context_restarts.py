@@ -17,9 +17,9 @@ from turnstream.actors.play.context import Sampling
 from turnstream.actors.play.env_loop import EnvironmentLoop
 from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.buffer.episodes import Episode, Segment, flatten
-from turnstream.learner import forward
-from turnstream.learner.batching import logprobs_from_action_logits, to_tensors
-from turnstream.learner.packing import subset
+from turnstream.learner.step import forward
+from turnstream.learner.step.batching import logprobs_from_action_logits, to_tensors
+from turnstream.learner.step.packing import subset
 from turnstream.protocol.chunk_batch import pack, unpack
 from turnstream.protocol.codec import decode, encode
 from tests.learner_batches import tiny_causal_lm

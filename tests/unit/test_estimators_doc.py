@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from turnstream.learner.estimators.advantages import gae, grpo_advantages, rloo_advantages, whiten
-from turnstream.learner.batching import logprobs_from_action_logits, max_entropy
+from turnstream.learner.step.batching import logprobs_from_action_logits, max_entropy
 from turnstream.learner.estimators import compute as estimators
-from turnstream.learner.loss import aggregation_weights, decoupled_ppo_loss, step_kl, value_loss
+from turnstream.learner.step.loss import aggregation_weights, decoupled_ppo_loss, step_kl, value_loss
 from turnstream.learner.estimators.spo import SpoTracker, fold_batch, normalize_advantages
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "estimators.md"
@@ -199,7 +199,7 @@ def test_gigpo():
     from turnstream.buffer.episodes import Episode, flatten
     from turnstream.core.config_learner import GigpoSection
     from turnstream.learner.estimators.advantages import gigpo_advantages
-    from turnstream.learner.batching import to_tensors
+    from turnstream.learner.step.batching import to_tensors
     from turnstream.protocol.messages import TurnChunk
 
     p, rows = EXAMPLES["gigpo"]

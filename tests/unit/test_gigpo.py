@@ -12,10 +12,10 @@ from turnstream.core.config import ConfigError, load_config
 from turnstream.core.config_learner import GigpoSection, LearnerSection
 from turnstream.learner.estimators.advantages import (discounted_returns, gigpo_advantages, gigpo_step_advantages,
                                            grpo_advantages)
-from turnstream.learner.batching import to_tensors
+from turnstream.learner.step.batching import to_tensors
 from turnstream.learner.estimators import compute as estimators
 from turnstream.learner.estimators.spo import SpoTracker
-from turnstream.learner.trainer import Trainer
+from turnstream.learner.step.trainer import Trainer
 from turnstream.protocol.messages import Batch, TurnChunk
 from tests.learner_batches import synthetic_batch, tiny_causal_lm
 

@@ -1,4 +1,4 @@
-"""The package's layers (README, "Architecture"): read from the source, every import counted, local ones too.
+"""The package's layers (docs/architecture.md): read from the source, every import counted, local ones too.
 
 ground (turnstream.core) <- protocol <- roles (actors, buffer, learner) <- roof (turnstream's own modules:
 CLI, launcher, demo, reports; and turnstream.bench). A module imports only from its own layer or below, a

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from turnstream.learner.estimators.advantages import agentwise_normalize, gae, grpo_advantages, rloo_advantages, whiten
-from turnstream.learner.batching import to_tensors
+from turnstream.learner.step.batching import to_tensors
 from turnstream.learner.estimators import compute as estimators
 from turnstream.learner.estimators.spo import SpoTracker
 from tests.learner_batches import init_from_counts, synthetic_batch
@@ -205,7 +205,7 @@ def test_a_truncated_episode_bootstraps_from_the_critic_instead_of_zero():
 
 
 def test_trainer_normalises_per_agent_when_asked():
-    from turnstream.learner.trainer import Trainer
+    from turnstream.learner.step.trainer import Trainer
     from tests.learner_batches import tiny_causal_lm
     from turnstream.core.config import LearnerSection
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from turnstream.learner import forward
-from turnstream.learner.batching import logprobs_from_action_logits, to_tensors
+from turnstream.learner.step import forward
+from turnstream.learner.step.batching import logprobs_from_action_logits, to_tensors
 from turnstream.learner.device import Placement, placement, resolve_device, served_dtype
 from turnstream.learner.metrics import LearnerMetrics
-from turnstream.learner.packing import SequenceTooLong, drop_out_of_vocabulary, drop_over_budget, microbatches
+from turnstream.learner.step.packing import SequenceTooLong, drop_out_of_vocabulary, drop_over_budget, microbatches
 from turnstream.learner.sync.source import serving_state_dict
-from turnstream.learner.trainer import NothingToTrain, Trainer
+from turnstream.learner.step.trainer import NothingToTrain, Trainer
 from tests.learner_batches import params_after_steps, synthetic_batch, tiny_causal_lm
 from turnstream.core.config import LearnerSection
 from turnstream.core.configtools import ConfigError, from_dict
@@ -206,7 +206,7 @@ def test_dropping_episodes_equals_flattening_only_the_kept_ones():
     import dataclasses
 
     from turnstream.buffer.episodes import Episode, flatten
-    from turnstream.learner.packing import subset
+    from turnstream.learner.step.packing import subset
     from turnstream.protocol.messages import TurnChunk
 
     rng = np.random.default_rng(0)

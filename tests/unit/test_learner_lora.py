@@ -14,7 +14,7 @@ from turnstream.core.config_lora import LoraSection
 from turnstream.learner import lora
 from turnstream.learner.checkpoint import store
 from turnstream.learner.sync.source import push_tensors
-from turnstream.learner.trainer import Trainer
+from turnstream.learner.step.trainer import Trainer
 
 LORA = LoraSection(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"])
 

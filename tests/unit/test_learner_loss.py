@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from turnstream.learner.loss import (aggregation_weights, behaviour_weights, decoupled_ppo_loss, explained_variance,
+from turnstream.learner.step.loss import (aggregation_weights, behaviour_weights, decoupled_ppo_loss, explained_variance,
                           group_log_ratio, kl_k3, value_loss)
 
 # the loss's worked example: (log mu, log pi_prox, log pi_theta, A, objective, w, TIS w (C=2), masked in [0.2, 5]?)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from turnstream.learner.packing import microbatches, shard
+from turnstream.learner.step.packing import microbatches, shard
 from turnstream.learner.estimators.spo import SpoTracker, fold_batch
-from turnstream.learner.trainer import Trainer
+from turnstream.learner.step.trainer import Trainer
 from tests.learner_batches import params_after_steps, synthetic_batch, tiny_causal_lm
 from turnstream.core.config import LearnerSection
 from turnstream.learner.checkpoint import store
@@ -119,7 +119,7 @@ def test_value_based_checkpoint_keeps_the_critic(tmp_path):
 @pytest.mark.parametrize("kl_coef", [0.0, 0.05])
 def test_fused_proximal_pass_gives_the_same_update(monkeypatch, kl_coef):
     """One optimizer step per batch: pi_prox from the training forward equals a separate no-grad pass."""
-    from turnstream.learner import trainer as trainer_module
+    from turnstream.learner.step import trainer as trainer_module
 
     cfg = cfg_for("spo", kl_coef=kl_coef)
     results = []
@@ -157,7 +157,7 @@ def test_values_from_the_training_forward_give_the_same_update_on_one_microbatch
 def test_microbatch_whitening_standardises_each_microbatch_alone():
     """Under a token budget every micro-batch's advantages have mean 0 and std 1 over its own tokens, and
     are an increasing affine map of the batch-whitened ones (the same GAE, other statistics)."""
-    from turnstream.learner.batching import to_tensors
+    from turnstream.learner.step.batching import to_tensors
     from turnstream.learner.estimators import compute as estimators
 
     batch = synthetic_batch(12, seed=6)
@@ -181,7 +181,7 @@ def test_spo_drift_is_read_at_the_configured_policy(drift):
     """proximal (default): D is |log mu - log pi_prox|, taken from the training forward; updated: D is read
     from the policy after the step. Either way a separate no-grad pass over that policy reproduces it."""
     from tests.learner_logprobs import action_logprobs
-    from turnstream.learner.batching import to_tensors
+    from turnstream.learner.step.batching import to_tensors
 
     cfg = cfg_for("spo")
     cfg.spo.drift = drift
@@ -209,7 +209,7 @@ def test_step_kl_is_the_kl_between_the_policies_before_and_after_the_step(estima
     """step_kl: KL(pi_before || pi_after) on the batch's action tokens (k3 on the sampled tokens, token-mean),
     read from the learner's own passes; a separate computation from copies of the two policies agrees."""
     from tests.learner_logprobs import action_logprobs
-    from turnstream.learner.batching import to_tensors
+    from turnstream.learner.step.batching import to_tensors
 
     model = tiny_causal_lm()
     batch = synthetic_batch(8, seed=8)
@@ -227,7 +227,7 @@ def test_step_kl_is_the_kl_between_the_policies_before_and_after_the_step(estima
 
 def test_entropy_bonus_counts_entropy_in_units_of_its_maximum():
     """max_entropy: log of each action token's choice count (allowed set, or the vocabulary)."""
-    from turnstream.learner.batching import max_entropy, to_tensors
+    from turnstream.learner.step.batching import max_entropy, to_tensors
 
     batch = synthetic_batch(4, seed=9, allowed=(5, 6, 7))
     tb = to_tensors(batch, 64)

@@ -1,4 +1,4 @@
-"""learner.loss.decoupled_ppo_loss, learner.batching (to_tensors) and the action log-probs of learner/forward.py's
+"""learner.loss.decoupled_ppo_loss, learner.batching (to_tensors) and the action log-probs of learner/step/forward.py's
 micro-batches (tests/learner_logprobs.py) with tiny fake models."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 from tests.learner_logprobs import action_logprobs
 from turnstream.buffer.episodes import flatten
 from turnstream.buffer.store import ReplayStore
-from turnstream.learner.batching import to_tensors
-from turnstream.learner.loss import decoupled_ppo_loss
+from turnstream.learner.step.batching import to_tensors
+from turnstream.learner.step.loss import decoupled_ppo_loss
 from turnstream.protocol.chunk_batch import pack
 from turnstream.protocol.codec import decode, encode
 from turnstream.protocol.messages import Batch, TurnChunk

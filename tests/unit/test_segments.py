@@ -8,9 +8,9 @@ import torch
 
 from turnstream.buffer.episodes import Episode, Segment, flatten
 from turnstream.learner.estimators.advantages import gae, whiten
-from turnstream.learner.batching import to_tensors
+from turnstream.learner.step.batching import to_tensors
 from turnstream.learner.estimators import compute as estimators
-from turnstream.learner.objective import update_weights
+from turnstream.learner.step.objective import update_weights
 from turnstream.learner.estimators.spo import SpoTracker
 from tests.unit.test_buffer_wal import ingest_logged, open_store
 from tests.unit.test_store import ID, chunk, ingest, make_store, metrics_of

@@ -225,7 +225,7 @@ def test_a_chunk_whose_arrays_disagree_is_refused_with_its_whole_message(case):
 def test_token_ids_travel_unsigned_and_reach_the_learner_as_int32():
     """Token ids are uint32 on the wire, with no sign to check. An id of 2**31 or more has no int32 form, and
     neither has a negative id an actor sent: the batch carries them negative, and the learner drops their
-    episode as outside the vocabulary (learner/packing.py)."""
+    episode as outside the vocabulary (learner/step/packing.py)."""
     store = make_store(batch_episodes=2)
     ok = chunk(seq=0, ep="e-ok", obs=(1, 2, 3), gen=(4, 5), allowed=(4, 5, 6), done=True)
     odd = chunk(seq=1, ep="e-odd", obs=(7, -1), gen=(9,), done=True)

@@ -3,7 +3,7 @@
 loss = decoupled PPO  -  entropy_coef * entropy bonus  +  kl_coef * k3 KL to pi_ref  +  value_coef * value loss
 
 Each term is a sum over the micro-batch's tokens with weights that already divide by the whole update's
-count (learner/loss.py, aggregation_weights), so summing the micro-batches' losses, also over data-parallel
+count (learner/step/loss.py, aggregation_weights), so summing the micro-batches' losses, also over data-parallel
 ranks, gives the loss of the whole update.
 """
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from turnstream.core.config import LearnerSection
-from turnstream.learner.forward import MicroBatch
-from turnstream.learner.loss import aggregation_weights, decoupled_ppo_loss, kl_k3, value_loss
-from turnstream.learner.step_inputs import StepInputs
+from turnstream.learner.step.forward import MicroBatch
+from turnstream.learner.step.loss import aggregation_weights, decoupled_ppo_loss, kl_k3, value_loss
+from turnstream.learner.step.step_inputs import StepInputs
 
 
 @dataclass

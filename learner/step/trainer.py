@@ -15,19 +15,19 @@ import time
 import torch
 
 from turnstream.core.config import LearnerSection
-from turnstream.learner import forward
-from turnstream.learner.batching import TensorBatch, logprobs_from_action_logits, max_entropy, to_tensors
+from turnstream.learner.step import forward
+from turnstream.learner.step.batching import TensorBatch, logprobs_from_action_logits, max_entropy, to_tensors
 from turnstream.learner.device import Placement, enable_checkpointing, keep_checkpointing_active, placement
 from turnstream.learner.estimators import compute as estimators
 from turnstream.learner.estimators.critic import PolicyAndValue
 from turnstream.learner.estimators.spo import SpoTracker, fold_batch
-from turnstream.learner.loss import explained_variance, step_kl
-from turnstream.learner.objective import UpdateWeights, microbatch_loss, update_weights
-from turnstream.learner.packing import NothingToTrain, drop_untrainable, microbatches, shard
+from turnstream.learner.step.loss import explained_variance, step_kl
+from turnstream.learner.step.objective import UpdateWeights, microbatch_loss, update_weights
+from turnstream.learner.step.packing import NothingToTrain, drop_untrainable, microbatches, shard
 from turnstream.learner.parallel.choose import strategy_for
-from turnstream.learner.step_inputs import (StepInputs, fill_values, prox_from_training_forward, proximal_logp,
+from turnstream.learner.step.step_inputs import (StepInputs, fill_values, prox_from_training_forward, proximal_logp,
                                             values_from_training_forward)
-from turnstream.learner.step_stats import MeanMax, batch_stats
+from turnstream.learner.step.step_stats import MeanMax, batch_stats
 from turnstream.learner.sync.buckets import WeightBuckets
 from turnstream.protocol.messages import Batch
 

@@ -1,4 +1,4 @@
-"""What one learner step's updates read, gathered before its first update (learner/trainer.py).
+"""What one learner step's updates read, gathered before its first update (learner/step/trainer.py).
 
 Two no-grad passes are skipped where the training forward gives the same numbers: with one optimizer step
 per batch, every micro-batch's training forward runs at the pre-update weights, in eval mode (no dropout).
@@ -16,11 +16,11 @@ import numpy as np
 import torch
 
 from turnstream.core.config import LearnerSection
-from turnstream.learner.batching import TensorBatch
+from turnstream.learner.step.batching import TensorBatch
 from turnstream.learner.estimators import compute as estimators
 from turnstream.learner.estimators.compute import VALUE_BASED, Advantages
 from turnstream.learner.estimators.spo import SpoTracker
-from turnstream.learner.forward import MicroBatch
+from turnstream.learner.step.forward import MicroBatch
 from turnstream.protocol.messages import Batch
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from turnstream.learner.batching import TensorBatch
-from turnstream.learner.packing import Dropped
+from turnstream.learner.step.batching import TensorBatch
+from turnstream.learner.step.packing import Dropped
 from turnstream.protocol.messages import Batch
 
 

@@ -1,5 +1,5 @@
 """Turn a wire Batch into padded tensors, and compute masked, temperature-scaled action log-probs from the logits
-at the action positions (learner/forward.py gives those)."""
+at the action positions (learner/step/forward.py gives those)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,7 +47,7 @@ def to_tensors(batch: Batch, vocab_size: int, pad_id: int = 0) -> TensorBatch:
         raise ValueError("batch holds token ids outside the model's vocabulary")
     ids = np.full((n_eps, int(lengths.max())), pad_id, np.int64)
     att = np.zeros_like(ids)
-    positions = np.zeros_like(ids)  # the padding's are never read (learner/forward.py builds rows of real tokens)
+    positions = np.zeros_like(ids)  # the padding's are never read (learner/step/forward.py builds rows of real tokens)
     flat_positions = context_positions(offsets, batch.context_starts)
     for e in range(n_eps):
         ids[e, : lengths[e]] = batch.tokens[offsets[e]: offsets[e + 1]]
