@@ -82,7 +82,7 @@ def held_in_log(cfg: Config, scratch: Path) -> set[str]:
     from turnstream.buffer.durability.journal import WalJournal
     from turnstream.buffer.durability.wal import WalFile
     from turnstream.buffer.metrics import BufferMetrics
-    from turnstream.buffer.store import ReplayStore
+    from turnstream.buffer.store.replay_store import ReplayStore
 
     b = cfg.buffer
     wal_dir = Path(b.wal_dir) if b.wal_dir else Path(cfg.run.run_dir) / "buffer-wal"

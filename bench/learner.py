@@ -31,7 +31,7 @@ def _batch(tokenizer_vocab: int, episodes: int, seed: int, turns: int = 0, conte
     every that many turns, as with actor.context_turns (a restarted turn's observation is a whole prompt)."""
     import numpy as np
 
-    from turnstream.buffer.episodes import Episode, flatten
+    from turnstream.buffer.store.episodes import Episode, flatten
     from turnstream.protocol.messages import TurnChunk
 
     rng = np.random.default_rng(seed)

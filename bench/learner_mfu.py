@@ -71,7 +71,7 @@ def synthetic_batch(vocab: int, seq_len: int, microbatches: int, group: int, see
     seq_len/8 .. seq_len/2 tokens, about `microbatches` x seq_len tokens in all; prompts repeat `group` times."""
     import numpy as np
 
-    from turnstream.buffer.episodes import Episode, flatten
+    from turnstream.buffer.store.episodes import Episode, flatten
     from turnstream.protocol.messages import TurnChunk
 
     rng = np.random.default_rng(seed)

@@ -1,5 +1,5 @@
 """The buffer's audit trail (core/audit.py; on only with TURNSTREAM_AUDIT=1): acked chunk keys,
-served and dropped episodes, served segments of open episodes. A store listener (buffer/events.py),
+served and dropped episodes, served segments of open episodes. A store listener (buffer/store/events.py),
 attached after the log was replayed (replay is not new traffic) and ahead of the journal.
 
 Where a line sits relative to the write-ahead log decides what a `kill -9` can make it over- or
@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from turnstream.buffer.events import (BatchServed, ChunkAccepted, ChunkDuplicate, EpisodesDropped, StoreEvent,
+from turnstream.buffer.store.events import (BatchServed, ChunkAccepted, ChunkDuplicate, EpisodesDropped, StoreEvent,
                                       TurnsSkipped)
 from turnstream.core.audit import AuditLog, open_audit
 from turnstream.protocol.messages import TurnChunk

@@ -13,9 +13,9 @@ log = logging.getLogger("turnstream.buffer")
 async def serve(cfg: Config) -> None:
     from turnstream.buffer.audit import open_buffer_audit
     from turnstream.buffer.metrics import BufferMetrics
-    from turnstream.buffer.ratelimit import RateLimiter
+    from turnstream.buffer.store.ratelimit import RateLimiter
     from turnstream.buffer.server import BufferServer
-    from turnstream.buffer.store import ReplayStore
+    from turnstream.buffer.store.replay_store import ReplayStore
     from turnstream.buffer.store_metrics import meter
     from turnstream.protocol.auth import keys_for
     from turnstream.protocol.role_process import RoleProcess, finish

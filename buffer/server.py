@@ -20,10 +20,10 @@ import zmq.asyncio
 from turnstream.buffer.acks import AckGroup
 from turnstream.buffer.audit import BufferAudit
 from turnstream.buffer.durability.journal import WalJournal
-from turnstream.buffer.episodes import flatten
+from turnstream.buffer.store.episodes import flatten
 from turnstream.buffer.metrics import BufferMetrics
-from turnstream.buffer.ratelimit import BlockedClock, Cancelled, Gate
-from turnstream.buffer.store import ReplayStore
+from turnstream.buffer.store.ratelimit import BlockedClock, Cancelled, Gate
+from turnstream.buffer.store.replay_store import ReplayStore
 from turnstream.protocol import auth
 from turnstream.protocol.codec import DecodeError, decode, encode
 from turnstream.protocol.loop_socket import LoopSocket

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import time
 
-from turnstream.buffer.events import (BatchServed, ChunkAccepted, ChunkDuplicate, ChunkRejected, CreditsGranted,
+from turnstream.buffer.store.events import (BatchServed, ChunkAccepted, ChunkDuplicate, ChunkRejected, CreditsGranted,
                                       CreditsReclaimed, EpisodeCompleted, EpisodesDropped, EpisodeStarted,
                                       MessageRejected, StoreEvent, TurnsSkipped)
 from turnstream.buffer.metrics import BufferMetrics
-from turnstream.buffer.store import ReplayStore
+from turnstream.buffer.store.replay_store import ReplayStore
 
 
 class StoreMetrics:

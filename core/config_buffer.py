@@ -3,7 +3,7 @@
 The group size of group sampling is the actors' (`tasks.group_size`, core/config_tasks.py); the rule that a
 group fits in a batch spans both tables, so it is the Config's (core/config.py).
 
-The rate limiter's deadlock rule reads buffer/ratelimit.py, so it runs in the pre-flight
+The rate limiter's deadlock rule reads buffer/store/ratelimit.py, so it runs in the pre-flight
 (turnstream/preflight.py), not here.
 """
 from __future__ import annotations

@@ -41,7 +41,7 @@ def in_process_buffer(*, batch_episodes: int = 4, eta: int = 20, version_addr: s
     room for 100 episodes whose staleness bound is `eta`; `server_kwargs` go to BufferServer."""
     from turnstream.buffer.metrics import BufferMetrics
     from turnstream.buffer.server import BufferServer
-    from turnstream.buffer.store import ReplayStore
+    from turnstream.buffer.store.replay_store import ReplayStore
     from turnstream.buffer.store_metrics import meter
 
     metrics = BufferMetrics()

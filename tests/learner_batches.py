@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from turnstream.buffer.episodes import Episode, flatten
+from turnstream.buffer.store.episodes import Episode, flatten
 from turnstream.protocol.messages import Batch, TurnChunk
 
 

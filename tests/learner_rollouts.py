@@ -2,7 +2,7 @@
 
 Every turn of every active episode is one batched forward; the next token is drawn under the same temperature
 and allowed-token mask vLLM applies, and its log-prob is recorded as the behaviour log-prob. Episodes are
-assembled and flattened by the buffer's own code (buffer/episodes.py), so `Trainer.step` takes them as it takes
+assembled and flattened by the buffer's own code (buffer/store/episodes.py), so `Trainer.step` takes them as it takes
 the buffer's batches. For tests of the learner alone: figures about learning come from `turnstream bench
 learning`, which runs the real pipeline (this sampling once gave verdicts that did not carry over to it).
 """
@@ -41,7 +41,7 @@ async def play_batch(env_name: str, env_args: dict, chat, sampler: TorchSampler,
     import numpy as np
 
     from turnstream.actors.registry import make_env
-    from turnstream.buffer.episodes import Episode
+    from turnstream.buffer.store.episodes import Episode
     from turnstream.protocol.messages import TurnChunk
 
     envs = [make_env(env_name, **env_args) for _ in seeds]
@@ -90,7 +90,7 @@ def train_in_process(model_dir, env_name: str, env_args: dict, cfg, *, seed: int
     from transformers import AutoModelForCausalLM
 
     from turnstream.actors.inference.chat_tokens import ChatTokens
-    from turnstream.buffer.episodes import flatten
+    from turnstream.buffer.store.episodes import flatten
     from turnstream.learner.step.trainer import Trainer
 
     torch.manual_seed(seed)

@@ -49,7 +49,7 @@ def _check_task_order(cfg: Config, env) -> None:
 
 
 def _check_rate_limiter(cfg: Config) -> None:
-    from turnstream.buffer.ratelimit import limiter_problem
+    from turnstream.buffer.store.ratelimit import limiter_problem
 
     b = cfg.buffer
     field, reason = limiter_problem(b.samples_per_insert, b.min_size_to_sample, b.error_buffer or float("inf"),

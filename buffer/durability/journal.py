@@ -12,10 +12,10 @@ from pathlib import Path
 from turnstream.buffer.durability import records
 from turnstream.buffer.durability.records import CHUNK, EVENT, LIVE, SNAPSHOT
 from turnstream.buffer.durability.wal import WalFile, WalWriter
-from turnstream.buffer.events import (BatchServed, ChunksArrived, EpisodesDropped, StoreEvent, TurnsSkipped,
+from turnstream.buffer.store.events import (BatchServed, ChunksArrived, EpisodesDropped, StoreEvent, TurnsSkipped,
                                       VersionAdvanced)
 from turnstream.buffer.metrics import BufferMetrics
-from turnstream.buffer.store import ReplayStore
+from turnstream.buffer.store.replay_store import ReplayStore
 from turnstream.protocol.chunk_batch import pack, unpack
 from turnstream.protocol.codec import encode
 
@@ -26,7 +26,7 @@ class WalJournal:
         self.compact_bytes = compact_bytes
         self.compact_at = compact_bytes
 
-    # ---- a store listener (buffer/events.py) -------------------------------------------------------
+    # ---- a store listener (buffer/store/events.py) -------------------------------------------------------
     def on_event(self, event: StoreEvent) -> None:
         match event:
             case ChunksArrived(message=msg, frames=frames):

@@ -17,7 +17,7 @@ import struct
 
 import msgpack
 
-from turnstream.buffer.store import StoreSnapshot
+from turnstream.buffer.store.replay_store import StoreSnapshot
 from turnstream.protocol.codec import DecodeError, decode
 from turnstream.protocol.messages import TurnChunkBatch
 

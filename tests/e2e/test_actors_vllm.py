@@ -22,7 +22,7 @@ from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.play.context import Sampling
 from turnstream.actors.play.env_loop import EnvironmentLoop
 from turnstream.actors.play.runner import EpisodeRunner
-from turnstream.buffer.episodes import Episode, flatten
+from turnstream.buffer.store.episodes import Episode, flatten
 from turnstream.learner.step.batching import to_tensors
 
 from tests.helpers import CollectingLink

@@ -19,7 +19,7 @@ from turnstream.actors.registry import make_env
 from turnstream.actors.tasks.orders import RandomOrder
 from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.play.runner import EpisodeRunner
-from turnstream.buffer.episodes import flatten
+from turnstream.buffer.store.episodes import flatten
 from turnstream.core.config import LearnerSection
 from turnstream.learner.step.batching import to_tensors
 from turnstream.learner.step.trainer import Trainer

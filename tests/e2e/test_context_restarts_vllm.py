@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from turnstream.actors.registry import make_env
-from turnstream.buffer.episodes import Episode, flatten
+from turnstream.buffer.store.episodes import Episode, flatten
 from turnstream.learner.step import forward
 from turnstream.learner.step.batching import logprobs_from_action_logits, to_tensors
 from tests.helpers import play_episodes

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from turnstream.actors.inference.chat_tokens import ChatTokens
-from turnstream.buffer.episodes import Episode, flatten
+from turnstream.buffer.store.episodes import Episode, flatten
 from turnstream.learner.step.batching import to_tensors
 from turnstream.learner.sync.disk import DiskWeightSync
 from tests.helpers import http_json, play_episodes

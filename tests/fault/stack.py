@@ -23,8 +23,8 @@ from turnstream.processes import Child, tail
 PROXY = Path(__file__).with_name("tcp_proxy.py")
 ROLES = ("buffer", "learner", "actor-0", "actor-1")
 BUFFER_RSS_CAP = 200 * 1024 * 1024  # the buffer peaked at ~120 MiB here, 64 of them a heap reserve it no longer makes
-# Rejection reasons that mean a chunk was malformed or contradicted its episode (buffer/validate.py,
-# buffer/store.py). Not here: `episode_closed`, a late chunk of an episode already dropped as abandoned
+# Rejection reasons that mean a chunk was malformed or contradicted its episode (buffer/store/validate.py,
+# buffer/store/replay_store.py). Not here: `episode_closed`, a late chunk of an episode already dropped as abandoned
 # (the actor waited on a server longer than buffer.episode_timeout_s), which is a counted, expected outcome.
 CORRUPT_CHUNK_REASONS = {"bad_batch", "negative_index", "empty_prompt", "bad_logprob", "bad_version", "bad_scalar",
                          "token_not_allowed", "episode_conflict", "turn_after_done"}

@@ -282,7 +282,7 @@ def _held_in_log(stack: FaultStack, scratch) -> dict[str, set[int]]:
     from turnstream.buffer.durability.journal import WalJournal
     from turnstream.buffer.durability.wal import WalFile
     from turnstream.buffer.metrics import BufferMetrics
-    from turnstream.buffer.store import ReplayStore
+    from turnstream.buffer.store.replay_store import ReplayStore
 
     b = stack.cfg.buffer
     copy = scratch / "wal.log"

@@ -6,7 +6,7 @@ import asyncio
 import zmq
 import zmq.asyncio
 
-from turnstream.buffer.episodes import flatten
+from turnstream.buffer.store.episodes import flatten
 from turnstream.learner.batch_client import BatchClient
 from turnstream.protocol.codec import decode, encode
 from turnstream.protocol.messages import BatchRequest

@@ -6,7 +6,7 @@ import json
 from turnstream.buffer.audit import open_buffer_audit
 from turnstream.buffer.durability.journal import WalJournal
 from turnstream.buffer.durability.wal import WalFile
-from turnstream.buffer.events import (BatchServed, ChunkAccepted, ChunkDuplicate, ChunkRejected, ChunksArrived,
+from turnstream.buffer.store.events import (BatchServed, ChunkAccepted, ChunkDuplicate, ChunkRejected, ChunksArrived,
                                       EpisodeCompleted, EpisodesDropped, EpisodeStarted, VersionAdvanced)
 from turnstream.core.audit import ENV_VAR
 from tests.unit.test_store import ID, chunk, ingest, make_store, metrics_of

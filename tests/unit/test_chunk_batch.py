@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turnstream.buffer.validate import rejections
+from turnstream.buffer.store.validate import rejections
 from turnstream.protocol.chunk_batch import BatchError, pack, unpack
 from turnstream.protocol.codec import decode, encode
 from tests.unit.test_codec import assert_same_message, sample_turn_chunk

@@ -16,7 +16,7 @@ from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.play.context import Sampling
 from turnstream.actors.play.env_loop import EnvironmentLoop
 from turnstream.actors.play.runner import EpisodeRunner
-from turnstream.buffer.episodes import Episode, Segment, flatten
+from turnstream.buffer.store.episodes import Episode, Segment, flatten
 from turnstream.learner.step import forward
 from turnstream.learner.step.batching import logprobs_from_action_logits, to_tensors
 from turnstream.learner.step.packing import subset

@@ -196,7 +196,7 @@ def test_group_baselines(rows, fn):
 def test_gigpo():
     """The table through the pure function, then through the estimator on a batch flattened by the buffer's code,
     whose observation labels are token ids and whose turns hold one or two action tokens."""
-    from turnstream.buffer.episodes import Episode, flatten
+    from turnstream.buffer.store.episodes import Episode, flatten
     from turnstream.core.config_learner import GigpoSection
     from turnstream.learner.estimators.advantages import gigpo_advantages
     from turnstream.learner.step.batching import to_tensors

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from turnstream.buffer.episodes import Episode, flatten
+from turnstream.buffer.store.episodes import Episode, flatten
 from turnstream.core.config import ConfigError, load_config
 from turnstream.core.config_learner import GigpoSection, LearnerSection
 from turnstream.learner.estimators.advantages import (discounted_returns, gigpo_advantages, gigpo_step_advantages,

@@ -41,7 +41,7 @@ def test_unfinished_episode_bootstraps_from_the_critic():
 def test_turn_gae_broadcasts_the_turn_advantage_to_its_action_tokens():
     """Three turns with 2, 1 and 3 action tokens; the critic values at the turn boundaries are V27."""
     gen_lens = [2, 1, 3]
-    from turnstream.buffer.episodes import Episode, flatten
+    from turnstream.buffer.store.episodes import Episode, flatten
     from turnstream.protocol.messages import TurnChunk
     ep = Episode("e", ("a", 0), "p")
     for t, n in enumerate(gen_lens):
@@ -63,7 +63,7 @@ def test_turn_gae_broadcasts_the_turn_advantage_to_its_action_tokens():
 
 def test_token_gae_skips_observation_tokens():
     """Token-level GAE runs over action tokens only: the next value is the next *action* token's."""
-    from turnstream.buffer.episodes import Episode, flatten
+    from turnstream.buffer.store.episodes import Episode, flatten
     from turnstream.protocol.messages import TurnChunk
     ep = Episode("e", ("a", 0), "p")
     for t in range(2):
@@ -166,7 +166,7 @@ def test_agent_ids_come_from_the_batch():
 
 
 def _three_turns(rewards, *, truncated=False):
-    from turnstream.buffer.episodes import Episode, flatten
+    from turnstream.buffer.store.episodes import Episode, flatten
     from turnstream.protocol.messages import TurnChunk
     ep = Episode("e", ("a", 0), "p")
     for t, r in enumerate(rewards):

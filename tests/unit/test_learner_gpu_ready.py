@@ -205,7 +205,7 @@ def test_dropping_episodes_equals_flattening_only_the_kept_ones():
     """learner.packing.subset keeps every Batch field consistent: per token, per episode and per turn."""
     import dataclasses
 
-    from turnstream.buffer.episodes import Episode, flatten
+    from turnstream.buffer.store.episodes import Episode, flatten
     from turnstream.learner.step.packing import subset
     from turnstream.protocol.messages import TurnChunk
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tests.learner_logprobs import action_logprobs
-from turnstream.buffer.episodes import flatten
-from turnstream.buffer.store import ReplayStore
+from turnstream.buffer.store.episodes import flatten
+from turnstream.buffer.store.replay_store import ReplayStore
 from turnstream.learner.step.batching import to_tensors
 from turnstream.learner.step.loss import decoupled_ppo_loss
 from turnstream.protocol.chunk_batch import pack

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from turnstream.buffer.episodes import Episode, Segment, flatten
+from turnstream.buffer.store.episodes import Episode, Segment, flatten
 from turnstream.learner.estimators.advantages import gae, whiten
 from turnstream.learner.step.batching import to_tensors
 from turnstream.learner.estimators import compute as estimators

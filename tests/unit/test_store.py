@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from turnstream.buffer.episodes import flatten
+from turnstream.buffer.store.episodes import flatten
 from turnstream.buffer.metrics import BufferMetrics
-from turnstream.buffer.store import ReplayStore
+from turnstream.buffer.store.replay_store import ReplayStore
 from turnstream.buffer.store_metrics import meter
 from turnstream.protocol.chunk_batch import pack
 from turnstream.protocol.messages import TurnChunk

@@ -2,18 +2,18 @@
 
 Pure logic without sockets, so every rule here is unit-testable. The server (buffer/server.py) feeds it
 decoded messages and sends what it returns. What happens to chunks and episodes is announced to the
-store's listeners as typed events (buffer/events.py): the write-ahead journal (buffer/durability/) logs
+store's listeners as typed events (buffer/store/events.py): the write-ahead journal (buffer/durability/) logs
 every change a restart must replay before it takes effect, so a restarted buffer rebuilds exactly this
 state, and the metrics (buffer/store_metrics.py) and the audit trail (buffer/audit.py) count and note them.
-Who may start an episode is admission's to decide (buffer/admission.py); what makes a chunk malformed,
-validation's (buffer/validate.py).
+Who may start an episode is admission's to decide (buffer/store/admission.py); what makes a chunk malformed,
+validation's (buffer/store/validate.py).
 
 Invariants:
 - a chunk is ingested at most once per (actor_id, epoch, seq);
 - an episode reaches the learner only when complete, at most once, and only if
   learner_version - min(token versions) <= max_staleness at the moment it is served;
 - with segments (segment_turns > 0), an open episode's next turns may be served before it ends
-  (buffer/episodes.py, Segment): each turn in at most one served item, the bound checked on the item's own
+  (buffer/store/episodes.py, Segment): each turn in at most one served item, the bound checked on the item's own
   turns, and the episode's staleness afterwards measured on its turns not yet served. A turn past the bound
   is skipped (counted, never served), not its episode: the later turns are fresh, and a value-based
   estimator trains them from the critic's bootstrap as any segment; a complete episode with nothing fresh
@@ -30,15 +30,15 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from turnstream.buffer.acks import AckEntry
-from turnstream.buffer.admission import Admission
-from turnstream.buffer.dedup import SeqDeduper
-from turnstream.buffer.episodes import Episode, Segment
-from turnstream.buffer.events import (BatchServed, ChunkAccepted, ChunkDuplicate, ChunkRejected, ChunksArrived,
+from turnstream.buffer.store.admission import Admission
+from turnstream.buffer.store.dedup import SeqDeduper
+from turnstream.buffer.store.episodes import Episode, Segment
+from turnstream.buffer.store.events import (BatchServed, ChunkAccepted, ChunkDuplicate, ChunkRejected, ChunksArrived,
                                       EpisodeCompleted, EpisodesDropped, EpisodeStarted, Listeners, MessageRejected,
                                       TurnsSkipped, VersionAdvanced)
-from turnstream.buffer.ratelimit import RateLimiter
-from turnstream.buffer.sampling import incomplete_groups, select, uniform_groups
-from turnstream.buffer.validate import rejections
+from turnstream.buffer.store.ratelimit import RateLimiter
+from turnstream.buffer.store.sampling import incomplete_groups, select, uniform_groups
+from turnstream.buffer.store.validate import rejections
 from turnstream.protocol.chunk_batch import BatchError, unpack
 from turnstream.protocol.messages import TurnChunk, TurnChunkBatch
 
@@ -85,7 +85,7 @@ class ReplayStore:
         self.dedup = SeqDeduper()
         self.closed: OrderedDict[str, None] = OrderedDict()
 
-    # ---- admission (buffer/admission.py) -----------------------------------------------------------------
+    # ---- admission (buffer/store/admission.py) -----------------------------------------------------------------
     @property
     def running(self) -> int:
         """Episodes admitted and not yet complete: unused credits and episodes in progress."""

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Protocol, Union
 
-from turnstream.buffer.episodes import Episode, Segment
+from turnstream.buffer.store.episodes import Episode, Segment
 from turnstream.protocol.messages import TurnChunk, TurnChunkBatch
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Iterable, Iterator
 
-from turnstream.buffer.episodes import Episode
+from turnstream.buffer.store.episodes import Episode
 
 POLICIES = ("fifo", "freshest", "group")
 

@@ -6,7 +6,7 @@ An actor starts an episode only with a credit. The buffer grants credits while a
   flight or waiting, so nothing admitted now can be more than eta versions stale when it is trained on
   (served episodes count up to (v + 1) * B: more were lost in a crash window, not trained);
 - running + ready < max_items: memory;
-- the rate limiter has insert room (buffer/ratelimit.py).
+- the rate limiter has insert room (buffer/store/ratelimit.py).
 `running` counts credits granted but not yet used and episodes in progress; `accepted` counts completed
 episodes not since dropped (a dropped episode gives its room back, as AReaL does for rejected rollouts).
 """
@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from turnstream.buffer.events import CreditsGranted, CreditsReclaimed, StoreEvent
-from turnstream.buffer.ratelimit import RateLimiter
+from turnstream.buffer.store.events import CreditsGranted, CreditsReclaimed, StoreEvent
+from turnstream.buffer.store.ratelimit import RateLimiter
 
 ActorKey = tuple[str, int]  # (actor_id, epoch)
 

@@ -84,10 +84,6 @@ class Episode:
         old = [t for t, c in self.turns.items() if t >= self.served and _min_version(c) < oldest_version]
         return max(old) + 1 if old else self.served
 
-    def has_turns_to_train(self) -> bool:
-        """Whether a turn not yet served generated a token (a closing observation alone trains nothing)."""
-        return self.min_version != NO_VERSION
-
     def segment_end(self) -> int | None:
         """The turn that would close a segment served now (the last arrived turn of the unbroken run after
         `served` that generated a token, for the critic's position), or None when no turn could be trained."""
