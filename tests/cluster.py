@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from itertools import count
 
@@ -53,6 +54,16 @@ class Host:
     def command(self, argv: list[str]) -> list[str]:
         """`argv` run inside this host (`ip netns exec` execs it, so its PID is the command's own)."""
         return ["ip", "netns", "exec", self.namespace, *argv]
+
+    def get(self, url: str) -> str:
+        """GET `url` from inside this host (a test's own process lives outside every host); a ConnectionError
+        (tests.helpers.poll_until's "not yet") when it does not answer."""
+        code = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
+        done = subprocess.run(self.command([sys.executable, "-c", code]), capture_output=True, text=True,
+                              timeout=60)
+        if done.returncode != 0:
+            raise ConnectionError(f"GET {url} from {self.name}: {done.stderr.strip().splitlines()[-1:]}")
+        return done.stdout
 
 
 class Cluster:

@@ -5,7 +5,6 @@ Skipped, saying why, where network namespaces cannot be made."""
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 
 import pytest
@@ -24,15 +23,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm,
 VLLM_PORT, INGEST_PORT, SERVE_PORT, PUB_PORT = 8000, 5555, 5556, 5557
 BUFFER_METRICS, LEARNER_METRICS, ACTOR_METRICS = 9100, 9101, 9102  # actor i: 9102 + i
 ACTORS = 3
-
-
-def _get(host, url: str) -> str:
-    """GET `url` from inside `host`; a ConnectionError (poll_until's "not yet") when it does not answer."""
-    code = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
-    done = subprocess.run(host.command([sys.executable, "-c", code]), capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        raise ConnectionError(f"GET {url} from {host.name}: {done.stderr.strip().splitlines()[-1:]}")
-    return done.stdout
 
 
 def _episodes_played(metrics: str) -> float:
@@ -69,7 +59,7 @@ def test_a_run_across_five_hosts_with_an_actor_host_joining_and_one_leaving(tiny
         try:
             argv, env = vllm_command(str(tiny_model), cluster["vllm"].address, VLLM_PORT, cfg.vllm)
             vllm = procs.start("vllm-0", cluster["vllm"].command(argv), env)
-            wait_for_child(lambda: _get(cluster["learner"], f"{cfg.vllm.urls[0]}/health") is not None,
+            wait_for_child(lambda: cluster["learner"].get(f"{cfg.vllm.urls[0]}/health") is not None,
                            "vLLM on its host", vllm, timeout_s=300)
             buffer = procs.start("buffer", cluster["buffer"].command(
                 [*role, "buffer", "--config", _role_config(cfg, cluster, "buffer", tmp_path)]))
@@ -95,12 +85,12 @@ def test_a_run_across_five_hosts_with_an_actor_host_joining_and_one_leaving(tiny
             for url in (f"http://{cluster['buffer'].address}:{BUFFER_METRICS}/metrics",
                         f"http://{cluster['learner'].address}:{LEARNER_METRICS}/metrics",
                         f"http://{cluster['actor0'].address}:{ACTOR_METRICS}/metrics"):
-                assert "turnstream_" in _get(observer, url), url
-            assert "vllm:" in _get(observer, f"{cfg.vllm.urls[0]}/metrics")
+                assert "turnstream_" in observer.get(url), url
+            assert "vllm:" in observer.get(f"{cfg.vllm.urls[0]}/metrics")
 
             actors.append(start_actor(2))  # a third actor host joins
             joiner = f"http://{cluster['actor2'].address}:{ACTOR_METRICS + 2}/metrics"
-            poll_until(lambda: _episodes_played(_get(observer, joiner)) > 0, "the joining actor's first episodes",
+            poll_until(lambda: _episodes_played(observer.get(joiner)) > 0, "the joining actor's first episodes",
                        120)
             joined_at = len(steps())
             leaving = actors.pop(0)  # the first actor host leaves: a graceful stop drains its episodes

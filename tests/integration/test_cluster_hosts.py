@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import urllib.request
 
 import pytest
 
@@ -60,15 +59,6 @@ ACTOR_CLIENT = textwrap.dedent("""
 """)
 
 
-def _scrape_from(host, url: str) -> str:
-    """GET `url` from inside `host` (the test's own process lives outside every host)."""
-    code = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
-    done = subprocess.run(host.command([sys.executable, "-c", code]), capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:  # an OSError: poll_until's "not yet"
-        raise ConnectionError(f"GET {url} from {host.name}: {done.stderr.strip().splitlines()[-1:]}")
-    return done.stdout
-
-
 @pytest.fixture
 def buffer_on_its_own_host(tmp_path):
     keys = tmp_path / "keys"
@@ -87,7 +77,7 @@ def buffer_on_its_own_host(tmp_path):
             child = procs.start("buffer", cluster["buffer"].command(
                 [sys.executable, "-m", "turnstream.cli", "buffer", "--config", str(path)]))
             metrics_url = f"http://{cluster['buffer'].address}:{METRICS_PORT}/metrics"
-            wait_for_child(lambda: _scrape_from(cluster["actor"], metrics_url), "the buffer's metrics, across hosts",
+            wait_for_child(lambda: cluster["actor"].get(metrics_url), "the buffer's metrics, across hosts",
                            child, timeout_s=60)
             yield cluster, keys, metrics_url
         finally:
@@ -117,7 +107,7 @@ def test_an_actor_host_reaches_the_buffer_host_over_curve(buffer_on_its_own_host
     finally:
         actor.kill()
         actor.wait()
-    metrics = _scrape_from(cluster["actor"], metrics_url)
+    metrics = cluster["actor"].get(metrics_url)
     assert 'turnstream_buffer_chunks_total{outcome="ok"} 1.0' in metrics
 
 
@@ -136,7 +126,7 @@ def test_a_cut_link_is_silent_and_what_was_sent_is_acked_once_it_is_back(buffer_
     finally:
         actor.kill()
         actor.wait()
-    assert 'turnstream_buffer_chunks_total{outcome="ok"} 1.0' in _scrape_from(cluster["actor"], metrics_url)
+    assert 'turnstream_buffer_chunks_total{outcome="ok"} 1.0' in cluster["actor"].get(metrics_url)
 
 
 def test_the_cluster_removes_every_namespace_it_made():
