@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-def _lines(path: Path) -> list[dict]:
+def read_lines(path: Path) -> list[dict]:
     if not path.exists():
         return []
     out = []
@@ -39,13 +39,13 @@ class Ledger:
         # so every episode it names is complete in the buffer's file read next. The other order, against a
         # running stack, could see a step whose chunks were acked after the buffer's file was read.
         incarnation = -1
-        for rec in _lines(run_dir / "audit" / "learner.jsonl"):
+        for rec in read_lines(run_dir / "audit" / "learner.jsonl"):
             if "start" in rec:
                 incarnation += 1
             else:
                 led.steps.append((incarnation, rec))
         incarnation, last_served = -1, None
-        for rec in _lines(run_dir / "audit" / "buffer.jsonl"):
+        for rec in read_lines(run_dir / "audit" / "buffer.jsonl"):
             if "start" in rec:
                 if last_served is not None:
                     led.buffer_ends.append(last_served)
