@@ -1,4 +1,4 @@
-"""Partitions between hosts (tests/e2e/cluster_stack.py): a host's link is cut for longer than every heartbeat
+"""Partitions between hosts (tests/cluster_stack.py): a host's link is cut for longer than every heartbeat
 and timeout (its port on the switch down: packets vanish, no connection is reset), then restored. The run
 carries on with what is reachable and takes the host back; nothing is ingested or trained twice and the
 staleness bound holds (the buffer's and the learner's audit trails, tests/fault/ledger.py). The time from the
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.cluster import Cluster, cluster_unavailable
-from tests.e2e.cluster_stack import ClusterStack, hosts
+from tests.cluster_stack import ClusterStack, hosts
 from tests.fault.ledger import Ledger, read_lines
 from tests.helpers import poll_until
 from turnstream.report import read_steps
@@ -45,7 +45,7 @@ CUTS = [("actor1", 60, lambda stack, back: first_trained_after(stack, "actor-1",
 def test_a_host_cut_for_longer_than_every_timeout_is_trained_from_again_once_its_link_returns(
         tiny_model, tmp_path, host, cut_s, first_trained):
     with Cluster(hosts(2)) as cluster:
-        stack = ClusterStack(cluster, tiny_model, tmp_path, actors=2, env={"TURNSTREAM_AUDIT": "1"})
+        stack = ClusterStack(cluster, tmp_path, tiny_model, actors=2, env={"TURNSTREAM_AUDIT": "1"})
         try:
             stack.start(first_actors=2)
             poll_until(lambda: first_trained_after(stack, "actor-1", 0.0), "a trained episode of actor-1", 300)

@@ -1,4 +1,4 @@
-"""A run across hosts (tests/e2e/cluster_stack.py): vLLM, the buffer and the learner on a host each, actors on
+"""A run across hosts (tests/cluster_stack.py): vLLM, the buffer and the learner on a host each, actors on
 two more, every ZeroMQ socket under CURVE with an allow-list, every role's /metrics scraped from another
 host. A third actor host joins mid-run and the first one leaves (a graceful stop); the demo task still
 reaches its target. Skipped, saying why, where network namespaces cannot be made."""
@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from tests.cluster import Cluster, cluster_unavailable
-from tests.e2e.cluster_stack import (ACTOR_METRICS, BUFFER_METRICS, LEARNER_METRICS, VLLM_PORT, ClusterStack,
+from tests.cluster_stack import (ACTOR_METRICS, BUFFER_METRICS, LEARNER_METRICS, VLLM_PORT, ClusterStack,
                                      episodes_played, hosts)
 from tests.helpers import poll_until
 from turnstream.report import rolling_success
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm,
 
 def test_a_run_across_five_hosts_with_an_actor_host_joining_and_one_leaving(tiny_model, tmp_path):
     with Cluster(hosts(3)) as cluster:
-        stack = ClusterStack(cluster, tiny_model, tmp_path, actors=3)
+        stack = ClusterStack(cluster, tmp_path, tiny_model, actors=3)
         try:
             stack.start(first_actors=2)
             poll_until(lambda: len(stack.steps()) >= 4, "four learner steps", 300)

@@ -12,14 +12,11 @@ import textwrap
 import pytest
 
 from tests.cluster import Cluster, cluster_unavailable
+from tests.cluster_stack import BUFFER_METRICS, INGEST_PORT, ClusterStack
 from tests.helpers import wait_for_child
-from turnstream.core.config import Config
-from turnstream.keygen import main as keygen
-from turnstream.processes import ProcessGroup
 
 pytestmark = pytest.mark.skipif(bool(reason := cluster_unavailable()), reason=reason or "")
 
-INGEST_PORT, SERVE_PORT, METRICS_PORT = 5555, 5556, 9100  # each host has its own ports: no clash possible
 
 # An actor's side of the wire, run inside its host: a credit, then one chunk per line of stdin ("send SEQ"),
 # printing each reply (or "timeout") as a JSON line.
@@ -61,27 +58,16 @@ ACTOR_CLIENT = textwrap.dedent("""
 
 @pytest.fixture
 def buffer_on_its_own_host(tmp_path):
-    keys = tmp_path / "keys"
-    assert keygen(keys) == 0
     with Cluster(["buffer", "actor"]) as cluster:
-        cfg = Config()
-        cfg.run.run_dir = str(tmp_path / "run")
-        net = cfg.network
-        net.bind_host = cluster["buffer"].address
-        net.curve, net.keys_dir = "on", str(keys)
-        net.buffer_ingest_port, net.buffer_serve_port, cfg.buffer.metrics_port = INGEST_PORT, SERVE_PORT, METRICS_PORT
-        path = tmp_path / "buffer.toml"
-        path.write_text(cfg.dumps())
-        procs = ProcessGroup(tmp_path)
+        stack = ClusterStack(cluster, tmp_path)
         try:
-            child = procs.start("buffer", cluster["buffer"].command(
-                [sys.executable, "-m", "turnstream.cli", "buffer", "--config", str(path)]))
-            metrics_url = f"http://{cluster['buffer'].address}:{METRICS_PORT}/metrics"
+            child = stack.start_role("buffer")
+            metrics_url = stack.url("buffer", BUFFER_METRICS)
             wait_for_child(lambda: cluster["actor"].get(metrics_url), "the buffer's metrics, across hosts",
                            child, timeout_s=60)
-            yield cluster, keys, metrics_url
+            yield cluster, stack.cfg.network.keys_dir, metrics_url
         finally:
-            procs.stop_all()
+            stack.procs.stop_all()
 
 
 def _actor(cluster, keys, wait_s: float) -> subprocess.Popen:

@@ -1,7 +1,8 @@
 """Every role of a run on a host of its own (tests/cluster.py): vLLM, buffer and learner on one host each,
 actor i on host `actor{i}`; CURVE on every ZeroMQ socket, with the client key on the allow-list. Roles read a
 config of their own that differs only in the address they bind. The caller stops what it started
-(`stack.procs.stop_all()`), the cluster then removes the hosts."""
+(`stack.procs.stop_all()`), the cluster then removes the hosts. A test may start a single role
+(`start_role`) on a cluster that has only the hosts it needs."""
 from __future__ import annotations
 
 import sys
@@ -28,9 +29,9 @@ def hosts(actors: int) -> list[str]:
 @dataclass
 class ClusterStack:
     cluster: Cluster
-    model: Path
     tmp_path: Path
-    actors: int
+    model: Path | None = None  # the policy vLLM serves; only start() needs it
+    actors: int = 1  # actor hosts the run is configured for (actor.num_processes)
     env: dict = field(default_factory=dict)  # for the buffer and the learner (e.g. TURNSTREAM_AUDIT)
     cfg: Config = field(init=False)
     procs: ProcessGroup = field(init=False)
@@ -44,13 +45,17 @@ class ClusterStack:
         cfg.run.run_dir = str(self.tmp_path / "run")
         net = cfg.network
         net.curve, net.keys_dir = "on", str(keys)
-        net.buffer_host, net.learner_host = self.cluster["buffer"].address, self.cluster["learner"].address
+        net.buffer_host, net.learner_host = self._address("buffer"), self._address("learner")
         net.buffer_ingest_port, net.buffer_serve_port, net.learner_pub_port = INGEST_PORT, SERVE_PORT, PUB_PORT
         cfg.buffer.metrics_port, cfg.learner.metrics_port = BUFFER_METRICS, LEARNER_METRICS
         cfg.actor.metrics_port, cfg.actor.num_processes = ACTOR_METRICS, self.actors
-        cfg.vllm.urls = [f"http://{self.cluster['vllm'].address}:{VLLM_PORT}"]
+        cfg.vllm.urls = [f"http://{self._address('vllm')}:{VLLM_PORT}"]
         self.cfg = cfg
         self.procs = ProcessGroup(self.tmp_path)
+
+    def _address(self, host: str) -> str:
+        """The host's address; a role's own when the cluster has no host for it (it is not started)."""
+        return self.cluster.hosts[host].address if host in self.cluster.hosts else "127.0.0.1"
 
     @property
     def run_dir(self) -> Path:
@@ -74,10 +79,15 @@ class ClusterStack:
         wait_for_child(lambda: self.cluster["learner"].get(self.url("vllm", VLLM_PORT, "/health")) is not None,
                        "vLLM on its host", vllm, timeout_s=300)
         for role in ("buffer", "learner"):
-            self.children[role] = self.procs.start(role, self.cluster[role].command(
-                [*ROLE, role, "--config", self._config_for(role)]), self.env)
+            self.start_role(role)
         for i in range(first_actors):
             self.start_actor(i)
+
+    def start_role(self, role: str) -> Child:
+        """The buffer or the learner on its host."""
+        child = self.children[role] = self.procs.start(role, self.cluster[role].command(
+            [*ROLE, role, "--config", self._config_for(role)]), self.env)
+        return child
 
     def start_actor(self, i: int) -> Child:
         host = f"actor{i}"
