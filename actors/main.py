@@ -25,6 +25,7 @@ async def serve(cfg: Config, actor_index: int) -> None:
     from turnstream.actors.metrics import ActorMetrics
     from turnstream.actors.play.choose import player_for
     from turnstream.actors.play.context import Sampling
+    from turnstream.actors.play.endpoint.address import EndpointAddress
     from turnstream.actors.play.runner import EpisodeRunner
     from turnstream.actors.tasks.curriculum import TrackerValues, follow_announcements
     from turnstream.actors.tasks.position import keep_saving, position_path, restore_position, save_position
@@ -34,6 +35,7 @@ async def serve(cfg: Config, actor_index: int) -> None:
 
     a, net, v = cfg.actor, cfg.network, cfg.vllm
     actor_id = f"actor-{actor_index}"
+    endpoint = EndpointAddress.for_actor(cfg, actor_index)  # a config error before anything starts
     epoch = time.time_ns() // 1_000_000  # a restarted actor gets a new epoch without any saved state
     metrics = ActorMetrics()
     ctx = zmq.asyncio.Context()
@@ -63,7 +65,8 @@ async def serve(cfg: Config, actor_index: int) -> None:
                                sampling=Sampling(a.temperature, a.max_new_tokens, v.max_model_len, a.max_turns,
                                                  a.context_turns),
                                frozen_clients={agent: frozen_client for agent in a.frozen_agents},
-                               request_timeout_s=a.request_timeout_s)
+                               request_timeout_s=a.request_timeout_s,
+                               endpoint=endpoint)
         tasks = [asyncio.create_task(link.run()),
                  asyncio.create_task(_play_then_idle(runner, a.concurrent_episodes, tasks_in_play))]
         if cfg.tasks.order == "spo":

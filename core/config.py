@@ -20,6 +20,7 @@ from turnstream.core.config_launch import LaunchSection
 from turnstream.core.config_learner import CriticSection, LearnerSection, SpoSection
 from turnstream.core.config_logging import LoggingSection
 from turnstream.core.config_network import NetworkSection
+from turnstream.core.config_sft import SftSection
 from turnstream.core.config_tasks import TasksSection
 from turnstream.core.configtools import ConfigError, apply_override, dump_toml, from_dict, load_toml, require
 
@@ -59,6 +60,7 @@ class Config(Section):
     learner: LearnerSection = Field(default_factory=LearnerSection)
     launch: LaunchSection = Field(default_factory=LaunchSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
+    sft: SftSection = Field(default_factory=SftSection)
 
     @model_validator(mode="after")
     def _cross_table_rules(self) -> Config:
@@ -93,4 +95,4 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 __all__ = ["ActorSection", "BufferSection", "Config", "ConfigError", "CriticSection", "DiskWeightSyncConfig",
            "EnvSection", "LaunchSection", "LearnerSection", "LoggingSection", "ModelSection", "NcclWeightSyncConfig", "NetworkSection", "RunSection",
-           "SpoSection", "TINY_MODEL_PATH", "TasksSection", "VllmSection", "load_config"]
+           "SftSection", "SpoSection", "TINY_MODEL_PATH", "TasksSection", "VllmSection", "load_config"]

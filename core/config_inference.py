@@ -6,7 +6,8 @@ from typing import Annotated, Literal, Union
 from pydantic import Field, model_validator
 
 from turnstream.core.config_fields import CpuIds, Port, Section
-from turnstream.core.configtools import require
+from turnstream.core.config_network import NetworkSection, is_wildcard
+from turnstream.core.configtools import ConfigError, require
 
 HttpUrl = Annotated[str, Field(pattern=r"^https?://")]
 
@@ -83,3 +84,33 @@ class ActorSection(Section):
         default_factory=list, description="agents that do not share the trained policy: a fixed opponent sampled "
         "from vllm.frozen_urls, whose turns are part of the others' observations but are never streamed for training")
     cpus: CpuIds = Field(default_factory=list, description="CPU ids this role is pinned to; empty: any")
+    # The OpenAI-compatible endpoint that agent episodes call (env.name = agent or verifiers): on loopback unless
+    # an agent runs on another host, which then needs an address of this host it can reach.
+    endpoint_bind_host: str = Field(
+        "127.0.0.1", description="where the actor's OpenAI-compatible endpoint for agent episodes binds; 0.0.0.0 "
+        "(every interface) or one of this host's addresses lets an agent on another host call it")
+    endpoint_advertise_host: str = Field(
+        "", description="the host in each agent episode's base URL (http://HOST:PORT/episodes/<id>/v1): an "
+        "address or name of this actor's host that the agent's host reaches; empty: endpoint_bind_host, or "
+        "network.bind_host when the endpoint binds 0.0.0.0")
+    endpoint_port: Port = Field(0, description="the endpoint's port; actor i uses endpoint_port + i (a fixed "
+                                "port is what a firewall rule needs); 0: a free port")
+
+    @model_validator(mode="after")
+    def _endpoint_rules(self) -> ActorSection:
+        require(not self.endpoint_advertise_host or not is_wildcard(self.endpoint_advertise_host),
+                "endpoint_advertise_host", "a wildcard (0.0.0.0, ::) is no address an agent can connect to; name "
+                "this host's address")
+        require(bool(self.endpoint_bind_host), "endpoint_bind_host", "empty; 127.0.0.1, 0.0.0.0 or an address "
+                "of this host")
+        return self
+
+    def endpoint_url_host(self, network: NetworkSection) -> str:
+        """The host agent episodes' base URLs name; ConfigError when the endpoint binds every interface and no
+        setting says which address of this host an agent reaches."""
+        for host in (self.endpoint_advertise_host, self.endpoint_bind_host, network.bind_host):
+            if host and not is_wildcard(host):
+                return host
+        raise ConfigError(f"actor.endpoint_advertise_host: actor.endpoint_bind_host = {self.endpoint_bind_host} "
+                          "binds every interface, and an agent cannot connect to that; set it (or "
+                          "network.bind_host) to the address of this host the agents reach")

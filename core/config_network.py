@@ -18,6 +18,16 @@ def is_loopback(host: str) -> bool:
         return False  # a host name or a wildcard such as 0.0.0.0 / *: traffic may leave the machine
 
 
+def is_wildcard(host: str) -> bool:
+    """0.0.0.0, :: or ZeroMQ's *: every interface, so no address a peer could connect to."""
+    if host in ("", "*"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
+
+
 def curve_enabled(mode: str, host: str) -> bool:
     """"auto" encrypts exactly when traffic can leave the machine."""
     return mode == "on" or (mode == "auto" and not is_loopback(host))

@@ -30,6 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("actor", help="run one actor process")
     _config_args(p)
     p.add_argument("--index", type=int, default=0, help="actor index (names it and offsets its metrics port)")
+    p = sub.add_parser("sft", help="train model.path on chat transcripts (JSON lines, [sft] table) as the actors "
+                       "render them; writes a Hugging Face checkpoint")
+    _config_args(p)
+    p = sub.add_parser("vllm", help="run one vLLM server of model.path on network.bind_host, as `turnstream up` "
+                       "starts it (for deployments that start each role themselves: deploy/slurm)")
+    _config_args(p)
+    p.add_argument("--port", type=int, default=8000, help="the port it serves on")
     p = sub.add_parser("make-tiny-model", help="build the tiny local model (nothing is downloaded)")
     p.add_argument("dir")
     p.add_argument("--seed", type=int, default=0)
@@ -117,6 +124,10 @@ def _dispatch(args) -> int:
     overrides = args.set
     if args.command == "demo" and not args.config:  # the built-in defaults, named as a demo run
         overrides = ["run.name=demo", "run.run_dir=runs/demo", *overrides]
+    if args.command == "sft":  # no role starts: the environment, buffer and keys are not its business
+        from turnstream.sft.run import main as sft_main
+
+        return sft_main(load_config(args.config, overrides))
     cfg = preflight(load_config(args.config, overrides))
     if args.command == "check":
         check_models(cfg)
@@ -130,6 +141,16 @@ def _dispatch(args) -> int:
         from turnstream.launcher import up
 
         return up(cfg, resume=args.resume)
+    if args.command == "vllm":  # exec'd, so that the server is this process and a signal to it reaches vLLM
+        import os
+
+        from turnstream.vllm_server import vllm_command
+
+        argv, env = vllm_command(cfg.model.path, cfg.network.listen_host, args.port, cfg.vllm, cfg.learner.lora)
+        os.execve(argv[0], argv, {**os.environ, **env})
+    from turnstream.address_checks import check_role_addresses
+
+    check_role_addresses(cfg, args.command)  # buffer, learner or actor: what it binds and reaches
     if args.command == "buffer":
         from turnstream.buffer.main import main as role_main
     elif args.command == "learner":

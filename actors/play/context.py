@@ -14,6 +14,7 @@ import numpy as np
 from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.inference.client import Generation
 from turnstream.actors.metrics import ActorMetrics
+from turnstream.actors.play.endpoint.address import EndpointAddress
 from turnstream.actors.play.stream import Stream
 from turnstream.protocol.messages import TurnChunk
 
@@ -31,7 +32,8 @@ class Sampling:
 class PlayContext:
     """`client`: the trained policy's inference fleet; `frozen_clients`: agent id -> the client of the fixed
     policy that agent plays (its turns are never streamed); `link`: where chunks go (actors/link.py), and the
-    learner version the actor knows; `request_timeout_s`: the clients' time limit for one call."""
+    learner version the actor knows; `request_timeout_s`: the clients' time limit for one call; `endpoint`: where
+    the OpenAI-compatible endpoint of agent episodes listens (play/endpoint/)."""
 
     actor_id: str
     epoch: int
@@ -42,6 +44,7 @@ class PlayContext:
     metrics: ActorMetrics
     frozen_clients: dict = field(default_factory=dict)
     request_timeout_s: float = 60.0
+    endpoint: EndpointAddress = EndpointAddress()
 
     async def send(self, s: Stream, obs_tokens, gen: Generation | None, allowed, reward, *, done, truncated,
                    t_start, temperature: float | None = None, context_reset: bool = False) -> None:

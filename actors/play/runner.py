@@ -10,6 +10,7 @@ from typing import Protocol, Sequence
 from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.play.context import PlayContext, Sampling
+from turnstream.actors.play.endpoint.address import EndpointAddress
 from turnstream.actors.play.player import Episode, EpisodePlayer
 from turnstream.actors.play.stream import Stream
 from turnstream.actors.tasks.orders import Assignment
@@ -27,10 +28,11 @@ class Tasks(Protocol):
 class EpisodeRunner:
     def __init__(self, *, actor_id: str, epoch: int, player: EpisodePlayer, chat: ChatTokens, client, link,
                  sampling: Sampling, metrics: ActorMetrics, tasks: Tasks, frozen_clients: dict | None = None,
-                 request_timeout_s: float = 60.0):
+                 request_timeout_s: float = 60.0, endpoint: EndpointAddress = EndpointAddress()):
         self.player = player
         self.context = PlayContext(actor_id, epoch, chat, client, link, sampling, metrics,
-                                   frozen_clients=frozen_clients or {}, request_timeout_s=request_timeout_s)
+                                   frozen_clients=frozen_clients or {}, request_timeout_s=request_timeout_s,
+                                   endpoint=endpoint)
         self._episode_counter = itertools.count()
         self.tasks = tasks  # what each new episode plays (actors/tasks/)
 

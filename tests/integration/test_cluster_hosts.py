@@ -1,19 +1,23 @@
 """Roles on hosts of their own (tests/cluster.py): the buffer binds a non-loopback address in one network
-namespace and an actor's socket reaches it from another across a bridge, with CURVE on; a cut link goes
-silent and what was sent while it was down is acked once it is back. Skipped, saying why, where network
+namespace and an actor's socket reaches it from another across a bridge, with CURVE on; a peer host with a
+wrong key is refused and counted while the buffer serves the allow-listed one; a cut link goes silent and what
+was sent while it was down is acked once it is back. Skipped, saying why, where network
 namespaces cannot be made."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from tests.cluster import Cluster, cluster_unavailable
 from tests.cluster_stack import BUFFER_METRICS, INGEST_PORT, ClusterStack
-from tests.helpers import wait_for_child
+from tests.helpers import poll_until, wait_for_child
+from turnstream.keygen import main as keygen
 
 pytestmark = pytest.mark.skipif(bool(reason := cluster_unavailable()), reason=reason or "")
 
@@ -83,9 +87,8 @@ def _ask(actor: subprocess.Popen, line: str):
     return json.loads(actor.stdout.readline())
 
 
-def test_an_actor_host_reaches_the_buffer_host_over_curve(buffer_on_its_own_host):
-    cluster, keys, metrics_url = buffer_on_its_own_host
-    assert not cluster["buffer"].address.startswith("127.")
+def _credit_then_an_ack(cluster, keys) -> None:
+    """An actor host with the allow-listed key gets a credit, sends chunk 0 and has it acked."""
     actor = _actor(cluster, keys, wait_s=20)
     try:
         assert json.loads(actor.stdout.readline())["credits"] > 0
@@ -93,6 +96,12 @@ def test_an_actor_host_reaches_the_buffer_host_over_curve(buffer_on_its_own_host
     finally:
         actor.kill()
         actor.wait()
+
+
+def test_an_actor_host_reaches_the_buffer_host_over_curve(buffer_on_its_own_host):
+    cluster, keys, metrics_url = buffer_on_its_own_host
+    assert not cluster["buffer"].address.startswith("127.")
+    _credit_then_an_ack(cluster, keys)
     metrics = cluster["actor"].get(metrics_url)
     assert 'turnstream_buffer_chunks_total{outcome="ok"} 1.0' in metrics
 
@@ -112,6 +121,41 @@ def test_a_cut_link_is_silent_and_what_was_sent_is_acked_once_it_is_back(buffer_
     finally:
         actor.kill()
         actor.wait()
+    assert 'turnstream_buffer_chunks_total{outcome="ok"} 1.0' in cluster["actor"].get(metrics_url)
+
+
+def _stranger_keys(keys, tmp_path, wrong: str):
+    """A key directory that is right but for one key: the client's own (one the buffer's allow-list does not
+    hold) or the server's it pins (another server's)."""
+    stranger = tmp_path / f"stranger-{wrong}"
+    assert keygen(stranger) == 0  # a key set of its own
+    if wrong == "client_key":  # pins the real server, presents an unlisted key
+        (stranger / "server.key_secret").unlink()
+        shutil.copy(Path(keys) / "server.key", stranger / "server.key")
+    else:  # presents the listed client key, pins another server's
+        shutil.copy(Path(keys) / "client.key_secret", stranger / "client.key_secret")
+    return stranger
+
+
+@pytest.mark.parametrize("wrong, reasons", [("client_key", ("auth",)), ("server_key", ("protocol", "no_detail"))])
+def test_a_peer_host_with_a_wrong_curve_key_is_refused_counted_and_the_buffer_serves_on(buffer_on_its_own_host,
+                                                                                     tmp_path, wrong, reasons):
+    cluster, keys, metrics_url = buffer_on_its_own_host
+    stranger = _actor(cluster, _stranger_keys(keys, tmp_path, wrong), wait_s=3)
+    try:
+        assert stranger.stdout.readline().strip() == '"timeout"'  # no credit: the handshake never completed
+
+        def refusals() -> float:
+            metrics = cluster["actor"].get(metrics_url)
+            return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                       if line.startswith("turnstream_buffer_auth_failures_total{") and 'socket="ingest"' in line
+                       and any(f'reason="{r}"' in line for r in reasons))
+
+        poll_until(refusals, f"a refusal counted across hosts ({' or '.join(reasons)})", timeout_s=30)
+        _credit_then_an_ack(cluster, keys)  # the allow-listed peer, while the stranger still knocks
+    finally:
+        stranger.kill()
+        stranger.wait()
     assert 'turnstream_buffer_chunks_total{outcome="ok"} 1.0' in cluster["actor"].get(metrics_url)
 
 

@@ -16,6 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.helpers import until
+from turnstream.actors.play.endpoint.address import EndpointAddress
 from turnstream.actors.play.player import Episode
 from turnstream.actors.play.verifiers.harness import shared_harness
 from turnstream.actors.registry import make_env
@@ -65,7 +66,8 @@ def test_harness_failures_abandon_only_their_episode_with_a_counted_reason():
     # row 0 fails in the environment's setup, row 1 never starts its first call
     env = make_env("verifiers", environment=GAME, env_args={"rows": 2, "setup_boom_rows": [0], "stall_rows": [1]},
                    python=str(HARNESS_PYTHON), timeout_s=30)
-    ctx = SimpleNamespace(metrics=SimpleNamespace(registry=CollectorRegistry()))  # no call reaches the model
+    # no call reaches the model
+    ctx = SimpleNamespace(metrics=SimpleNamespace(registry=CollectorRegistry()), endpoint=EndpointAddress())
 
     def errors(reason: str) -> float:
         return ctx.metrics.registry.get_sample_value("turnstream_actor_agent_errors_total", {"reason": reason}) or 0

@@ -35,9 +35,10 @@ class AgentFailed(Exception):
 _endpoint: "LoopShared[OpenAIEndpoint]" = LoopShared("openai-endpoint", close=OpenAIEndpoint.close)
 
 
-async def shared_endpoint(registry) -> OpenAIEndpoint:
-    """The actor process's one endpoint (started by the first agent episode; evaluation episodes share it)."""
-    return await _endpoint.get(lambda: OpenAIEndpoint(AgentMetrics(registry)).start())
+async def shared_endpoint(ctx: PlayContext) -> OpenAIEndpoint:
+    """The actor process's one endpoint, at `ctx.endpoint` (started by the first agent episode; evaluation
+    episodes share it)."""
+    return await _endpoint.get(lambda: OpenAIEndpoint(AgentMetrics(ctx.metrics.registry), ctx.endpoint).start())
 
 
 async def play_at_endpoint(ctx: PlayContext, episode: Episode, run: Callable[[OpenAIEndpoint, str], Awaitable], *,
@@ -51,7 +52,7 @@ async def play_at_endpoint(ctx: PlayContext, episode: Episode, run: Callable[[Op
 async def _play(ctx: PlayContext, episode: Episode, run: Callable[[OpenAIEndpoint, str], Awaitable], *,
                 prompt_key: str, success_at: float, timeout_s: float) -> str:
     episode_id = episode.episode_id
-    endpoint = await shared_endpoint(ctx.metrics.registry)
+    endpoint = await shared_endpoint(ctx)
     played = AgentEpisode(ctx, endpoint.metrics, episode_id, prompt_key)
     endpoint.episodes[episode_id] = played
     try:
