@@ -63,7 +63,7 @@ async def serve(cfg: Config, actor_index: int) -> None:
         runner = EpisodeRunner(actor_id=actor_id, epoch=epoch, player=player, chat=chat,
                                client=client, link=link, metrics=metrics, tasks=tasks_in_play,
                                sampling=Sampling(a.temperature, a.max_new_tokens, v.max_model_len, a.max_turns,
-                                                 a.context_turns),
+                                                 a.context_turns, a.top_p, a.top_k),
                                frozen_clients={agent: frozen_client for agent in a.frozen_agents},
                                request_timeout_s=a.request_timeout_s,
                                endpoint=endpoint)

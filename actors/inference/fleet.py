@@ -30,6 +30,7 @@ import aiohttp
 from turnstream.actors.inference.client import (Generation, InferenceError, ServerFailure, StaleConnection,
                                                 parse_version, post_generate)
 from turnstream.actors.metrics import ActorMetrics
+from turnstream.protocol.http_links import silent_peer_connector
 
 log = logging.getLogger("turnstream.actor")
 
@@ -92,9 +93,10 @@ class InferenceFleet:
 
     async def __aenter__(self) -> "InferenceFleet":
         # Idle connections are dropped after 3 s, before uvicorn (vLLM's server) closes them at 5 s: reusing a
-        # connection the server is closing fails the request with "Server disconnected".
+        # connection the server is closing fails the request with "Server disconnected". A server whose link
+        # went silent fails its requests within seconds (protocol/http_links.py), not at their time limit.
         self._session = aiohttp.ClientSession(timeout=self.timeout,
-                                              connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=3.0))
+                                              connector=silent_peer_connector(limit=0, keepalive_timeout=3.0))
         if self.health_interval_s > 0:
             self._health_task = asyncio.create_task(self._health_loop())
         return self
@@ -163,7 +165,7 @@ class InferenceFleet:
 
     async def generate(self, token_ids: list[int], *, max_tokens: int, temperature: float,
                        allowed_token_ids: list[int] | None = None, cache_salt: str | None = None,
-                       extra_params: dict | None = None) -> Generation:
+                       extra_params: dict | None = None, top_p: float = 1.0, top_k: int = 0) -> Generation:
         """`extra_params`: more of vLLM's sampling parameters (stop strings, structured outputs), as given."""
         assert self._session is not None, "use `async with InferenceFleet(...)`"
         tried: set[str] = set()
@@ -181,7 +183,7 @@ class InferenceFleet:
             try:
                 request = dict(max_tokens=max_tokens, temperature=temperature,
                                allowed_token_ids=allowed_token_ids, cache_salt=cache_salt, extra_params=extra_params,
-                               model=self.model)
+                               model=self.model, top_p=top_p, top_k=top_k)
                 try:
                     gen = await post_generate(self._session, s.url, token_ids, **request)
                 except StaleConnection:

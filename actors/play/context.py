@@ -26,6 +26,8 @@ class Sampling:
     max_context_tokens: int
     max_turns: int = 0  # 0: no limit; otherwise the episode is truncated after this many turns
     context_turns: int = 0  # 0: the context holds the whole episode; otherwise it restarts after this many turns
+    top_p: float = 1.0  # 1: no nucleus truncation
+    top_k: int = 0  # 0: no top-k truncation
 
 
 @dataclass
@@ -49,7 +51,8 @@ class PlayContext:
     async def send(self, s: Stream, obs_tokens, gen: Generation | None, allowed, reward, *, done, truncated,
                    t_start, temperature: float | None = None, context_reset: bool = False) -> None:
         """`temperature`: the one the turn was sampled at, when not actor.temperature (an agent's request);
-        `context_reset`: `obs_tokens` are the whole context, restarted (Sampling.context_turns)."""
+        `context_reset`: `obs_tokens` are the whole context, restarted (Sampling.context_turns). The turn's top-p
+        and top-k are `gen`'s, those its request gave vLLM, whoever made the request."""
         if s.agent in self.frozen_clients:
             return  # the fixed policy is not trained: its turns stay out of the buffer
         empty_i, empty_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
@@ -62,7 +65,7 @@ class PlayContext:
             reward=float(reward), done=done, truncated=truncated, agent_id=s.agent,
             temperature=self.sampling.temperature if temperature is None else temperature,
             allowed_tokens=np.asarray(allowed, np.int32), t_start=t_start, t_end=time.time(),
-            context_reset=context_reset,
+            context_reset=context_reset, top_p=gen.top_p if gen else 1.0, top_k=gen.top_k if gen else 0,
         )
         s.turn += 1
         await self.link.send(chunk)

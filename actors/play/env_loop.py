@@ -84,7 +84,8 @@ async def _play(ctx: PlayContext, env: Environment, episode: Episode) -> str:
         started = time.monotonic()
         client = ctx.frozen_clients.get(agent, ctx.client)
         gen = await client.generate(s.context, max_tokens=max_tokens, temperature=sampling.temperature,
-                                    allowed_token_ids=allowed or None, cache_salt=f"v{ctx.link.learner_version}")
+                                    allowed_token_ids=allowed or None, cache_salt=f"v{ctx.link.learner_version}",
+                                    top_p=sampling.top_p, top_k=sampling.top_k)
         ctx.metrics.generate_seconds.observe(time.monotonic() - started)
         (ctx.metrics.frozen_tokens if agent in ctx.frozen_clients else ctx.metrics.generated_tokens).inc(
             len(gen.tokens))

@@ -1,5 +1,6 @@
-"""Turn a wire Batch into padded tensors, and compute masked, temperature-scaled action log-probs from the logits
-at the action positions (learner/step/forward.py gives those)."""
+"""Turn a wire Batch into padded tensors, and compute action log-probs from the logits at the action positions
+(learner/step/forward.py gives those) under the distribution vLLM sampled from: temperature-scaled, masked to the
+allowed tokens, truncated to the top-k and top-p."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,6 +9,17 @@ import numpy as np
 import torch
 
 from turnstream.protocol.messages import Batch
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """Per action token, the truncation vLLM sampled it under: top_k (0: none) and top_p (1: none)."""
+
+    top_k: torch.Tensor  # [n] int64
+    top_p: torch.Tensor  # [n] float32
+
+    def select(self, index: torch.Tensor, device) -> Truncation:
+        return Truncation(self.top_k[index].to(device), self.top_p[index].to(device))
 
 
 @dataclass
@@ -28,6 +40,7 @@ class TensorBatch:
     lengths: np.ndarray | None = None  # [E] tokens per episode (unpadded)
     # [N] False on a segment's bootstrap token: the critic is read there, nothing is trained on it
     act_trained: torch.Tensor | None = None
+    truncation: Truncation | None = None  # None: no action token was sampled under a top-k or top-p
 
     @property
     def num_episodes(self) -> int:
@@ -74,6 +87,9 @@ def to_tensors(batch: Batch, vocab_size: int, pad_id: int = 0) -> TensorBatch:
         mask_id=torch.from_numpy(batch.mask_id[flat_act].astype(np.int64)),
         allowed=allowed, tokens_per_episode=np.bincount(episode_of, minlength=n_eps),
         act_turn=torch.from_numpy(act_turn), lengths=lengths, act_trained=torch.from_numpy(trained),
+        truncation=Truncation(torch.from_numpy(batch.top_k[flat_act].astype(np.int64)),
+                              torch.from_numpy(batch.top_p[flat_act].astype(np.float32)))
+        if batch.top_p.size else None,
     )
 
 
@@ -90,12 +106,17 @@ def max_entropy(tb: TensorBatch, vocab_size: int) -> torch.Tensor:
     choices = torch.full(tb.mask_id.shape, float(vocab_size))
     restricted = tb.mask_id >= 0
     choices[restricted] = tb.allowed.sum(1).float()[tb.mask_id[restricted]]
+    if tb.truncation is not None:  # top-k bounds the choice too; top-p's bound varies with the logits
+        top_k = tb.truncation.top_k.float()
+        choices = torch.where(top_k > 0, torch.minimum(choices, top_k), choices)
     return torch.log(choices.clamp(min=2.0))  # a one-token set has no entropy to keep; avoid dividing by 0
 
 
 def logprobs_from_action_logits(act_logits: torch.Tensor, temperature: torch.Tensor, mask_id: torch.Tensor,
-                                allowed: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob of `tokens` and entropy under softmax(logits / T) restricted to the allowed set, in fp32.
+                                allowed: torch.Tensor, tokens: torch.Tensor, truncation: Truncation | None = None,
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of `tokens` and entropy under softmax(logits / T) restricted to the allowed set and truncated to
+    the top-k and top-p, in fp32.
 
     [n, V] logits of the n action tokens (any dtype, any device; the other arguments on the same device).
     """
@@ -104,8 +125,41 @@ def logprobs_from_action_logits(act_logits: torch.Tensor, temperature: torch.Ten
     if restricted.any():
         keep = allowed[mask_id.clamp(min=0)] | ~restricted[:, None]
         act_logits = act_logits.masked_fill(~keep, float("-inf"))
+    if truncation is not None:
+        act_logits = act_logits.masked_fill(outside_truncation(act_logits.detach(), truncation, tokens),
+                                            float("-inf"))
     logp_all = torch.log_softmax(act_logits, dim=-1)
     logp = logp_all.gather(1, tokens[:, None]).squeeze(1)
     probs = logp_all.exp()
     entropy = -(probs * torch.where(probs > 0, logp_all, torch.zeros_like(logp_all))).sum(-1)
     return logp, entropy
+
+
+def outside_truncation(logits: torch.Tensor, truncation: Truncation, tokens: torch.Tensor) -> torch.Tensor:
+    """[n, V] True where vLLM's top-k, then top-p, drops a token of the temperature-scaled, masked `logits`, as
+    vllm/v1/sample/ops/topk_topp_sampler.py (apply_top_k_top_p_pytorch) computes it: top-k keeps every logit at
+    least the k-th largest (ties too); top-p, over what top-k kept, drops the least likely tokens while their
+    probabilities add up to at most 1 - p, and always keeps the most likely one.
+
+    The sampled token is never dropped: vLLM sampled it, so it was inside vLLM's truncation. Where rounding, or a
+    policy that moved since, puts it just outside the learner's, its log-prob stays finite, and the importance
+    weights (is_weight_*) show how far the two distributions differ. Only the rows that truncate are sorted."""
+    top_k, top_p = truncation.top_k, truncation.top_p
+    outside = torch.zeros_like(logits, dtype=torch.bool)
+    rows = torch.nonzero((top_k > 0) | (top_p < 1)).squeeze(1)
+    if rows.numel() == 0:
+        return outside
+    vocab = logits.shape[1]
+    ascending, order = logits[rows].sort(dim=-1)
+    k = top_k[rows]
+    k = torch.where((k > 0) & (k < vocab), k, vocab)
+    drop = ascending < ascending.gather(1, (vocab - k)[:, None])
+    ascending = ascending.masked_fill(drop, float("-inf"))
+    p = top_p[rows]
+    cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+    nucleus_drop = (cumulative <= (1 - p)[:, None]) & (p < 1)[:, None]
+    nucleus_drop[:, -1] = False
+    drop |= nucleus_drop
+    outside[rows] = torch.zeros_like(drop).scatter(1, order, drop)
+    outside[rows, tokens[rows]] = False
+    return outside

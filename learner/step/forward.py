@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from turnstream.learner.step.batching import TensorBatch
+from turnstream.learner.step.batching import TensorBatch, Truncation
 
 
 @dataclass
@@ -115,3 +115,8 @@ def action_logits(model, mb: MicroBatch, **kwargs):
 def sampling_params(tb: TensorBatch, select: torch.Tensor, device) -> tuple[torch.Tensor, ...]:
     """Per action token (temperature, mask id, chosen token) of the selected tokens, on the device."""
     return (tb.temperature[select].to(device), tb.mask_id[select].to(device), tb.act_tokens[select].to(device))
+
+
+def truncation(tb: TensorBatch, select: torch.Tensor, device) -> Truncation | None:
+    """The top-k / top-p of the selected action tokens, on the device; None where the batch truncates none."""
+    return None if tb.truncation is None else tb.truncation.select(select, device)

@@ -231,7 +231,8 @@ class Trainer:
 
     def _logprobs(self, act_logits: torch.Tensor, tb: TensorBatch, mb: forward.MicroBatch, allowed: torch.Tensor):
         temperature, mask_id, tokens = forward.sampling_params(tb, mb.select, self.device)
-        return logprobs_from_action_logits(act_logits, temperature, mask_id, allowed, tokens)
+        return logprobs_from_action_logits(act_logits, temperature, mask_id, allowed, tokens,
+                                           forward.truncation(tb, mb.select, self.device))
 
     def _sum_over_ranks(self, *tensors: torch.Tensor) -> None:
         self.parallel.sum_over_ranks(*tensors)

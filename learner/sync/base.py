@@ -11,6 +11,8 @@ from typing import Any
 
 import aiohttp
 
+from turnstream.protocol.http_links import silent_peer_connector
+
 log = logging.getLogger("turnstream.learner")
 
 
@@ -69,12 +71,17 @@ class WeightSync(ABC):
             return []
         return [u for u in self.urls if self.versions.get(u) != self.latest[1]]
 
+    def _session(self) -> aiohttp.ClientSession:
+        """`timeout_s` bounds a whole push; a server whose link goes silent fails it within seconds
+        (protocol/http_links.py), to be re-synced once it answers again (watch)."""
+        return aiohttp.ClientSession(timeout=self.timeout, connector=silent_peer_connector())
+
     # ---- pushing -----------------------------------------------------------------------------------
 
     async def push(self, payload: Any, version: int) -> float:
         """Push to every server in parallel; raise WeightSyncError naming the servers that failed."""
         started = time.monotonic()
-        async with self._one_push, aiohttp.ClientSession(timeout=self.timeout) as session:
+        async with self._one_push, self._session() as session:
             self.latest = (payload, version)
             failed = await self._push_all(session, list(self.urls), payload, version)
         if failed:
@@ -116,7 +123,7 @@ class WeightSync(ABC):
                 log.warning("weight sync: resume of %s failed: %s", url, r)
 
     async def set_version(self, version: int) -> None:
-        async with aiohttp.ClientSession(timeout=self.timeout) as session:
+        async with self._session() as session:
             await asyncio.gather(*(post(session, f"{u}/update_weight_version", {"new_version": str(version)})
                                    for u in self.urls))
         for u in self.urls:
@@ -128,7 +135,7 @@ class WeightSync(ABC):
         """Push the latest weights to every server that is behind and answers again; returns those synced."""
         if self._one_push.locked():  # a push is on its way to every server
             return []
-        async with self._one_push, aiohttp.ClientSession(timeout=self.timeout) as session:
+        async with self._one_push, self._session() as session:
             stale = self.behind()
             if not stale or self.latest is None:
                 return []

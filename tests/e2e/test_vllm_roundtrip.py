@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
 import torch
 
+from turnstream.actors.environment import Environment, Reset, Step
 from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.buffer.store.episodes import Episode, flatten
 from turnstream.learner.step.batching import to_tensors
@@ -59,24 +61,61 @@ def test_exactness_with_allowed_token_mask(vllm_url, tiny_model):
     assert err < LOGPROB_TOLERANCE, f"max |logprob difference| {err:.2e} over {n} tokens"
 
 
+class FreeText(Environment):
+    """One turn of up to 8 tokens from the whole vocabulary."""
+
+    max_action_tokens = 8
+
+    async def reset(self, seed):
+        return Reset(observation=f"walk {seed} to the right", prompt_key="free")
+
+    async def step(self, action):
+        return Step(observation="", reward=0.0, done=True)
+
+
 def test_exactness_full_vocabulary_multi_token(vllm_url, tiny_model):
-    from turnstream.actors.environment import Environment, Reset, Step
-
-    class FreeText(Environment):
-        max_action_tokens = 8
-
-        async def reset(self, seed):
-            return Reset(observation=f"walk {seed} to the right", prompt_key="free")
-
-        async def step(self, action):
-            return Step(observation="", reward=0.0, done=True)
-
     chunks = asyncio.run(play_episodes(vllm_url, tiny_model, 8, temperature=0.8, max_new_tokens=8,
                                        env_factory=FreeText))
     assert all(c.allowed_tokens.size == 0 and c.gen_tokens.size >= 1 for c in chunks)
     err, n = _max_logprob_error(_load_model(tiny_model), _as_batch(chunks, version=0))
     print(f"exactness, full vocabulary, T=0.8: max |logprob difference| {err:.2e} over {n} tokens")
     assert err < LOGPROB_TOLERANCE, f"max |logprob difference| {err:.2e} over {n} tokens"
+
+
+def test_exactness_with_top_k_and_top_p(vllm_url, tiny_model):
+    """vLLM samples under top-k 20 and top-p 0.9 and returns the log-probs of that truncated distribution; the
+    learner, truncating the same way, recomputes them; without the truncation it would not."""
+    chunks = asyncio.run(play_episodes(vllm_url, tiny_model, 8, temperature=0.8, max_new_tokens=8,
+                                       env_factory=FreeText, top_p=0.9, top_k=20))
+    assert all((c.top_p, c.top_k) == (pytest.approx(0.9), 20) for c in chunks)
+    model, batch = _load_model(tiny_model), _as_batch(chunks, version=0)
+    err, n = _max_logprob_error(model, batch)
+    print(f"exactness, top-k 20, top-p 0.9, T=0.8: max |logprob difference| {err:.2e} over {n} tokens")
+    assert n >= 32
+    assert err < LOGPROB_TOLERANCE, f"max |logprob difference| {err:.2e} over {n} tokens"
+    untruncated = dataclasses.replace(batch, top_p=batch.top_p[:0], top_k=batch.top_k[:0])
+    assert _max_logprob_error(model, untruncated)[0] > 0.1
+
+
+def test_learner_truncation_is_vllm_s():
+    """The tokens the learner's top-k / top-p drops are the ones vLLM's sampler sets to -inf, ties included,
+    each row with its own k and p (k alone and p alone take vLLM's other code paths)."""
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+    from turnstream.learner.step.batching import Truncation, outside_truncation
+
+    g = torch.Generator().manual_seed(0)
+    rows, vocab = 64, 50
+    logits = (torch.randn(rows, vocab, generator=g) * 2).round(decimals=1)  # rounded: ties at the boundaries
+    top_k = torch.randint(1, vocab + 1, (rows,), generator=g)
+    top_p = torch.rand(rows, generator=g) * 0.9 + 0.05
+    argmax = logits.argmax(-1)  # a token both always keep, so the learner's keeping the sampled one is moot
+    for k, p in ((top_k, top_p), (top_k, None), (None, top_p)):
+        dropped = torch.isinf(apply_top_k_top_p(logits.clone(), k, p))
+        truncation = Truncation(torch.zeros(rows, dtype=torch.long) if k is None else k,
+                                torch.ones(rows) if p is None else p)
+        assert torch.equal(outside_truncation(logits, truncation, argmax), dropped)
+        assert dropped.any()
 
 
 def test_weight_push_changes_version_and_outputs(vllm_url, tiny_model, tmp_path):

@@ -16,6 +16,7 @@ class FakeVllm:
         self.garbage = False
         self.adapters: set[str] = set()  # LoRA adapters it serves; a request for another one is a 404, as vLLM's
         self.models: list[str | None] = []  # the `model` of each generate request
+        self.sampling_params: list[dict] = []  # the `sampling_params` of each generate request
         self.lora_loading = True  # serves /v1/load_lora_adapter (vLLM: with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)
         self.drop_connections = 0  # close this many generate connections without answering
         self.gate: asyncio.Event | None = None  # when set, generate waits for it
@@ -95,6 +96,7 @@ class FakeVllm:
     async def generate(self, request):
         body = await request.json()
         self.models.append(body.get("model"))
+        self.sampling_params.append(body["sampling_params"])
         if body.get("model") not in (None, "policy", *self.adapters):
             return web.json_response({"error": f"The model `{body['model']}` does not exist."}, status=404)
         if self.drop_connections > 0:

@@ -16,7 +16,8 @@ class ScriptedClient:
         self.version = version
         self.calls: list[list[int]] = []
 
-    async def generate(self, token_ids, *, max_tokens, temperature, allowed_token_ids=None, cache_salt=None):
+    async def generate(self, token_ids, *, max_tokens, temperature, allowed_token_ids=None, cache_salt=None,
+                       top_p=1.0, top_k=0):
         self.calls.append(list(token_ids))
         await asyncio.sleep(0)
         tokens = [self.rng.choice(allowed_token_ids)] if allowed_token_ids else self.free_tokens[:max_tokens]

@@ -270,7 +270,7 @@ def test_entropy_bonus():
     logits[0, :len(probs)] = probs.log()  # token 1 chooses among its allowed set; token 2 among the vocabulary
     mask_id = torch.tensor([0, -1])
     _, entropy = logprobs_from_action_logits(logits, torch.ones(2), mask_id, allowed, torch.zeros(2, dtype=torch.long))
-    unit = max_entropy(SimpleNamespace(mask_id=mask_id, allowed=allowed), vocab)
+    unit = max_entropy(SimpleNamespace(mask_id=mask_id, allowed=allowed, truncation=None), vocab)
     close(entropy.numpy(), column(rows, "H"))
     close(unit.numpy(), column(rows, "H_max"))
     close(np.exp(unit.numpy()), column(rows, "choices"))

@@ -36,7 +36,7 @@ class Replies:
         self.chat, self.texts, self.calls = chat, list(texts), []
 
     async def generate(self, token_ids, *, max_tokens, temperature, allowed_token_ids=None, cache_salt=None,
-                       extra_params=None):
+                       extra_params=None, top_p=1.0, top_k=0):
         self.calls.append(list(token_ids))
         tokens = self.chat.encode(self.texts.pop(0)) + [self.chat.end_of_turn_id]
         return Generation(tokens, [-0.5] * len(tokens), [0] * len(tokens), "stop")
