@@ -9,18 +9,39 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Prometheus (promtool and the server) for the tests that check deploy/prometheus against a real one: the
-# Debian/Ubuntu package where apt-get can install it; elsewhere those tests are skipped, saying why.
-if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-    if [ "$(id -u)" -eq 0 ]; then SUDO=(); else SUDO=(sudo -n); fi
-    if DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 \
-        || { "${SUDO[@]}" apt-get update >/dev/null 2>&1 \
-             && DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1; }; then
-        echo "setup: installed prometheus ($(promtool --version 2>&1 | head -1))"
-    else
-        echo "setup: could not install prometheus with apt-get; the tests that need promtool will be skipped" >&2
+# Debian/Ubuntu packages that some tests need, installed where apt-get can (as root, or with sudo that asks
+# for no password); elsewhere those tests are skipped, saying why.
+#   apt_install WHO_NEEDS_THEM COMMAND PACKAGE...   (nothing to do when COMMAND is already there)
+apt_install() {
+    local who="$1" command="$2"; shift 2
+    command -v "$command" >/dev/null 2>&1 && return 0
+    if ! command -v apt-get >/dev/null 2>&1; then
+        echo "setup: no apt-get to install $*; $who will be skipped" >&2
+        return 0
     fi
+    local sudo=(); [ "$(id -u)" -eq 0 ] || sudo=(sudo -n)
+    local install=(env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@")
+    if "${sudo[@]}" "${install[@]}" >/dev/null 2>&1 \
+        || { "${sudo[@]}" apt-get update >/dev/null 2>&1 && "${sudo[@]}" "${install[@]}" >/dev/null 2>&1; }; then
+        echo "setup: installed $*"
+    else
+        echo "setup: could not install $* with apt-get; $who will be skipped" >&2
+    fi
+}
+
+# Prometheus (promtool and the server) for the tests that check deploy/prometheus against a real one.
+apt_install "the tests that need promtool" promtool prometheus
+# Slurm and MUNGE for the test that submits deploy/slurm to a real cluster: tests/slurm_cluster.py starts
+# daemons of its own, under the test's directory. The packages' services are not wanted, so where no
+# policy-rc.d is in place, one that refuses every service start is, for the length of the install.
+refuse_starts=""
+if ! command -v slurmctld >/dev/null 2>&1 && [ ! -e /usr/sbin/policy-rc.d ] && [ -w /usr/sbin ]; then
+    refuse_starts=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' > "$refuse_starts" && chmod 755 "$refuse_starts"
+    trap 'rm -f "$refuse_starts"' EXIT
 fi
+apt_install "the Slurm cluster test (tests/e2e/test_slurm_cluster.py)" slurmctld slurm-wlm munge
+if [ -n "$refuse_starts" ]; then rm -f "$refuse_starts"; trap - EXIT; fi
 
 PYTHON="${PYTHON:-python3}"
 

@@ -5,6 +5,7 @@ vLLM's development routes."""
 from __future__ import annotations
 
 import functools
+import json
 import re
 import shlex
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 import yaml
 from torch.distributed.run import get_args_parser as torchrun_parser
 
-from turnstream.cli import build_parser
+from turnstream.cli import build_parser, main
 from turnstream.core.config import Config, VllmSection
 from turnstream.core.configtools import from_dict
 from turnstream.keygen import main as keygen_main
@@ -330,8 +331,8 @@ def test_sbatch_is_valid_bash_with_directives():
 
 
 def _expand(line: str) -> str:
-    """Shell variables and arithmetic replaced by 1, which every field involved accepts."""
-    return re.sub(r"\$\{?[A-Za-z_][A-Za-z_0-9]*\}?|\$\(\([^)]*\)\)", "1", line)
+    """Shell variables (array elements too) and arithmetic replaced by 1, which every field involved accepts."""
+    return re.sub(r"\$\{[A-Za-z_][A-Za-z_0-9]*\[[^]]*\]\}|\$\{?[A-Za-z_][A-Za-z_0-9]*\}?|\$\(\([^)]*\)\)", "1", line)
 
 
 def test_sbatch_commands_match_the_cli():
@@ -343,9 +344,35 @@ def test_sbatch_commands_match_the_cli():
         seen.add(parse_cli(argv).command)
     (learner,) = re.findall(r'"\$PYTHON" -m torch\.distributed\.run ([^&\n]+)', text)
     seen.add(parse_torchrun(shlex.split(_expand(learner)))[1].command)
-    assert ROLE_COMMANDS | {"make-tiny-model"} <= seen
-    (vllm,) = re.findall(r"vllm\.entrypoints\.openai\.api_server ([^&\n]+)", text)
-    check_vllm_args(shlex.split(_expand(vllm)))
+    # the servers start as the local launcher starts them (test_the_vllm_command_is_the_launcher_s)
+    assert ROLE_COMMANDS | {"make-tiny-model", "vllm"} <= seen
+    assert "vllm.entrypoints" not in text
+
+
+def test_the_vllm_command_is_the_launcher_s(tmp_path, monkeypatch):
+    """`turnstream vllm`, which the Slurm template starts on each worker node, execs turnstream/vllm_server.py's
+    command with its environment, on network.bind_host and the given port."""
+    config = tmp_path / "run.toml"
+    config.write_text(f'[model]\npath = "{tmp_path}"\n'
+                      f'[network]\nbind_host = "0.0.0.0"\ncurve = "on"\nkeys_dir = "{_generated_keys()}"\n')
+    execs = []
+
+    def execve(path, argv, env):  # never returns, as the real one
+        execs.append((path, argv, env))
+        raise SystemExit(0)
+
+    monkeypatch.setattr("os.execve", execve)
+    with pytest.raises(SystemExit):
+        main(["vllm", "--config", str(config), "--port", "8123"])
+    ((path, argv, env),) = execs
+    expected, expected_env = vllm_command(str(tmp_path), "0.0.0.0", 8123, VllmSection())
+    assert path == argv[0] and argv == expected
+    assert expected_env.items() <= env.items()
+    check_vllm_args(argv)
+
+
+# Slurm's NodeAddr of each stand-in node: roles reach each other at these, while steps name the nodes
+NODE_ADDRESSES = {f"node{i}": f"10.0.0.{i}" for i in range(1, 13)}
 
 
 def _run_sbatch(tmp_path: Path, nodes: list[str], **env) -> tuple[list[list[str]], dict]:
@@ -356,7 +383,11 @@ def _run_sbatch(tmp_path: Path, nodes: list[str], **env) -> tuple[list[list[str]
     bin_dir, steps, run_dir = tmp_path / "bin", tmp_path / "steps", tmp_path / "run"
     bin_dir.mkdir()
     steps.mkdir()
-    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf '%s\\n' " + " ".join(nodes) + "\n")
+    # `scontrol show hostnames` lists the nodes, `scontrol show node NAME` gives NODE_ADDRESSES[NAME]
+    show_node = " ".join(f"{name}) echo 'NodeName={name} NodeAddr={NODE_ADDRESSES[name]} State=IDLE';;"
+                         for name in nodes)
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\ncase "$2 $3" in "hostnames "*) printf "%s\\n" {" ".join(nodes)};;\n'
+                                      f'"node "*) case "$3" in {show_node} esac;; esac\n')
     (bin_dir / "srun").write_text(f'#!/usr/bin/env bash\nprintf "%q " "$@" > "{steps}/$$"\n')
     (bin_dir / "curl").write_text("#!/bin/sh\nexit 0\n")
     for tool in bin_dir.iterdir():
@@ -366,7 +397,8 @@ def _run_sbatch(tmp_path: Path, nodes: list[str], **env) -> tuple[list[list[str]
     (run_dir / "keys").mkdir()
     (run_dir / "keys" / "server.key").write_text("")
     environ = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "stand-in",
-               "SLURM_SUBMIT_DIR": str(ROOT), "RUN_DIR": str(run_dir), "SUPERVISE": "", "TURNSTREAM": "false",
+               "SLURMD_NODENAME": nodes[0], "SLURM_SUBMIT_DIR": str(ROOT), "RUN_DIR": str(run_dir), "SUPERVISE": "",
+               "TURNSTREAM": "false",
                **env}
     proc = subprocess.run(["bash", str(SBATCH)], env=environ, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -377,9 +409,10 @@ def _run_sbatch(tmp_path: Path, nodes: list[str], **env) -> tuple[list[list[str]
 
 def test_sbatch_learner_torchrun_rendezvous_on_the_head_node(tmp_path):
     """LEARNER_NODES torchrun agents, one per learner node, each starting NPROC_PER_NODE processes, meet in
-    a c10d rendezvous on the head node, the learner node whose name sorts first (where c10d puts global
+    a c10d rendezvous on the head node, the learner node whose address sorts first (where c10d puts global
     rank 0; tests/unit/test_launch_slurm_supervise.py), which is also where the buffer runs and where the
-    configuration sends the buffer and the actors. Slurm lists node9 before node10; the sort does not."""
+    configuration sends the buffer and the actors. Slurm lists node9 before node10; the sort of their
+    addresses (10.0.0.9, 10.0.0.10) does not. Steps name the nodes, the configuration their addresses."""
     steps, run = _run_sbatch(tmp_path, ["node9", "node10", "node11", "node12"], LEARNER_NODES="2",
                              NPROC_PER_NODE="4")
     by_name = {}
@@ -392,15 +425,26 @@ def test_sbatch_learner_torchrun_rendezvous_on_the_head_node(tmp_path):
     for name, (node, argv) in learners.items():
         assert name == f"learner-{node}" and argv[1:3] == ["-m", "torch.distributed.run"]
         torchrun, learner = parse_torchrun(argv[3:])
-        check_rendezvous(torchrun, head="node10")
-        assert (torchrun.nnodes, torchrun.nproc_per_node, torchrun.local_addr) == ("2", "4", node)
+        check_rendezvous(torchrun, head=NODE_ADDRESSES["node10"])
+        assert (torchrun.nnodes, torchrun.nproc_per_node, torchrun.local_addr) == ("2", "4", NODE_ADDRESSES[node])
         assert torchrun.rdzv_conf == f"is_host={int(node == 'node10')}"  # the store lives on the head only
         assert learner.command == "learner"
     assert by_name["buffer"][0] == "node10"
     assert {node for name, (node, _) in by_name.items() if name.startswith("vllm-")} == {"node11", "node12"}
-    assert run["network"]["buffer_host"] == run["network"]["learner_host"] == "node10"
-    assert run["vllm"]["urls"] == ["http://node11:8000", "http://node12:8000"]
+    assert run["network"]["buffer_host"] == run["network"]["learner_host"] == NODE_ADDRESSES["node10"]
+    assert run["vllm"]["urls"] == ["http://10.0.0.11:8000", "http://10.0.0.12:8000"]
     assert run["learner"]["parallel"] == "fsdp2"
+    # a restarted learner comes back at most buffer.eta versions behind (turnstream/launcher.py)
+    assert run["learner"]["checkpoint_every"] == run["buffer"]["eta"]
+    targets = json.loads((tmp_path / "run" / "prometheus-targets.json").read_text())
+    # every actor of the job (ACTORS_PER_NODE=2 on each worker) has an index of its own, and with it a metrics
+    # port, as actor.num_processes counts them
+    actors = sorted((parse_cli(argv[1:]).index, node) for name, (node, argv) in by_name.items()
+                    if name.startswith("actor-"))
+    assert actors == [(0, "node11"), (1, "node11"), (2, "node12"), (3, "node12")]
+    assert run["actor"]["num_processes"] == 4
+    actor_targets = ["10.0.0.11:9103", "10.0.0.11:9104", "10.0.0.12:9105", "10.0.0.12:9106"]
+    assert [t["targets"] for t in targets] == [["10.0.0.10:9101"], ["10.0.0.10:9102"], actor_targets]
 
 
 def test_sbatch_needs_a_node_beyond_the_learners(tmp_path):
