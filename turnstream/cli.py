@@ -37,9 +37,21 @@ def build_parser() -> argparse.ArgumentParser:
                        "starts it (for deployments that start each role themselves: deploy/slurm)")
     _config_args(p)
     p.add_argument("--port", type=int, default=8000, help="the port it serves on")
-    p = sub.add_parser("make-tiny-model", help="build the tiny local model (nothing is downloaded)")
+    p = sub.add_parser("make-tiny-model", help="build the tiny local model (nothing is downloaded); --warm-start: "
+                       "one that can read, trained on the shipped tasks' transcripts (docs/learning.md)")
     p.add_argument("dir")
     p.add_argument("--seed", type=int, default=0)
+    w = p.add_argument_group("warm start (with --warm-start)")
+    w.add_argument("--warm-start", action="store_true", help="train it on scripted solvers' transcripts of --tasks so "
+                   "that it starts each at about --success; prints one JSON line (docs/learning.md)")
+    w.add_argument("--tasks", default=None, help="comma-separated environments with a scripted solver (default: "
+                   "goal_walk, follow_signs and trail, with their long-tail variants)")
+    w.add_argument("--env-args", action="append", default=None, metavar="ENV=JSON",
+                   help='constructor arguments of one task, e.g. follow_signs=\'{"junctions": [6]}\' (repeatable)')
+    w.add_argument("--success", type=float, default=None, help="the success rate each task's share of mistakes is "
+                   "chosen for (the solver's: the model starts near it); default 0.4")
+    w.add_argument("--mistakes", type=float, default=None, help="one share of mistakes for every task instead")
+    w.add_argument("--episodes", type=int, default=None, help="episodes played per task; default 500")
     p = sub.add_parser("export", help="write the policy of a learner checkpoint (sharded or not) as a plain "
                        "Hugging Face directory: config, safetensors, tokenizer")
     p.add_argument("checkpoint", help="a checkpoint directory (run_dir/checkpoints/step-N), or a run or "
@@ -81,6 +93,15 @@ def _dispatch(args) -> int:
     from turnstream.core.configtools import ConfigError
 
     if args.command == "make-tiny-model":
+        warm = {"tasks": args.tasks, "env_args": args.env_args, "success": args.success,
+                "mistakes": args.mistakes, "episodes": args.episodes}
+        if args.warm_start:
+            from turnstream.warm_start.build import main as warm_start_main
+
+            return warm_start_main(args.dir, args.seed, **{k: v for k, v in warm.items() if v is not None})
+        given = [f"--{k.replace('_', '-')}" for k, v in warm.items() if v is not None]
+        if given:
+            raise ConfigError(f"make-tiny-model: {', '.join(given)} only with --warm-start")
         from turnstream.tiny_model import make_tiny_model
 
         print(make_tiny_model(args.dir, seed=args.seed))
@@ -128,6 +149,15 @@ def _dispatch(args) -> int:
         from turnstream.sft.run import main as sft_main
 
         return sft_main(load_config(args.config, overrides))
+    if args.command == "vllm":  # HTTP only: the environment, buffer and keys are not its business (its host
+        # holds no ZeroMQ keys). exec'd, so that the server is this process and a signal to it reaches vLLM
+        import os
+
+        from turnstream.vllm_server import vllm_command
+
+        cfg = load_config(args.config, overrides)
+        argv, env = vllm_command(cfg.model.path, cfg.network.listen_host, args.port, cfg.vllm, cfg.learner.lora)
+        os.execve(argv[0], argv, {**os.environ, **env})
     cfg = preflight(load_config(args.config, overrides))
     if args.command == "check":
         check_models(cfg)
@@ -141,13 +171,6 @@ def _dispatch(args) -> int:
         from turnstream.launcher import up
 
         return up(cfg, resume=args.resume)
-    if args.command == "vllm":  # exec'd, so that the server is this process and a signal to it reaches vLLM
-        import os
-
-        from turnstream.vllm_server import vllm_command
-
-        argv, env = vllm_command(cfg.model.path, cfg.network.listen_host, args.port, cfg.vllm, cfg.learner.lora)
-        os.execve(argv[0], argv, {**os.environ, **env})
     from turnstream.address_checks import check_role_addresses
 
     check_role_addresses(cfg, args.command)  # buffer, learner or actor: what it binds and reaches

@@ -12,6 +12,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from turnstream.core.config_buffer import BufferSection
+
 
 def read_lines(path: Path) -> list[dict]:
     if not path.exists():
@@ -33,7 +35,8 @@ class Ledger:
     steps: list = field(default_factory=list)  # (learner incarnation, record)
 
     @classmethod
-    def read(cls, run_dir: Path) -> "Ledger":
+    def read(cls, run_dir: Path, buffer_run_dir: Path | None = None) -> "Ledger":
+        """`buffer_run_dir`: the buffer's run directory where it is not the learner's (roles on other hosts)."""
         led = cls()
         # The learner's file first: a trained line is written after the ack and served lines of its episodes,
         # so every episode it names is complete in the buffer's file read next. The other order, against a
@@ -45,7 +48,7 @@ class Ledger:
             else:
                 led.steps.append((incarnation, rec))
         incarnation, last_served = -1, None
-        for rec in read_lines(run_dir / "audit" / "buffer.jsonl"):
+        for rec in read_lines((buffer_run_dir or run_dir) / "audit" / "buffer.jsonl"):
             if "start" in rec:
                 if last_served is not None:
                     led.buffer_ends.append(last_served)
@@ -102,6 +105,12 @@ class Ledger:
                     bad.append(ep)
         return bad
 
+    def unaccounted(self, held: set[str], in_flight: set[str] = frozenset()) -> list[str]:
+        """Episodes with acked chunks that are nowhere: not trained, not held in the buffer's log (`held`,
+        held_in_log), not dropped for a recorded reason, not in a batch lost in a crash window (`in_flight`)."""
+        accounted = set(self.trained_counts()) | held | set(self.dropped) | in_flight
+        return sorted(ep for ep in self.chunks if ep not in accounted)
+
     def untrained_served(self, trained: set[str]) -> list:
         """Served records none of whose episodes any learner trained (a batch lost on its way)."""
         return [(inc, pos, eps) for inc, pos, eps in self.served if not trained & set(eps)]
@@ -126,3 +135,22 @@ class Ledger:
                 if lo < pos < hi:
                     return True
         return False
+
+
+def held_in_log(wal: Path, b: BufferSection, scratch: Path) -> dict[str, set[int]]:
+    """Replay a copy of a stopped buffer's write-ahead log `wal` (the run's [buffer] settings `b`): episode ->
+    turns it still holds."""
+    import shutil
+
+    from turnstream.buffer.durability.journal import WalJournal
+    from turnstream.buffer.durability.wal import WalFile
+    from turnstream.buffer.metrics import BufferMetrics
+    from turnstream.buffer.store.replay_store import ReplayStore
+
+    copy = scratch / "wal.log"
+    shutil.copy(wal, copy)
+    store = ReplayStore(batch_episodes=b.batch_episodes, eta=b.eta, max_staleness=b.max_staleness,
+                        max_running=b.max_running, max_items=b.max_items, episode_timeout_s=b.episode_timeout_s,
+                        actor_timeout_s=b.actor_timeout_s)
+    WalJournal(WalFile(copy), BufferMetrics(), compact_bytes=b.wal_compact_bytes).replay(store)
+    return {ep_id: set(ep.turns) for ep_id, ep in [*store.ready.items(), *store.in_progress.items()]}

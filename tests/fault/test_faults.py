@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import signal
 import time
 
 import pytest
 import zmq
 
+from tests.fault.ledger import held_in_log
 from tests.fault.probes import (http_attacks, listening_ports, rss_bytes, zmq_undecodable, zmtp_garbage,
                                 zmtp_oversized)
 from tests.fault.stack import BUFFER_RSS_CAP, FaultStack, fault_config, restore_vllm, start_proxy
@@ -257,7 +257,7 @@ def test_every_acked_chunk_is_trained_held_or_dropped_for_a_reason(stack: FaultS
     buffer.proc.send_signal(signal.SIGTERM)  # a clean stop: a waiting request is answered "cancelled"
     buffer.proc.wait(30)
     led = stack.ledger()
-    held = _held_in_log(stack, tmp_path)
+    held = held_in_log(stack.run_dir / "buffer-wal" / "wal.log", b, tmp_path)
 
     trained = set(led.trained_counts())
     lost_batches = [r for r in led.untrained_served(trained)]
@@ -267,28 +267,10 @@ def test_every_acked_chunk_is_trained_held_or_dropped_for_a_reason(stack: FaultS
     assert not set(held) & trained, "a trained episode is still in the log, to be served again"
     for ep, turns in held.items():  # every acked chunk of a held episode is in the log
         assert set(led.chunks.get(ep, {})) <= turns, ep
-    accounted = trained | set(held) | set(led.dropped) | in_flight
-    lost = sorted(ep for ep in led.chunks if ep not in accounted)
+    lost = led.unaccounted(set(held), in_flight)
     assert lost == [], f"{len(lost)} episodes with acked chunks are nowhere: {lost[:5]}"
     undone = led.undone_by_learner_crash()
     print(f"faults: {len(led.ok_acks)} chunks acked in {len(led.chunks)} episodes; trained {len(trained)} "
           f"(of which {len(undone)} in steps undone by the learner kill), held {len(held)}, dropped "
           f"{len(led.dropped)} ({sorted(set(led.dropped.values()))}), in batches lost in a crash window "
           f"{len(in_flight)}")
-
-
-def _held_in_log(stack: FaultStack, scratch) -> dict[str, set[int]]:
-    """Replay a copy of the stopped buffer's write-ahead log: episode -> turns it still holds."""
-    from turnstream.buffer.durability.journal import WalJournal
-    from turnstream.buffer.durability.wal import WalFile
-    from turnstream.buffer.metrics import BufferMetrics
-    from turnstream.buffer.store.replay_store import ReplayStore
-
-    b = stack.cfg.buffer
-    copy = scratch / "wal.log"
-    shutil.copy(stack.run_dir / "buffer-wal" / "wal.log", copy)
-    store = ReplayStore(batch_episodes=b.batch_episodes, eta=b.eta, max_staleness=b.max_staleness,
-                        max_running=b.max_running, max_items=b.max_items, episode_timeout_s=b.episode_timeout_s,
-                        actor_timeout_s=b.actor_timeout_s)
-    WalJournal(WalFile(copy), BufferMetrics(), compact_bytes=b.wal_compact_bytes).replay(store)
-    return {ep_id: set(ep.turns) for ep_id, ep in [*store.ready.items(), *store.in_progress.items()]}
