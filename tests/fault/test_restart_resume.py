@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import re
 import signal
-from types import SimpleNamespace
 
 import pytest
 
+from tests.fault.ledger import held_in_log
 from tests.fault.stack import restore_vllm
-from tests.fault.test_faults import _held_in_log
 from tests.fault.test_restart_roles import UpRun, run_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
@@ -62,7 +61,7 @@ def test_graceful_stop_then_resume_loses_nothing_acked(tmp_path, tiny_model, ses
         led = up.check_ledger()
         trained = set(led.trained_counts())
         assert [r for r in led.untrained_served(trained)] == [], "a served batch was never trained"
-        held = _held_in_log(SimpleNamespace(cfg=up.cfg(), run_dir=up.run_dir), tmp_path)
+        held = held_in_log(up.run_dir / "buffer-wal" / "wal.log", up.cfg().buffer, tmp_path)
         assert not set(held) & trained, "a trained episode is still in the log, to be served again"
         for ep, turns in held.items():  # every acked chunk of a held episode is in the log
             assert set(led.chunks.get(ep, {})) <= turns, ep
