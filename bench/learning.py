@@ -34,7 +34,7 @@ from pathlib import Path
 
 from turnstream.plotting import pyplot
 
-from turnstream.bench.async_vs_sync import MAX_MODEL_LEN, reset_server, train_until, turn_latency
+from turnstream.bench.async_vs_sync import COUNTERS, MAX_MODEL_LEN, reset_server, scrape, train_until, turn_latency
 
 log = logging.getLogger("turnstream.bench.learning")
 
@@ -59,6 +59,8 @@ TASKS = {  # bench name -> (registered environment, its args)
 TASK_SETTINGS = {task: ["actor.context_turns=1", "learner.batch_max_tokens=20000", "learner.lr=0.001",
                         "learner.warmup_steps=10", "learner.entropy_coef=0.05"]
                  for task in ("trail", "trail_longtail", "trail150")}
+# the actor's generated tokens and the seconds its servers had a request in flight: generation tokens/s
+GENERATION = {key: COUNTERS[key] for key in ("tokens_generated", "gen_busy_s")}
 SEGMENT_TURNS = 8  # a long-horizon episode (50-60 turns) trains in 6-7 segments
 # bench name -> (learner.estimator, other settings); "+curriculum": SPO's task order (an enumerating task only)
 ESTIMATORS = {"spo": ("spo", []), "spo+curriculum": ("spo", ["tasks.order=spo"]), "turn_gae": ("turn_gae", []),
@@ -124,10 +126,11 @@ def run_one(task: str, estimator: str, seed: int, url: str, args) -> dict:
         try:
             train_until(stack, started, args.cap, args.window, args.target, progress)
             latency = turn_latency(stack.cfg.buffer.metrics_port)
+            generation = scrape([stack.cfg.actor.metrics_port], GENERATION)
         finally:
             progress.close()
     return {**summarize_run(task, estimator, seed, read_steps(cfg.run.run_dir), args.window, args.target, t0),
-            **latency}
+            **latency, **(generation.values if generation else dict.fromkeys(GENERATION))}
 
 
 def summarize_run(task: str, estimator: str, seed: int, steps: list[dict], window: int, target: float,

