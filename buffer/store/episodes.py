@@ -166,13 +166,14 @@ def flatten(items: list[Episode | Segment], request_id: int, learner_version: in
     before an item's first trained turn are context: their generated tokens are outside the action mask. A
     segment ends with its bootstrap turn's observation and first generated token. An item starts at the context
     of its first trained turn (Episode.context_start); its turn rewards still count from turn 0."""
-    cols: dict[str, list[np.ndarray]] = {k: [] for k in
-                                         ("tokens", "action", "logp", "ver", "turn", "temp", "mask", "top_p",
-                                          "top_k")}
+    spans = [item.span for item in items]
+    # a batch none of whose turns was sampled under a top-p / top-k leaves both columns out (empty)
+    truncated = any(c.top_p < 1 or c.top_k > 0 for ep, _, _ in spans for c in ep.turns.values())
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("tokens", "action", "logp", "ver", "turn", "temp", "mask",
+                                                         *(("top_p", "top_k") if truncated else ()))}
     allowed_sets: list[list[int]] = []
     set_index: dict[tuple[int, ...], int] = {}
     offsets, turn_rewards, turn_offsets, context_starts = [0], [], [0], []
-    spans = [item.span for item in items]
     for ep, first, bootstrap in spans:
         last, length = (ep.last_turn if bootstrap < 0 else bootstrap), 0
         start = ep.context_start(first)
@@ -200,8 +201,9 @@ def flatten(items: list[Episode | Segment], request_id: int, learner_version: in
             cols["turn"].append(np.full(n_obs + n_gen, t, np.int32))
             cols["temp"].append(np.full(n_obs + n_gen, c.temperature, np.float32))
             cols["mask"].append(np.full(n_obs + n_gen, mask_id, np.int32))
-            cols["top_p"].append(np.full(n_obs + n_gen, c.top_p, np.float32))
-            cols["top_k"].append(np.full(n_obs + n_gen, c.top_k, np.int32))
+            if truncated:
+                cols["top_p"].append(np.full(n_obs + n_gen, c.top_p, np.float32))
+                cols["top_k"].append(np.full(n_obs + n_gen, c.top_k, np.int32))
             length += n_obs + n_gen
         offsets.append(offsets[-1] + length)
         turn_offsets.append(len(turn_rewards))
@@ -209,7 +211,6 @@ def flatten(items: list[Episode | Segment], request_id: int, learner_version: in
     # negative, and the learner drops its episode as outside the vocabulary.
     cat = {k: (np.concatenate(v, dtype=np.int32 if k == "tokens" else None, casting="unsafe") if v
                else np.zeros(0)) for k, v in cols.items()}
-    truncated = bool((cat["top_p"] < 1).any() or (cat["top_k"] > 0).any())  # else the batch leaves them out
     return Batch(
         request_id=request_id, learner_version=learner_version,
         episode_ids=[e.episode_id for e in items], prompt_keys=[e.prompt_key for e in items],
@@ -224,6 +225,5 @@ def flatten(items: list[Episode | Segment], request_id: int, learner_version: in
         first_turns=np.array([f for _, f, _ in spans], np.int32),
         bootstrap_turns=np.array([b for _, _, b in spans], np.int32),
         context_starts=np.array(context_starts, np.int64),
-        top_p=cat["top_p"] if truncated else np.zeros(0, np.float32),
-        top_k=cat["top_k"] if truncated else np.zeros(0, np.int32),
+        top_p=cat.get("top_p", np.zeros(0, np.float32)), top_k=cat.get("top_k", np.zeros(0, np.int32)),
     )

@@ -52,6 +52,18 @@ def packs_without_full_square(model) -> bool:
     return impl.startswith("flash_attention") or impl == "flex_attention"
 
 
+def packs(model, pack_sequences: bool | str, max_tokens_per_microbatch: int) -> bool:
+    """Whether micro-batches are packed rows (learner.pack_sequences); ConfigError where transformers cannot
+    keep packed episodes apart. Packing only under a budget: without one, the whole batch would become one row,
+    and attention kernels without cu_seqlens (sdpa, eager) pay for the full square of its length, far more than
+    padding costs. For the same reason "auto" packs only where attention skips the row's other episodes."""
+    auto = pack_sequences == "auto" and packs_without_full_square(model)
+    packed = (pack_sequences is True or auto) and max_tokens_per_microbatch > 0
+    if packed:
+        check_packing_support(model)
+    return packed
+
+
 def check_packing_support(model) -> None:
     """Fail at start-up, not silently: packed rows are only isolated where transformers reads episode
     boundaries from the position ids (its masking_utils packed-sequence detection, or flash-attention)."""

@@ -51,13 +51,7 @@ class Trainer:
         self.pad_id = model.config.pad_token_id or 0
         value_based = cfg.estimator in estimators.VALUE_BASED
         self.net = self.parallel.place(PolicyAndValue(model, cfg.critic.mode if value_based else None, critic_path))
-        # Packing only under a budget: without one, the whole batch would become one row, and attention kernels
-        # without cu_seqlens (sdpa, eager) pay for the full square of its length, far more than padding costs.
-        # For the same reason "auto" packs only where attention skips the row's other episodes.
-        auto = cfg.pack_sequences == "auto" and forward.packs_without_full_square(model)
-        self.packed = (cfg.pack_sequences is True or auto) and cfg.max_tokens_per_microbatch > 0
-        if self.packed:
-            forward.check_packing_support(model)
+        self.packed = forward.packs(model, cfg.pack_sequences, cfg.max_tokens_per_microbatch)
         if cfg.activation_checkpointing:
             enable_checkpointing(model, self.net.critic.backbone if self.net.critic is not None else None)
         # the network that takes gradients; forwards without gradients use self.net directly

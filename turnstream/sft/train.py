@@ -67,12 +67,7 @@ class SftTrainer:
         self.model.train(False)
         keep_checkpointing_active(self.model)
         self.vocab_size, self.pad_id = self.model.config.vocab_size, self.model.config.pad_token_id or 0
-        # as the learner decides (learner/step/trainer.py): pack only under a budget, and for "auto" only where
-        # attention skips a row's other episodes
-        auto = learner.pack_sequences == "auto" and forward.packs_without_full_square(self.model)
-        self.packed = (learner.pack_sequences is True or auto) and learner.max_tokens_per_microbatch > 0
-        if self.packed:
-            forward.check_packing_support(self.model)
+        self.packed = forward.packs(self.model, learner.pack_sequences, learner.max_tokens_per_microbatch)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=sft.lr, weight_decay=learner.weight_decay,
                                            fused=self.where.device.type == "cuda")
         self.generator = torch.Generator().manual_seed(seed)
