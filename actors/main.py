@@ -62,8 +62,7 @@ async def serve(cfg: Config, actor_index: int) -> None:
                  role.metrics_port)
         runner = EpisodeRunner(actor_id=actor_id, epoch=epoch, player=player, chat=chat,
                                client=client, link=link, metrics=metrics, tasks=tasks_in_play,
-                               sampling=Sampling(a.temperature, a.max_new_tokens, v.max_model_len, a.max_turns,
-                                                 a.context_turns, a.top_p, a.top_k),
+                               sampling=Sampling.from_config(cfg),
                                frozen_clients={agent: frozen_client for agent in a.frozen_agents},
                                request_timeout_s=a.request_timeout_s,
                                endpoint=endpoint)

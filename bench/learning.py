@@ -94,6 +94,14 @@ def _parse(argv):
     return args
 
 
+def check_known(prog: str, args, known: dict) -> None:
+    """Every comma-separated name of each argument (argument name -> the names it may hold) is known."""
+    for name, names in known.items():
+        unknown = [x for x in getattr(args, name).split(",") if x not in names]
+        if unknown:
+            raise SystemExit(f"{prog}: unknown {name} {unknown}; known: {', '.join(names)}")
+
+
 def run_config(task: str, estimator: str, seed: int, url: str, args):
     from turnstream.core.config import load_config
 
@@ -241,10 +249,7 @@ def main(argv: list[str]) -> int:
     from turnstream.processes import ProcessGroup
     from turnstream.vllm_server import start_vllm_server
 
-    for name, known in (("tasks", TASKS), ("estimators", ESTIMATORS)):
-        unknown = [x for x in getattr(args, name).split(",") if x not in known]
-        if unknown:
-            raise SystemExit(f"bench learning: unknown {name} {unknown}; known: {', '.join(known)}")
+    check_known("bench learning", args, {"tasks": TASKS, "estimators": ESTIMATORS})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = Config()

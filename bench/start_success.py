@@ -29,10 +29,6 @@ class _Unsent:
         return None
 
 
-def sampling_config(task: WarmTask) -> Config:
-    return load_config(None, task.actor_settings())
-
-
 async def task_success(url: str, model_dir: str | Path, task: WarmTask, episodes: int) -> float:
     """The share of `episodes` episodes of `task` that succeed, sampled from the server at `url` as an actor
     with the default settings (and the task's) samples."""
@@ -44,14 +40,13 @@ async def task_success(url: str, model_dir: str | Path, task: WarmTask, episodes
     from turnstream.actors.play.player import Episode
     from turnstream.actors.registry import make_env
 
-    cfg = sampling_config(task)
+    cfg = load_config(None, task.actor_settings())
     a = cfg.actor
     player = EnvironmentLoop(lambda: make_env(task.env, **task.args))
     slots = asyncio.Semaphore(a.concurrent_episodes)
     async with InferenceFleet([url], a.request_timeout_s) as client:
         ctx = PlayContext("start-success", 0, ChatTokens(model_dir), client, _Unsent(),
-                          Sampling(a.temperature, a.max_new_tokens, cfg.vllm.max_model_len, a.max_turns,
-                                   a.context_turns, a.top_p, a.top_k), ActorMetrics())
+                          Sampling.from_config(cfg), ActorMetrics())
 
         async def one(seed: int) -> str:
             async with slots:
@@ -62,15 +57,6 @@ async def task_success(url: str, model_dir: str | Path, task: WarmTask, episodes
     return scored.count("success") / max(1, len(scored))
 
 
-def warm_started_tasks(model_dir: str | Path) -> dict[str, dict]:
-    """task env -> the warm start's report of it, from the model's turnstream_model.json ({} if none)."""
-    try:
-        info = json.loads((Path(model_dir) / "turnstream_model.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return {t["env"]: t for t in info.get("warm_start", {}).get("tasks", [])}
-
-
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="turnstream bench start-success", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="runs/tiny-model", help="a checkpoint directory (the tokenizer is read here)")
@@ -79,6 +65,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--episodes", type=int, default=400, help="per task")
     p.add_argument("--url", default="", help="a vLLM server already serving --model")
     args = p.parse_args(argv)
+    from turnstream.warm_start.build import warm_started_tasks
+
     trained = warm_started_tasks(args.model)
     names = [t for t in args.tasks.split(",") if t] or list(trained) or list(DEFAULT_TASKS)
     tasks = {name: (WarmTask(name, trained[name]["args"], trained[name]["context_turns"]) if name in trained

@@ -27,12 +27,11 @@ import json
 import logging
 import os
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
 
-from turnstream.bench.learning import TASKS, aggregate, summarize_run
+from turnstream.bench.learning import TASKS, _median_of, aggregate, check_known, summarize_run
 
 log = logging.getLogger("turnstream.bench.trl")
 
@@ -61,10 +60,7 @@ def _parse(argv):
     p.add_argument("--out", default="runs/bench-trl")
     p.add_argument("--model", default="runs/tiny-model")
     args = p.parse_args(argv)
-    for name, known in (("tasks", TASKS), ("systems", SYSTEMS)):
-        unknown = [x for x in getattr(args, name).split(",") if x not in known]
-        if unknown:
-            raise SystemExit(f"bench trl: unknown {name} {unknown}; known: {', '.join(known)}")
+    check_known("bench trl", args, {"tasks": TASKS, "systems": SYSTEMS})
     batch = args.batch or defaults.buffer.batch_episodes
     if batch % args.group_size:
         raise SystemExit(f"bench trl: --batch {batch} is not a multiple of --group-size {args.group_size}")
@@ -135,13 +131,13 @@ def _with_overrides(args, overrides: list[str]) -> argparse.Namespace:
 
 
 def run_turnstream(task: str, system: str, seed: int, url: str, args) -> dict:
-    from turnstream.bench.learning import run_one
+    from turnstream.bench.learning import run_config, run_one
     from turnstream.report import read_steps
 
     system_args = _with_overrides(args, [*shared_settings(args), *TURNSTREAM[system]])
     system_args.out = str(Path(args.out) / system)  # run_one names run directories by task and estimator
     r = run_one(task, "spo", seed, url, system_args)
-    steps = read_steps(Path(system_args.out) / "runs" / f"{task}-spo-seed{seed}")
+    steps = read_steps(run_config(task, "spo", seed, url, system_args).run.run_dir)
     return {**r, "estimator": system, **rates(steps, r["tokens_generated"], r["gen_busy_s"])}
 
 
@@ -161,8 +157,7 @@ def summarize(records: list[dict]) -> dict:
     for key, s in summary.items():
         rs = [r for r in records if f"{r['task']}/{r['estimator']}" == key]
         for rate in ("gen_tokens_per_s", "train_tokens_per_s"):
-            known = [r[rate] for r in rs if r.get(rate) is not None]
-            s[rate] = statistics.median(known) if known else None
+            s[rate] = _median_of(r.get(rate) for r in rs)
     return summary
 
 
@@ -175,7 +170,7 @@ def ratio(summary: dict, task: str, system: str) -> float | None:
 
 def main(argv: list[str]) -> int:
     args = _parse(argv)
-    from turnstream.core.config import Config, VllmSection
+    from turnstream.core.config import VllmSection
     from turnstream.bench.async_vs_sync import MAX_MODEL_LEN
     from turnstream.preflight import ensure_model
     from turnstream.processes import ProcessGroup
@@ -185,9 +180,7 @@ def main(argv: list[str]) -> int:
     os.sched_setaffinity(0, [int(c) for c in args.cpus.split(",")])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = Config()
-    cfg.model.path = args.model
-    ensure_model(cfg.model.path)
+    ensure_model(args.model)
     tasks, systems = args.tasks.split(","), args.systems.split(",")
     seeds = [int(x) for x in args.seeds.split(",")]
     records_path = out / "records.jsonl"

@@ -16,6 +16,7 @@ from turnstream.actors.inference.client import Generation
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.play.endpoint.address import EndpointAddress
 from turnstream.actors.play.stream import Stream
+from turnstream.core.config import Config
 from turnstream.protocol.messages import TurnChunk
 
 
@@ -28,6 +29,13 @@ class Sampling:
     context_turns: int = 0  # 0: the context holds the whole episode; otherwise it restarts after this many turns
     top_p: float = 1.0  # 1: no nucleus truncation
     top_k: int = 0  # 0: no top-k truncation
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Sampling:
+        """The run's sampling settings ([actor], and the context vLLM holds)."""
+        a = cfg.actor
+        return cls(a.temperature, a.max_new_tokens, cfg.vllm.max_model_len, a.max_turns, a.context_turns, a.top_p,
+                   a.top_k)
 
 
 @dataclass

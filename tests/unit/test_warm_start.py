@@ -16,10 +16,9 @@ from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.actors.registry import make_env
 from turnstream.actors.tasks.orders import RandomOrder
 from turnstream.actors.tasks.source import TaskSource
-from turnstream.bench.start_success import warm_started_tasks
 from turnstream.cli import main as cli_main
 from turnstream.sft.transcripts import Limit, TranscriptRenderer
-from turnstream.warm_start.build import SftPhase, WarmStartPlan, make_reading_model, same_weight
+from turnstream.warm_start.build import SftPhase, WarmStartPlan, make_reading_model, same_weight, warm_started_tasks
 from turnstream.warm_start.calibrate import mistakes_for, solver_success
 from turnstream.warm_start.episodes import DEFAULT_TASKS, play, play_many, task_named
 from turnstream.warm_start.solvers import SOLVERS

@@ -31,8 +31,9 @@ def mistakes_for(task: WarmTask, success: float, episodes: int = CALIBRATION_EPI
     """The largest share of mistakes at which the solver still succeeds at least `success` of the time (0 when
     even the solver without mistakes falls short)."""
     low, high = 0.0, 1.0
-    if solver_success(task, high, episodes) >= success:
-        return Calibrated(high, solver_success(task, high, episodes))
+    at_high = solver_success(task, high, episodes)
+    if at_high >= success:
+        return Calibrated(high, at_high)
     for _ in range(STEPS):
         middle = (low + high) / 2
         if solver_success(task, middle, episodes) >= success:
