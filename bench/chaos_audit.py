@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from turnstream.core.config import Config
+from turnstream.core.config_buffer import BufferSection
 
 
 def _records(path: Path) -> list[dict]:
@@ -77,24 +78,23 @@ class AuditTrail:
         return lost
 
 
-def held_in_log(cfg: Config, scratch: Path) -> set[str]:
-    """Episodes a copy of the (stopped) buffer's write-ahead log still holds."""
+def held_in_log(wal: Path, b: BufferSection, scratch: Path) -> dict[str, set[int]]:
+    """Replay a copy of a stopped buffer's write-ahead log `wal` (the run's [buffer] settings `b`): episode ->
+    turns it still holds; empty when there is no log."""
     from turnstream.buffer.durability.journal import WalJournal
     from turnstream.buffer.durability.wal import WalFile
     from turnstream.buffer.metrics import BufferMetrics
     from turnstream.buffer.store.replay_store import ReplayStore
 
-    b = cfg.buffer
-    wal_dir = Path(b.wal_dir) if b.wal_dir else Path(cfg.run.run_dir) / "buffer-wal"
-    if not (wal_dir / "wal.log").exists():
-        return set()
+    if not wal.exists():
+        return {}
     scratch.mkdir(parents=True, exist_ok=True)
-    copy = shutil.copy(wal_dir / "wal.log", scratch / "wal.log")
+    copy = Path(shutil.copy(wal, scratch / "wal.log"))
     store = ReplayStore(batch_episodes=b.batch_episodes, eta=b.eta, max_staleness=b.max_staleness,
                         max_running=b.max_running, max_items=b.max_items, episode_timeout_s=b.episode_timeout_s,
                         actor_timeout_s=b.actor_timeout_s)
-    WalJournal(WalFile(Path(copy)), BufferMetrics(), compact_bytes=b.wal_compact_bytes).replay(store)
-    return set(store.ready) | set(store.in_progress)
+    WalJournal(WalFile(copy), BufferMetrics(), compact_bytes=b.wal_compact_bytes).replay(store)
+    return {ep_id: set(ep.turns) for ep_id, ep in [*store.ready.items(), *store.in_progress.items()]}
 
 
 def account(cfg: Config, scratch: Path) -> dict:
@@ -102,7 +102,9 @@ def account(cfg: Config, scratch: Path) -> dict:
     trail = AuditTrail.read(Path(cfg.run.run_dir))
     trained = trail.trained()
     crash = trail.lost_in_crash_windows()
-    held = held_in_log(cfg, scratch)
+    b = cfg.buffer
+    held = set(held_in_log((Path(b.wal_dir) if b.wal_dir else Path(cfg.run.run_dir) / "buffer-wal") / "wal.log", b,
+                           scratch))
     lost = trail.acked - set(trained) - held - trail.dropped - crash
     return {"acked_episodes": len(trail.acked), "acked_lost": len(lost),
             "trained_twice": sum(1 for n in trained.values() if n > 1),

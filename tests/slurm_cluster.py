@@ -4,7 +4,7 @@ and each node host runs a `slurmd` of its own, so a job's steps run inside the n
 reach each other over the bridge at the addresses Slurm knows the nodes by (NodeAddr, 10.77.0.x).
 
     with SlurmCluster(tmp_path, nodes=2) as slurm:
-        job = slurm.sbatch(["--nodes=2", "job.sbatch"], env={"RUN_DIR": ...})
+        job = slurm.sbatch(["--nodes=2", "job.sbatch"], env={"RUN_DIR": ...}, cwd=checkout)
         slurm.node_address("node0")          # 10.77.0.2
         slurm.processes("node1")             # PIDs of what runs on node1 (its slurmd excepted)
         slurm.run(["scancel", str(job)])
@@ -54,11 +54,11 @@ def slurm_unavailable() -> str | None:
 
 
 class SlurmCluster:
-    def __init__(self, tmp_path: Path, nodes: int, cpus_per_node: int | None = None):
+    def __init__(self, tmp_path: Path, nodes: int):
         self.dir = tmp_path / "slurm"
         self.node_names = [f"node{i}" for i in range(nodes)]
-        # no more than slurmd finds, or it drains the node ("Low CPUs")
-        self.cpus = cpus_per_node or len(os.sched_getaffinity(0))
+        # each node's CPUs: what slurmd finds (no more, or it drains the node: "Low CPUs")
+        self.cpus = len(os.sched_getaffinity(0))
         self.cluster = Cluster([CONTROLLER, *self.node_names])
         self.conf = self.dir / "slurm.conf"
         self.procs = ProcessGroup(self.dir)

@@ -12,8 +12,6 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from turnstream.core.config_buffer import BufferSection
-
 
 def read_lines(path: Path) -> list[dict]:
     if not path.exists():
@@ -105,11 +103,17 @@ class Ledger:
                     bad.append(ep)
         return bad
 
-    def unaccounted(self, held: set[str], in_flight: set[str] = frozenset()) -> list[str]:
-        """Episodes with acked chunks that are nowhere: not trained, not held in the buffer's log (`held`,
-        held_in_log), not dropped for a recorded reason, not in a batch lost in a crash window (`in_flight`)."""
-        accounted = set(self.trained_counts()) | held | set(self.dropped) | in_flight
-        return sorted(ep for ep in self.chunks if ep not in accounted)
+    def check_accounted(self, held: dict[str, set[int]], in_flight: set[str] = frozenset()) -> None:
+        """Every acked chunk is somewhere: trained, held in the stopped buffer's log (`held`, held_in_log), in
+        an episode dropped for a recorded reason, or in a batch lost in a crash window (`in_flight`); and no
+        trained episode is still in the log, to be served again."""
+        trained = set(self.trained_counts())
+        assert not set(held) & trained, "a trained episode is still in the log, to be served again"
+        for ep, turns in held.items():  # every acked chunk of a held episode is in the log
+            assert set(self.chunks.get(ep, {})) <= turns, ep
+        accounted = trained | set(held) | set(self.dropped) | in_flight
+        lost = sorted(ep for ep in self.chunks if ep not in accounted)
+        assert lost == [], f"{len(lost)} episodes with acked chunks are nowhere: {lost[:5]}"
 
     def untrained_served(self, trained: set[str]) -> list:
         """Served records none of whose episodes any learner trained (a batch lost on its way)."""
@@ -135,22 +139,3 @@ class Ledger:
                 if lo < pos < hi:
                     return True
         return False
-
-
-def held_in_log(wal: Path, b: BufferSection, scratch: Path) -> dict[str, set[int]]:
-    """Replay a copy of a stopped buffer's write-ahead log `wal` (the run's [buffer] settings `b`): episode ->
-    turns it still holds."""
-    import shutil
-
-    from turnstream.buffer.durability.journal import WalJournal
-    from turnstream.buffer.durability.wal import WalFile
-    from turnstream.buffer.metrics import BufferMetrics
-    from turnstream.buffer.store.replay_store import ReplayStore
-
-    copy = scratch / "wal.log"
-    shutil.copy(wal, copy)
-    store = ReplayStore(batch_episodes=b.batch_episodes, eta=b.eta, max_staleness=b.max_staleness,
-                        max_running=b.max_running, max_items=b.max_items, episode_timeout_s=b.episode_timeout_s,
-                        actor_timeout_s=b.actor_timeout_s)
-    WalJournal(WalFile(copy), BufferMetrics(), compact_bytes=b.wal_compact_bytes).replay(store)
-    return {ep_id: set(ep.turns) for ep_id, ep in [*store.ready.items(), *store.in_progress.items()]}

@@ -19,11 +19,11 @@ import time
 import pytest
 import zmq
 
-from tests.fault.ledger import held_in_log
 from tests.fault.probes import (http_attacks, listening_ports, rss_bytes, zmq_undecodable, zmtp_garbage,
                                 zmtp_oversized)
 from tests.fault.stack import BUFFER_RSS_CAP, FaultStack, fault_config, restore_vllm, start_proxy
 from tests.helpers import http_json
+from turnstream.bench.chaos_audit import held_in_log
 from turnstream.launcher import LocalStack
 from turnstream.processes import free_port
 
@@ -264,11 +264,7 @@ def test_every_acked_chunk_is_trained_held_or_dropped_for_a_reason(stack: FaultS
     assert all(led.excused(r, kills) for r in lost_batches), "a served batch vanished outside a crash window"
     assert len(lost_batches) <= stack.kills["buffer"] + 2 * kills
     in_flight = {ep for _, _, eps in lost_batches for ep in eps}
-    assert not set(held) & trained, "a trained episode is still in the log, to be served again"
-    for ep, turns in held.items():  # every acked chunk of a held episode is in the log
-        assert set(led.chunks.get(ep, {})) <= turns, ep
-    lost = led.unaccounted(set(held), in_flight)
-    assert lost == [], f"{len(lost)} episodes with acked chunks are nowhere: {lost[:5]}"
+    led.check_accounted(held, in_flight)
     undone = led.undone_by_learner_crash()
     print(f"faults: {len(led.ok_acks)} chunks acked in {len(led.chunks)} episodes; trained {len(trained)} "
           f"(of which {len(undone)} in steps undone by the learner kill), held {len(held)}, dropped "

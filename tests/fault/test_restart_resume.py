@@ -11,9 +11,9 @@ import signal
 
 import pytest
 
-from tests.fault.ledger import held_in_log
 from tests.fault.stack import restore_vllm
 from tests.fault.test_restart_roles import UpRun, run_config
+from turnstream.bench.chaos_audit import held_in_log
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -61,12 +61,7 @@ def test_graceful_stop_then_resume_loses_nothing_acked(tmp_path, tiny_model, ses
         led = up.check_ledger()
         trained = set(led.trained_counts())
         assert [r for r in led.untrained_served(trained)] == [], "a served batch was never trained"
-        held = held_in_log(up.run_dir / "buffer-wal" / "wal.log", up.cfg().buffer, tmp_path)
-        assert not set(held) & trained, "a trained episode is still in the log, to be served again"
-        for ep, turns in held.items():  # every acked chunk of a held episode is in the log
-            assert set(led.chunks.get(ep, {})) <= turns, ep
-        lost = sorted(ep for ep in led.chunks if ep not in trained | set(held) | set(led.dropped))
-        assert lost == [], f"{len(lost)} episodes with acked chunks are nowhere: {lost[:5]}"
+        led.check_accounted(held_in_log(up.run_dir / "buffer-wal" / "wal.log", up.cfg().buffer, tmp_path))
         versions = [rec["version"] for _, rec in led.steps]
         assert versions == list(range(1, len(versions) + 1)), "a version trained twice or skipped across the resume"
     finally:

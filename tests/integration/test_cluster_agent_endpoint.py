@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from tests.cluster import Cluster, cluster_unavailable
-from tests.cluster_stack import ACTOR_METRICS, BUFFER_METRICS, VLLM_PORT, ClusterStack
+from tests.cluster_stack import ACTOR_METRICS, BUFFER_METRICS, VLLM_PORT, ClusterStack, metric_total
 from tests.helpers import wait_for_child
 
 pytestmark = pytest.mark.skipif(bool(reason := cluster_unavailable()), reason=reason or "")
@@ -64,10 +64,6 @@ async def agent_on_another_host(client, task) -> float:
     return float(out.split()[-1])
 
 
-def value(metrics: str, sample: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(sample))
-
-
 def test_an_agent_on_another_host_plays_its_episodes_at_the_base_url_the_actor_advertises(tmp_path, tiny_model):
     with Cluster(["buffer", "actor0", "agent"]) as cluster:
         stack = ClusterStack(cluster, tmp_path, model=tiny_model)
@@ -87,7 +83,8 @@ def test_an_agent_on_another_host_plays_its_episodes_at_the_base_url_the_actor_a
 
             def finished() -> str:
                 metrics = cluster["agent"].get(actor_metrics)
-                return metrics if value(metrics, 'turnstream_actor_episodes_total{outcome="success"}') >= 2 else ""
+                success = metric_total(metrics, 'turnstream_actor_episodes_total{outcome="success"}')
+                return metrics if success >= 2 else ""
 
             metrics = wait_for_child(finished, "two episodes played by the agent on its host", actor, timeout_s=180)
             buffer = cluster["agent"].get(stack.url("buffer", BUFFER_METRICS))
@@ -96,6 +93,6 @@ def test_an_agent_on_another_host_plays_its_episodes_at_the_base_url_the_actor_a
             stack.procs.stop_all()
     address = cluster["actor0"].address
     assert f"base URLs http://{address}:{ENDPOINT_PORT}/episodes/" in log
-    assert value(metrics, 'turnstream_actor_openai_requests_total{status="200"}') >= 4  # two calls an episode
-    assert value(metrics, "turnstream_actor_agent_errors_total{") == 0
-    assert value(buffer, 'turnstream_buffer_chunks_total{outcome="ok"}') >= 4  # the turns, on the buffer's host
+    assert metric_total(metrics, 'turnstream_actor_openai_requests_total{status="200"}') >= 4  # two calls an episode
+    assert metric_total(metrics, "turnstream_actor_agent_errors_total{") == 0
+    assert metric_total(buffer, 'turnstream_buffer_chunks_total{outcome="ok"}') >= 4  # the turns, on the buffer's host

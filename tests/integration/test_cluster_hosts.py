@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import Cluster, cluster_unavailable
-from tests.cluster_stack import BUFFER_METRICS, INGEST_PORT, ClusterStack
+from tests.cluster_stack import BUFFER_METRICS, INGEST_PORT, ClusterStack, metric_total
 from tests.helpers import poll_until, wait_for_child
 from turnstream.keygen import main as keygen
 
@@ -147,9 +147,8 @@ def test_a_peer_host_with_a_wrong_curve_key_is_refused_counted_and_the_buffer_se
 
         def refusals() -> float:
             metrics = cluster["actor"].get(metrics_url)
-            return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                       if line.startswith("turnstream_buffer_auth_failures_total{") and 'socket="ingest"' in line
-                       and any(f'reason="{r}"' in line for r in reasons))
+            return sum(metric_total(metrics, f'turnstream_buffer_auth_failures_total{{reason="{r}",socket="ingest"}}')
+                       for r in reasons)
 
         poll_until(refusals, f"a refusal counted across hosts ({' or '.join(reasons)})", timeout_s=30)
         _credit_then_an_ack(cluster, keys)  # the allow-listed peer, while the stranger still knocks
