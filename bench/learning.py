@@ -39,6 +39,8 @@ from turnstream.bench.async_vs_sync import COUNTERS, MAX_MODEL_LEN, reset_server
 log = logging.getLogger("turnstream.bench.learning")
 
 TASKS = {  # bench name -> (registered environment, its args)
+    "follow_signs": ("follow_signs", {}),  # the demo's task: two to four junctions
+    "follow_signs_longtail": ("follow_signs_longtail", {}),  # the same signs with corridors of long-tailed length
     "follow_signs6": ("follow_signs", {"junctions": [6]}),  # six signs, a uniform policy succeeds 1.6%
     "goal_walk": ("goal_walk", {}),  # direction named once; "always one side" succeeds half the time
     # configs/reasoning_gym.toml's dataset: 500 one-digit sums and differences, a retry after a wrong answer

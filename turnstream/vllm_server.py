@@ -26,6 +26,9 @@ def vllm_command(model_path: str, host: str, port: int, cfg: VllmSection,
         "--max-num-batched-tokens", str(max(2048, cfg.max_model_len)),
         "--enable-scale-out",  # /inference/v1/generate, the token-in/token-out route
         "--logprobs-mode", "processed_logprobs",  # log-probs of the distribution that actually sampled
+        # an access-log line per request is a line per turn of every episode: the log would grow with the run
+        # and the server would spend its CPU writing it
+        "--disable-uvicorn-access-log",
         *cfg.extra_args,
     ]
     adapters = lora is not None and lora.push == "adapter"
