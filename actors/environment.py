@@ -14,6 +14,12 @@ task source (actors/tasks/) may reset it to a chosen one, `reset(seed, task=i)` 
 One that does not (num_tasks None) is only ever reset with a seed, `reset(seed)`, and the seed names the task:
 two resets with the same seed give the same task instance.
 
+Time limits: the run's env.reset_timeout_s, env.step_timeout_s and env.close_timeout_s bound every call; an
+environment that knows its tool may say its own (the attributes below, class or instance; None: the run's),
+and its own win. A call past its limit abandons the episode as an `EnvError` of kind `timeout`
+(actors/envs/guard/). Under env.isolation = "process" the environment runs in a worker process, so every
+attribute the loop reads must be plain data (numbers, strings, lists), and so must `Step.info`.
+
 Names are looked up in actors/registry.py (these built-ins, then the entry points of other packages).
 """
 from __future__ import annotations
@@ -47,6 +53,10 @@ class Environment:
     max_action_tokens: int = 16
     num_agents: int = 1
     num_tasks: int | None = None  # tasks reset(seed, task) can name; None: the environment does not enumerate
+    # own time limits in seconds (> 0), which win over the run's env.*_timeout_s; None: the run's
+    reset_timeout_s: float | None = None
+    step_timeout_s: float | None = None
+    close_timeout_s: float | None = None
 
     async def reset(self, seed: int, task: int | None = None) -> Reset:
         """Start an episode; `task` (only given when num_tasks is set) picks the task, `seed` the rest."""
@@ -64,7 +74,7 @@ class EnvError(RuntimeError):
 
     def __init__(self, message: str, kind: str = "error"):
         super().__init__(message)
-        self.kind = kind  # metric label: timeout, http_status, malformed, connection, ...
+        self.kind = kind  # metric label: timeout, worker_died, worker_memory, http_status, malformed, ...
 
 
 REGISTERED: dict[str, Callable[..., Environment]] = {}

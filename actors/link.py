@@ -70,6 +70,11 @@ class BufferLink:
         finally:
             self.io.unwatch()
 
+    def want_slots(self, slots: int) -> None:
+        """The episodes the actor could run now (its runner's gate changes it as episodes wait on their
+        environment); the buffer hears it with the next credit request, level-triggered."""
+        self.slots = slots
+
     async def acquire_credit(self) -> str:
         """Take one credit; returns the id of the buffer that granted it (for return_credit)."""
         async with self._changed:

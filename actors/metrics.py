@@ -28,6 +28,23 @@ class ActorMetrics:
                                         registry=r)
         self.env_errors = Counter("turnstream_actor_env_errors_total",
                                   "Episodes abandoned because the environment failed, by kind", ["kind"], registry=r)
+        # the environment guard (actors/envs/guard/): blocking calls on the loop, closes given up, worker processes
+        self.env_loop_blocks = Counter(
+            "turnstream_actor_env_loop_blocks_total",
+            "Environment calls that held the actor's event loop longer than env.loop_block_warn_s at a stretch, "
+            "by environment", ["env"], registry=r)
+        self.env_loop_blocked_seconds = Counter(
+            "turnstream_actor_env_loop_blocked_seconds_total",
+            "Seconds environment calls held the actor's event loop in stretches over env.loop_block_warn_s, "
+            "by environment", ["env"], registry=r)
+        self.env_close_failures = Counter("turnstream_actor_env_close_failures_total",
+                                          "Environment closes that failed or ran out of time, by kind (the slot "
+                                          "goes on)", ["kind"], registry=r)
+        self.env_worker_restarts = Counter("turnstream_actor_env_worker_restarts_total",
+                                           "Environment worker processes replaced (env.isolation = process), by "
+                                           "reason: died, memory, hung", ["reason"], registry=r)
+        self.env_workers_alive = Gauge("turnstream_actor_env_workers_alive",
+                                       "Environment worker processes running (env.isolation = process)", registry=r)
         # the inference fleet
         self.inference_retries = Counter("turnstream_actor_inference_retries_total",
                                          "Generate calls retried on another server after a failure", registry=r)
@@ -44,8 +61,12 @@ class ActorMetrics:
             ["server"], registry=r)
         self.unacked = Gauge("turnstream_actor_unacked_chunks", "Chunks awaiting an ack", registry=r)
         self.running = Gauge("turnstream_actor_running_episodes", "Episodes in flight", registry=r)
+        self.episodes_waiting_on_env = Gauge(
+            "turnstream_actor_episodes_waiting_on_env",
+            "Episodes in flight inside an environment call (others may start meanwhile, up to "
+            "actor.max_episodes_in_flight)", registry=r)
         self.credit_wait_seconds = Counter("turnstream_actor_credit_wait_seconds",
-                                           "Seconds episode slots spent waiting for a credit, summed over slots",
+                                           "Seconds the actor spent waiting for a credit to start its next episode",
                                            registry=r)
         self.tracker_values = Gauge("turnstream_actor_curriculum_values",
                                     "Prompt keys with a value of the learner's SPO tracker (tasks.order = spo)",

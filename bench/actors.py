@@ -76,20 +76,46 @@ TOKENS, CREDIT_WAIT = "turnstream_actor_generated_tokens_total", "turnstream_act
 
 
 def _measure_actor(metrics_url: str, window: float) -> tuple[float, float]:
-    """Generated tokens/s over `window`, and the share of that time an episode slot waited for credit
-    (divide by the slot count)."""
+    """Generated tokens/s over `window`, and the share of that time the actor waited for a credit to start an
+    episode."""
     t0, (tokens0, waited0) = time.monotonic(), _scrape(metrics_url, TOKENS, CREDIT_WAIT)
     time.sleep(window)
     (tokens, waited), elapsed = _scrape(metrics_url, TOKENS, CREDIT_WAIT), time.monotonic() - t0
     return (tokens - tokens0) / elapsed, (waited - waited0) / elapsed
 
 
+def actor_bench_config(out: Path, model: str, url: str, *, concurrency: int, max_tokens: int, pin: bool):
+    """The config of one actor and a buffer on free ports with `url`'s server and no learner (whose admission room is
+    made so large that credits never limit the actor), under `out`; `pin`: both on CPU 1 (the server on CPU 0)."""
+    from turnstream.core.config import Config
+    from turnstream.processes import free_port
+
+    cfg = Config()
+    cfg.run.run_dir = str(out)
+    cfg.model.path = model
+    cfg.vllm.urls = [url]
+    cfg.actor.concurrent_episodes = concurrency
+    cfg.actor.max_new_tokens = max_tokens
+    # admission must never be what limits throughput here: no learner runs, so make B huge
+    cfg.buffer.batch_episodes = cfg.buffer.max_items = cfg.buffer.max_running = 10**6
+    cfg.buffer.wal_fsync = "interval"  # the buffer's durability is not what these benches measure
+    cfg.buffer.wal_dir = str(out / "buffer-wal")
+    cfg.network.buffer_ingest_port = free_port()
+    cfg.network.buffer_serve_port = free_port()
+    cfg.network.learner_pub_port = free_port()
+    cfg.buffer.metrics_port = free_port()
+    cfg.actor.metrics_port = free_port()
+    if pin:
+        cfg.actor.cpus = cfg.buffer.cpus = [1]
+    return cfg
+
+
 def main(argv: list[str]) -> int:
     args = _parse(argv)
     from turnstream.actors.inference.chat_tokens import ChatTokens
-    from turnstream.core.config import Config, VllmSection
+    from turnstream.core.config import VllmSection
     from turnstream.preflight import ensure_model
-    from turnstream.processes import ProcessGroup, free_port, tail
+    from turnstream.processes import ProcessGroup, tail
     from turnstream.vllm_server import start_vllm_server
 
     ensure_model(args.model)  # the actor reads its tokenizer even when --url names a running server
@@ -103,28 +129,11 @@ def main(argv: list[str]) -> int:
             url = start_vllm_server(procs, args.model, VllmSection(max_num_seqs=256, cpus=[0] if args.pin else []))
         if args.pin:
             os.sched_setaffinity(0, {1})  # the baseline client runs in this process
-        cfg = Config()
-        cfg.run.run_dir = str(out)
-        cfg.model.path = args.model
-        cfg.vllm.urls = [url]
+        cfg = actor_bench_config(out, args.model, url, concurrency=args.concurrency, max_tokens=args.max_tokens,
+                                 pin=args.pin)
         cfg.env.name, cfg.env.args = "trivial", {"max_action_tokens": args.max_tokens}
-        cfg.actor.concurrent_episodes = args.concurrency
-        cfg.actor.max_new_tokens = args.max_tokens
-        # admission must never be what limits throughput here: no learner runs, so make B huge
-        cfg.buffer.batch_episodes = 10**6
-        cfg.buffer.max_items = 10**6
-        cfg.buffer.max_running = 10**6
         cfg.buffer.max_staleness = 4
         cfg.buffer.actor_timeout_s = 120.0  # the actor is frozen during baseline phases; it has not left
-        cfg.buffer.wal_fsync = "interval"  # the buffer's durability is not what this bench measures
-        cfg.buffer.wal_dir = str(out / "buffer-wal")
-        cfg.network.buffer_ingest_port = free_port()
-        cfg.network.buffer_serve_port = free_port()
-        cfg.network.learner_pub_port = free_port()
-        cfg.buffer.metrics_port = free_port()
-        cfg.actor.metrics_port = free_port()
-        if args.pin:
-            cfg.actor.cpus = cfg.buffer.cpus = [1]
         cfg_path = out / "bench.toml"
         cfg_path.write_text(cfg.dumps())
         role = [sys.executable, "-m", "turnstream.cli"]
@@ -154,7 +163,7 @@ def main(argv: list[str]) -> int:
             rate, waiting = _measure_actor(metrics_url, args.window)
             act.append(rate)
             print(f"round {r}: baseline {base[-1]:.0f} tokens/s, actor {rate:.0f} tokens/s "
-                  f"(slots waited {waiting / args.concurrency:.1%} of the time for credit)", file=sys.stderr)
+                  f"(waited {waiting:.1%} of the time for a credit)", file=sys.stderr)
         (chunks,) = _scrape(metrics_url, "turnstream_actor_chunks_sent_total")
     finally:
         procs.stop_all()

@@ -8,7 +8,7 @@ the checks that need role code (environment name, rate limiter, CURVE keys) are 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -44,8 +44,28 @@ class ModelSection(Section):
 
 
 class EnvSection(Section):
+    """The run's environment, how long its calls may take and where it runs (actors/envs/guard/)."""
+
     name: str = Field("follow_signs", description="a name from `turnstream envs`")
     args: dict[str, Any] = Field(default_factory=dict, description="passed to the environment's constructor")
+    reset_timeout_s: float = Field(60.0, gt=0, description="time limit of an environment's reset (with isolation "
+                                   "= process also of creating it); past it the episode is abandoned (kind timeout). "
+                                   "An environment's own reset_timeout_s attribute wins over this")
+    step_timeout_s: float = Field(60.0, gt=0, description="time limit of an environment's step; past it the episode "
+                                  "is abandoned (kind timeout). An environment's own step_timeout_s attribute wins")
+    close_timeout_s: float = Field(10.0, gt=0, description="time limit of an environment's close; past it the close "
+                                   "is given up (logged, counted), the slot goes on. An environment's own "
+                                   "close_timeout_s attribute wins")
+    loop_block_warn_s: float = Field(0.02, gt=0, description="with isolation = loop, an environment call that holds "
+                                     "the actor's event loop longer than this at a stretch is counted and logged "
+                                     "(every episode of the actor waits meanwhile)")
+    isolation: Literal["loop", "process"] = Field(
+        "loop", description="loop: environments run on the actor's event loop; process: in worker processes "
+        "(blocking code, a crash or runaway memory costs only the episodes of one worker, which is replaced)")
+    workers: int = Field(0, ge=0, description="worker processes per actor with isolation = process; 0: auto, the "
+                         "machine's CPU count clamped to 2..4")
+    worker_memory_mb: int = Field(0, ge=0, description="a worker whose resident memory exceeds this is killed and "
+                                  "replaced, its episodes abandoned (kind worker_memory); 0: no limit")
 
 
 class Config(Section):

@@ -11,6 +11,13 @@ from turnstream.core.configtools import ConfigError, require
 
 HttpUrl = Annotated[str, Field(pattern=r"^https?://")]
 
+IN_FLIGHT_PER_GENERATING = 8  # actor.max_episodes_in_flight = 0: this many times concurrent_episodes
+
+
+def auto_max_in_flight(concurrent_episodes: int) -> int:
+    """The cap on an actor's episodes in flight when actor.max_episodes_in_flight is 0."""
+    return IN_FLIGHT_PER_GENERATING * concurrent_episodes
+
 
 class DiskWeightSyncConfig(Section):
     """safetensors into a shared directory, then reload_weights on every server (learner/sync/disk.py)."""
@@ -70,7 +77,15 @@ class VllmSection(Section):
 
 class ActorSection(Section):
     num_processes: int = Field(1, ge=1, description="actor processes the launcher starts")
-    concurrent_episodes: int = Field(64, ge=1, description="K: episodes in flight per actor process")
+    concurrent_episodes: int = Field(64, ge=1, description="K: episodes per actor process that want generation at "
+                                     "once (an episode waiting on its environment does not count: see "
+                                     "max_episodes_in_flight)")
+    max_episodes_in_flight: int = Field(
+        0, ge=0, description="the most episodes per actor process in flight, counting those inside an environment "
+        "call: while an episode waits on its environment (a slow tool), another starts in its place, so that "
+        "concurrent_episodes of them keep the inference servers busy; this bounds memory, environment instances "
+        f"and buffer credits. 0: auto, {IN_FLIGHT_PER_GENERATING} * concurrent_episodes; concurrent_episodes: none "
+        "starts in place of one that waits")
     temperature: float = Field(1.0, gt=0, description="sampling temperature (greedy sampling has no log-probs to "
                                "correct, hence > 0)")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the smallest set of most likely tokens "
@@ -105,6 +120,13 @@ class ActorSection(Section):
                                 "port is what a firewall rule needs); 0: a free port")
 
     @model_validator(mode="after")
+    def _in_flight_rule(self) -> ActorSection:
+        require(self.max_episodes_in_flight == 0 or self.max_episodes_in_flight >= self.concurrent_episodes,
+                "max_episodes_in_flight", f"{self.max_episodes_in_flight} is below concurrent_episodes "
+                f"({self.concurrent_episodes}); 0 (auto) or at least concurrent_episodes")
+        return self
+
+    @model_validator(mode="after")
     def _endpoint_rules(self) -> ActorSection:
         require(not self.endpoint_advertise_host or not is_wildcard(self.endpoint_advertise_host),
                 "endpoint_advertise_host", "a wildcard (0.0.0.0, ::) is no address an agent can connect to; name "
@@ -112,6 +134,10 @@ class ActorSection(Section):
         require(bool(self.endpoint_bind_host), "endpoint_bind_host", "empty; 127.0.0.1, 0.0.0.0 or an address "
                 "of this host")
         return self
+
+    def in_flight_cap(self) -> int:
+        """The most episodes in flight per actor process (max_episodes_in_flight, or its auto value)."""
+        return self.max_episodes_in_flight or auto_max_in_flight(self.concurrent_episodes)
 
     def endpoint_url_host(self, network: NetworkSection) -> str:
         """The host agent episodes' base URLs name; ConfigError when the endpoint binds every interface and no

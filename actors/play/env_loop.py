@@ -10,27 +10,37 @@ agent's outstanding reward (e.g. the loser's -1).
 Agents share the trained policy unless listed in the context's `frozen_clients`: those are played by a
 fixed policy on other servers, and their turns reach the others only as observations; nothing of theirs
 is streamed.
+
+Every episode's environment is played through the guard (actors/envs/guard/): each call has a time limit, the
+stretches it holds the actor's event loop are measured, and with env.isolation = "process" it runs in a worker
+process (its host).
 """
 from __future__ import annotations
 
 import itertools
-import logging
 import time
 from typing import Callable
 
 from turnstream.actors.environment import EnvError, Environment, Step
+from turnstream.actors.envs.guard.guarded import GuardedEnvironment
+from turnstream.actors.envs.guard.hosts import EnvHost, LoopHost
+from turnstream.actors.envs.guard.settings import GuardSettings
+from turnstream.actors.envs.guard.timed import LoopBlockMeter
 from turnstream.actors.play.context import PlayContext
 from turnstream.actors.play.player import Episode, EpisodePlayer, abandon_on_failure
 from turnstream.actors.play.stream import Stream
 
-log = logging.getLogger("turnstream.actor")
-
 
 class EnvironmentLoop(EpisodePlayer):
-    """Plays each episode on a fresh environment from `make_env`."""
+    """Plays each episode on a fresh environment from `host` (default: `make_env` on the actor's loop), under
+    `guard`'s limits. The start-up environment is always made by `make_env`, in the actor's process: it is only
+    asked questions (num_tasks), never reset or stepped."""
 
-    def __init__(self, make_env: Callable[[], Environment]):
-        self.make_env = make_env
+    def __init__(self, make_env: Callable[[], Environment], guard: GuardSettings = GuardSettings(),
+                 host: EnvHost | None = None):
+        self.make_env, self.guard = make_env, guard
+        self.host = host or LoopHost(make_env)
+        self.meter = LoopBlockMeter(guard.loop_block_warn_s)
         self._startup_env: Environment | None = None
 
     def startup_env(self) -> Environment:
@@ -39,20 +49,20 @@ class EnvironmentLoop(EpisodePlayer):
         return self._startup_env
 
     async def play(self, ctx: PlayContext, episode: Episode) -> str:
-        env = self.make_env()
+        env = GuardedEnvironment(self.host, self.guard, self.meter, ctx.metrics)
         try:
             return await abandon_on_failure(ctx, episode.episode_id, _play(ctx, env, episode))
         finally:
-            try:
-                await env.close()
-            except Exception as exc:  # closing a dead remote environment must not fail the slot
-                log.warning("episode %s: environment close failed: %r", episode.episode_id, exc)
+            async with ctx.waiting_on_env():
+                await env.close()  # never raises: a failed close is logged and counted
 
 
 async def _play(ctx: PlayContext, env: Environment, episode: Episode) -> str:
     sampling, chat, streams = ctx.sampling, ctx.chat, episode.streams
     # an environment that does not enumerate its tasks is never given one (its reset may not take it)
-    reset = await (env.reset(episode.seed) if episode.task is None else env.reset(episode.seed, task=episode.task))
+    # inside an environment call the episode wants no generation: another may start meanwhile (play/in_flight.py)
+    async with ctx.waiting_on_env():
+        reset = await (env.reset(episode.seed) if episode.task is None else env.reset(episode.seed, task=episode.task))
     # read after reset: a remote environment learns its action tokens when it is created
     allowed = [chat.single_token_id(a) for a in env.action_tokens] if env.action_tokens else []
     max_tokens = min(sampling.max_new_tokens, env.max_action_tokens)
@@ -89,7 +99,8 @@ async def _play(ctx: PlayContext, env: Environment, episode: Episode) -> str:
         ctx.metrics.generate_seconds.observe(time.monotonic() - started)
         (ctx.metrics.frozen_tokens if agent in ctx.frozen_clients else ctx.metrics.generated_tokens).inc(
             len(gen.tokens))
-        step = await env.step(chat.decode(gen.tokens))
+        async with ctx.waiting_on_env():
+            step = await env.step(chat.decode(gen.tokens))
         ctx.metrics.turns.inc()
         reward = _distribute(step, agent, streams) + s.pending_reward
         s.pending_reward = 0.0

@@ -30,6 +30,10 @@ class CollectingLink:
     def __init__(self, credits: int = 10**9):
         self.chunks = []
         self.credits = credits
+        self.slots = 0  # what the runner last asked credits for
+
+    def want_slots(self, slots):
+        self.slots = slots
 
     async def send(self, chunk):
         chunk.seq = len(self.chunks)
