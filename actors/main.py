@@ -6,7 +6,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Awaitable, Callable
 
 from turnstream.core.config import Config
 from turnstream.core.urls_file import read_urls_file, watch_urls_file
@@ -18,9 +18,11 @@ async def serve(cfg: Config, actor_index: int) -> None:
     import zmq.asyncio
 
     from turnstream.actors.drain import DrainableTasks, drain
+    from turnstream.actors.envs.guard.settings import GuardSettings
     from turnstream.actors.envs.remote.http_env import close_sessions
     from turnstream.actors.evaluation import evaluator_for
     from turnstream.actors.inference.chat_tokens import ChatTokens
+    from turnstream.actors.inference.seeds import RequestSeeds
     from turnstream.actors.link import BufferLink
     from turnstream.actors.metrics import ActorMetrics
     from turnstream.actors.play.choose import player_for
@@ -44,7 +46,9 @@ async def serve(cfg: Config, actor_index: int) -> None:
                       metrics=metrics, max_message_bytes=net.max_message_bytes, curve=keys_for(net))
     role = RoleProcess(metrics.registry, net.listen_host, a.metrics_port + actor_index if a.metrics_port else 0)
     chat = ChatTokens(cfg.model.path)
-    player = player_for(cfg.env.name, dict(cfg.env.args))  # how every episode is played
+    # how every episode is played; with env.isolation = process, the environment worker processes start with the
+    # first episode and stop when this function's event loop ends (a graceful stop too: after the drain)
+    player = player_for(cfg.env.name, dict(cfg.env.args), GuardSettings.from_config(cfg.env))
 
     values = TrackerValues()  # the learner's SPO tracker, for tasks.order = spo
     source = _task_source(cfg, player, actor_index, epoch, values)
@@ -54,12 +58,14 @@ async def serve(cfg: Config, actor_index: int) -> None:
         log.info("%s: the task source goes on at draw %d (%s)", actor_id, at, position)
 
     fleet = _fleet(cfg, v.urls, metrics, learner_version=lambda: link.learner_version,
+                   seeds=RequestSeeds(cfg.run.seed, actor_id, epoch, "policy"),
                    model=cfg.learner.lora.served_adapter() if cfg.learner.lora else None)
     # the fixed policy never moves: its servers stay at their version, which is always "fresh enough"
-    frozen = _fleet(cfg, v.frozen_urls, metrics, learner_version=lambda: 0) if a.frozen_agents else None
+    frozen = _fleet(cfg, v.frozen_urls, metrics, learner_version=lambda: 0,
+                    seeds=RequestSeeds(cfg.run.seed, actor_id, epoch, "frozen")) if a.frozen_agents else None
     async with role, fleet as client, (frozen or contextlib.nullcontext()) as frozen_client:
-        log.info("%s (epoch %d): %d episodes in flight, metrics port %d", actor_id, epoch, a.concurrent_episodes,
-                 role.metrics_port)
+        log.info("%s (epoch %d): %d episodes generating, up to %d in flight, metrics port %d", actor_id, epoch,
+                 a.concurrent_episodes, a.in_flight_cap(), role.metrics_port)
         runner = EpisodeRunner(actor_id=actor_id, epoch=epoch, player=player, chat=chat,
                                client=client, link=link, metrics=metrics, tasks=tasks_in_play,
                                sampling=Sampling.from_config(cfg),
@@ -67,7 +73,9 @@ async def serve(cfg: Config, actor_index: int) -> None:
                                request_timeout_s=a.request_timeout_s,
                                endpoint=endpoint)
         tasks = [asyncio.create_task(link.run()),
-                 asyncio.create_task(_play_then_idle(runner, a.concurrent_episodes, tasks_in_play))]
+                 asyncio.create_task(_play_then_idle(
+                     runner.run(a.concurrent_episodes, a.in_flight_cap(), cfg.buffer.episode_timeout_s), actor_id,
+                     tasks_in_play))]
         if cfg.tasks.order == "spo":
             announcements = subscriber(ctx, bind_address(net.learner_address, net.learner_pub_port), keys_for(net))
             tasks.append(asyncio.create_task(follow_announcements(announcements, values, metrics,
@@ -105,23 +113,25 @@ def _task_source(cfg: Config, player, actor_index: int, epoch: int, values):
     return TaskSource(order, t.group_size)
 
 
-def _fleet(cfg: Config, urls: list[str], metrics, *, learner_version: Callable[[], int], model: str | None = None):
-    """An inference fleet over `urls` with the actor's request, retry, health and staleness settings."""
+def _fleet(cfg: Config, urls: list[str], metrics, *, learner_version: Callable[[], int], seeds,
+           model: str | None = None):
+    """An inference fleet over `urls` with the actor's request, retry, health and staleness settings, drawing its
+    requests' sampling seeds from `seeds`."""
     from turnstream.actors.inference.fleet import InferenceFleet
 
     v = cfg.vllm
     return InferenceFleet(urls, timeout_s=cfg.actor.request_timeout_s, retries=v.retries,
                           health_interval_s=v.health_interval_s, wait_for_server_s=v.wait_for_server_s,
                           max_staleness=cfg.buffer.max_staleness, learner_version=learner_version, metrics=metrics,
-                          model=model)
+                          model=model, seeds=seeds)
 
 
-async def _play_then_idle(runner, concurrent_episodes: int, tasks_in_play) -> None:
+async def _play_then_idle(playing: Awaitable[None], actor_id: str, tasks_in_play) -> None:
     """Play until the task source runs out (tasks.epochs), then keep the process (and its link, which still
     delivers the last chunks) up until it is stopped."""
-    await runner.run(concurrent_episodes)
+    await playing
     if not tasks_in_play.draining:
-        log.info("%s: the task source ran out (tasks.epochs); no more episodes", runner.context.actor_id)
+        log.info("%s: the task source ran out (tasks.epochs); no more episodes", actor_id)
     await asyncio.Event().wait()
 
 

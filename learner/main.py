@@ -24,19 +24,22 @@ from turnstream.learner.rank_commands import follow
 from turnstream.learner.serve import serve
 from turnstream.learner.step.trainer import Trainer
 
-__all__ = ["build_trainer", "main", "train"]
+__all__ = ["build_trainer", "main", "start_rank", "train"]
 
 log = logging.getLogger("turnstream.learner")
 
 
-def build_trainer(cfg: Config, rank: int = 0, world: int = 1):
-    """Model, optional reference model and critic, Trainer; resumed from the latest checkpoint if asked (rank 0
-    picks it, every rank loads it). A sharded checkpoint (learner/checkpoint/sharded.py) loads on any number of
-    ranks; a single-file one into ddp and one-process learners (learner/checkpoint/store.py)."""
+def build_trainer(cfg: Config, rank: int = 0, world: int = 1, checkpoint: Path | None = None):
+    """Model, optional reference model and critic, Trainer; restored from `checkpoint` (`turnstream replay`), else
+    from the latest checkpoint if asked (rank 0 picks it, every rank loads it). A sharded checkpoint
+    (learner/checkpoint/sharded.py) loads on any number of ranks; a single-file one into ddp and one-process
+    learners (learner/checkpoint/store.py)."""
     lc = cfg.learner
     where = placement(lc.device, lc.precision)
-    resume_from = latest(Path(cfg.run.run_dir) / "checkpoints") if lc.resume and rank == 0 else None
-    resume_from = broadcast(resume_from, rank, world)
+    resume_from = checkpoint
+    if checkpoint is None:
+        resume_from = latest(Path(cfg.run.run_dir) / "checkpoints") if lc.resume and rank == 0 else None
+        resume_from = broadcast(resume_from, rank, world)
     sharded_checkpoint = resume_from is not None and sharded.is_sharded(resume_from)
     # a sharded checkpoint's weights are filled into the model after it is built (and sharded); with LoRA the
     # base is model.path's, frozen, and a single-file checkpoint's model/ holds the adapter (learner/lora.py)
@@ -65,11 +68,15 @@ def build_trainer(cfg: Config, rank: int = 0, world: int = 1):
     return model, trainer, resume_from
 
 
-async def train(cfg: Config) -> None:
-    lc = cfg.learner
-    torch.set_num_threads(lc.torch_threads)
+def start_rank(cfg: Config) -> tuple[int, int]:
+    """This process's threads, seed (the critic's initial weights draw from it) and place among the ranks."""
+    torch.set_num_threads(cfg.learner.torch_threads)
     torch.manual_seed(cfg.run.seed)
-    rank, world = init_from_env(lc.device)
+    return init_from_env(cfg.learner.device)
+
+
+async def train(cfg: Config) -> None:
+    rank, world = start_rank(cfg)
     try:
         await _train_rank(cfg, rank, world)
     finally:
@@ -81,9 +88,9 @@ async def train(cfg: Config) -> None:
 
 
 async def _train_rank(cfg: Config, rank: int, world: int) -> None:
-    _, trainer, _ = build_trainer(cfg, rank, world)
+    _, trainer, resumed_from = build_trainer(cfg, rank, world)
     if rank == 0:
-        await serve(cfg, trainer, world)
+        await serve(cfg, trainer, world, resumed_from)
     else:
         follow(cfg, trainer)  # steps, push gathers and checkpoints, as rank 0 orders them
 

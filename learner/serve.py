@@ -21,6 +21,7 @@ from turnstream.learner.checkpoint.layout import latest, version_of
 from turnstream.learner.device import served_dtype
 from turnstream.learner.metrics import LearnerMetrics
 from turnstream.learner.parallel.ranks import broadcast
+from turnstream.learner.record.writer import StepRecorder, generator_state
 from turnstream.learner.rank_commands import push_source, save_checkpoint as write_checkpoint
 from turnstream.learner.sync.base import WeightSync, WeightSyncError
 from turnstream.learner.sync.factory import weight_sync_from_config
@@ -136,7 +137,8 @@ def push_overlaps_training(cfg: Config, collective_push: bool = False) -> bool:
     return bool(cfg.learner.overlap_push)
 
 
-async def serve(cfg: Config, trainer: Trainer, world: int) -> None:
+async def serve(cfg: Config, trainer: Trainer, world: int, resumed_from: Path | None = None) -> None:
+    """`resumed_from`: the checkpoint the trainer was restored from, named in the record's start file."""
     lc, run_dir = cfg.learner, Path(cfg.run.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     trackers = open_trackers(cfg)  # first: a missing tracker package exits before any push
@@ -156,13 +158,15 @@ async def serve(cfg: Config, trainer: Trainer, world: int) -> None:
                            health=lambda: {"version": trainer.version}) as role:
         log.info("learner: metrics port %d, %d vLLM server(s), %d rank(s), estimator %s", role.metrics_port,
                  len(cfg.vllm.urls), world, lc.estimator)
-        await train_and_publish(cfg, trainer, world, sync, push_dtype, metrics, trackers, role.stop)
+        recorder = StepRecorder.start(cfg, trainer.version, world, resumed_from) if lc.record else None
+        await train_and_publish(cfg, trainer, world, sync, push_dtype, metrics, trackers, role.stop, recorder)
 
 
 async def train_and_publish(cfg: Config, trainer: Trainer, world: int, sync, push_dtype, metrics: LearnerMetrics,
-                            trackers: Trackers, stop: asyncio.Event) -> None:
+                            trackers: Trackers, stop: asyncio.Event, recorder: StepRecorder | None = None) -> None:
     """Batch in, step, push and announce, until stopped or at learner.max_steps; then checkpoint and release
-    the other ranks."""
+    the other ranks. With a `recorder` (learner.record), each step's record is written while its weights are
+    saved, and is durable before the version is checkpointed, pushed or logged (learner/record/format.py)."""
     lc, run_dir = cfg.learner, Path(cfg.run.run_dir)
     endpoints = open_endpoints(cfg, metrics)
     await endpoints.pub.send_multipart(encode(VersionAnnouncement(trainer.version)))
@@ -182,9 +186,14 @@ async def train_and_publish(cfg: Config, trainer: Trainer, world: int, sync, pus
                 continue
             wait_s = time.monotonic() - waited
             step_started = time.time()
+            rng_before = generator_state(trainer.generator) if recorder is not None else b""
             stats = await train_on(trainer, batch, world, metrics)
             if stats is None:
                 continue
+            recording = None
+            if recorder is not None:  # written while the weights are saved; awaited before the version shows
+                recording = asyncio.create_task(asyncio.to_thread(recorder.write_step, trainer.version, batch,
+                                                                  rng_before, stats["step_s"]))
             if audit is not None:  # before the checkpoint, so a checkpointed step always has its line
                 audit.write({"version": trainer.version, "batch_version": batch.learner_version,
                              "episodes": list(batch.episode_ids), "prompt_keys": list(batch.prompt_keys),
@@ -192,6 +201,11 @@ async def train_and_publish(cfg: Config, trainer: Trainer, world: int, sync, pus
                              "staleness_max": stats["staleness_max"]})
             # disk: the weights are gathered and written here; nccl: gathered as the push broadcasts them
             path = await asyncio.to_thread(sync.save, push_source(cfg, trainer, push_dtype), trainer.version)
+            if recording is not None:  # record_wait_s: what recording adds to the step's critical path
+                waited_record = time.monotonic()
+                written = await recording
+                stats.update(record_bytes=written.bytes, record_s=written.seconds,
+                             record_wait_s=time.monotonic() - waited_record)
             if lc.checkpoint_every and trainer.version % lc.checkpoint_every == 0:
                 stats["checkpoint_s"] = await save_checkpoint(cfg, trainer)
             stats.update(wait_s=wait_s, step_started=step_started)

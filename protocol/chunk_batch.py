@@ -21,7 +21,7 @@ TOKEN_ARRAYS = {"obs_tokens": "obs_len", "gen_tokens": "gen_len", "gen_logprobs"
                 "gen_versions": "gen_len", "allowed_tokens": "allowed_len"}
 LENGTHS = {"obs_len": "obs_tokens", "gen_len": "gen_tokens", "allowed_len": "allowed_tokens"}
 # per-chunk scalars a batch may leave empty, and the value each chunk then takes
-OPTIONAL_COLUMNS = {"context_reset": False, "top_p": 1.0, "top_k": 0}
+OPTIONAL_COLUMNS = {"context_reset": False, "top_p": 1.0, "top_k": 0, "seed": -1}
 
 
 class BatchError(ValueError):
@@ -44,12 +44,15 @@ def pack(chunks: list[TurnChunk]) -> TurnChunkBatch:
     columns = {name: list(map(kind, values)) for (name, kind), values in zip(COLUMNS.items(), rows)}
     lengths = {name: [getattr(c, array).size for c in chunks] for name, array in LENGTHS.items()}
     arrays = {name: _joined([getattr(c, name) for c in chunks], _WIRE_DTYPES[name]) for name in TOKEN_ARRAYS}
-    truncated = any(c.top_p < 1 or c.top_k > 0 for c in chunks)  # else the lists stay empty: nothing to say
+    # else these lists stay empty: nothing to say
+    truncated = any(c.top_p < 1 or c.top_k > 0 for c in chunks)
+    seeded = any(c.seed >= 0 for c in chunks)
     return TurnChunkBatch(actor_id=first.actor_id, epoch=int(first.epoch),
                           episode_ids=[c.episode_id for c in chunks], prompt_keys=[c.prompt_key for c in chunks],
                           context_reset=[bool(c.context_reset) for c in chunks],
                           top_p=[float(c.top_p) for c in chunks] if truncated else [],
-                          top_k=[int(c.top_k) for c in chunks] if truncated else [], **columns, **lengths, **arrays)
+                          top_k=[int(c.top_k) for c in chunks] if truncated else [],
+                          seed=[int(c.seed) for c in chunks] if seeded else [], **columns, **lengths, **arrays)
 
 
 _column_values = attrgetter(*COLUMNS)
@@ -73,7 +76,7 @@ def unpack(batch: TurnChunkBatch) -> list[TurnChunk]:
         raise BatchError("bad_batch", "empty batch")
     if any(len(getattr(batch, name)) != n for name in (*COLUMNS, *LENGTHS, "episode_ids", "prompt_keys")):
         raise BatchError("bad_batch", "per-chunk columns differ in length")
-    for name in OPTIONAL_COLUMNS:  # empty: a peer that never restarts a context, or never truncates
+    for name in OPTIONAL_COLUMNS:  # empty: a peer that never restarts a context, never truncates, never seeds
         if len(getattr(batch, name)) not in (0, n):
             raise BatchError("bad_batch", f"{name} has neither one entry per chunk nor none")
     if any(getattr(batch, name).ndim != 1 for name in TOKEN_ARRAYS):

@@ -54,6 +54,9 @@ class TurnChunk:
     context_reset: bool = False
     top_p: float = 1.0  # the turn's nucleus truncation; 1: none
     top_k: int = 0  # the turn's top-k truncation; 0: none
+    # vLLM's per-request sampling seed of the turn (0 <= seed < 2**63), with which its tokens can be sampled again
+    # (turnstream regenerate); -1: unknown (an unseeded request, or a peer that predates seeds)
+    seed: int = -1
 
 
 @dataclass
@@ -92,6 +95,7 @@ class TurnChunkBatch(Message):
     # empty: no chunk was sampled under a top-p / top-k truncation
     top_p: list[float] = field(default_factory=list)
     top_k: list[int] = field(default_factory=list)
+    seed: list[int] = field(default_factory=list)  # empty: no chunk's seed is known
 
 
 @dataclass
@@ -146,7 +150,7 @@ class Batch(Message):
         "turn_index": "int32", "temperature": "float32", "mask_id": "int32", "episode_offsets": "int64",
         "agent_ids": "int32", "truncated": "bool", "turn_rewards": "float32", "turn_offsets": "int64",
         "first_turns": "int32", "bootstrap_turns": "int32", "context_starts": "int64", "top_p": "float32",
-        "top_k": "int32",
+        "top_k": "int32", "turn_seeds": "int64",
     }
     request_id: int
     learner_version: int
@@ -182,6 +186,9 @@ class Batch(Message):
     # (1: none) and top-k (0: none) of the token's turn, which the learner applies to its log-probs as vLLM did
     top_p: np.ndarray = field(default_factory=_f32)
     top_k: np.ndarray = field(default_factory=_i32)
+    # per turn, laid out as turn_rewards (empty when no turn of the batch has a known seed): vLLM's sampling seed
+    # of each turn, -1 where unknown
+    turn_seeds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 @dataclass

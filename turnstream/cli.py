@@ -59,8 +59,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="output directory (new or empty)")
     p.add_argument("--dtype", default="auto", help="auto (the model's config dtype), float32, bfloat16, float16")
     p.add_argument("--shard-mb", type=int, default=2048, help="size of each safetensors file, MiB")
+    from turnstream.replay.run import add_arguments as replay_arguments
+
+    replay_arguments(sub.add_parser("replay", help="retrain a recorded run's learner (learner.record) on its "
+                                    "batches, without vLLM, actors or buffer, and compare with its checkpoints"))
     p = sub.add_parser("report", help="plot a run directory's learning curve")
     p.add_argument("run_dir")
+    from turnstream.inspect.commands import add_inspect_arguments, add_regenerate_arguments
+
+    add_inspect_arguments(sub.add_parser("inspect", help="show what a recorded run's learner steps trained on: "
+                                         "episodes, staleness, advantages, importance weights (text or HTML)"))
+    add_regenerate_arguments(sub.add_parser("regenerate", help="sample a recorded episode's turns again with the "
+                                            "weights that sampled them and compare token for token"))
     sub.add_parser("envs", help="list the registered environments")
     p = sub.add_parser("keygen", help="write CURVE keys for network.keys_dir (server, client, allowed_clients/)")
     p.add_argument("dir")
@@ -111,6 +121,14 @@ def _dispatch(args) -> int:
 
         print(export(args.checkpoint, args.dir, args.dtype, args.shard_mb))
         return 0
+    if args.command == "replay":
+        from turnstream.replay.run import main as replay_main
+
+        return replay_main(args)
+    if args.command in ("inspect", "regenerate"):
+        from turnstream.inspect.commands import run_inspect, run_regenerate
+
+        return (run_inspect if args.command == "inspect" else run_regenerate)(args)
     if args.command == "report":
         from turnstream.report import main as report_main
 

@@ -29,6 +29,10 @@ def vllm_command(model_path: str, host: str, port: int, cfg: VllmSection,
         # an access-log line per request is a line per turn of every episode: the log would grow with the run
         # and the server would spend its CPU writing it
         "--disable-uvicorn-access-log",
+        # every request carries a sampling seed (actors/inference/seeds.py), and vLLM's CPU runner fails the whole
+        # engine when it rewinds the random stream of a seeded request whose prompt was split over steps: a CPU
+        # generator has no offset to rewind
+        *(["--no-enable-chunked-prefill"] if vllm_is_cpu_build() else []),
         *cfg.extra_args,
     ]
     adapters = lora is not None and lora.push == "adapter"

@@ -33,6 +33,7 @@ class Generation:
     # the truncation the tokens were sampled under (top_p 1 and top_k 0: none), which the learner applies too
     top_p: float = 1.0
     top_k: int = 0
+    seed: int = -1  # vLLM's sampling seed of the request, with which it samples the same tokens again; -1: none
 
 
 def parse_version(label: str) -> int:
@@ -65,11 +66,14 @@ def parse_generation(body: dict) -> Generation:
 async def post_generate(session: aiohttp.ClientSession, url: str, token_ids: list[int], *, max_tokens: int,
                         temperature: float, allowed_token_ids: list[int] | None = None,
                         cache_salt: str | None = None, extra_params: dict | None = None,
-                        model: str | None = None, top_p: float = 1.0, top_k: int = 0) -> Generation:
+                        model: str | None = None, top_p: float = 1.0, top_k: int = 0, seed: int = -1) -> Generation:
     """One token-in/token-out request to one server. ServerFailure: try another server; InferenceError: don't.
     `model`: a LoRA adapter the server serves (learner.lora), else the base model; `top_p` < 1, `top_k` > 0:
-    vLLM truncates the distribution it samples from, and its log-probs are those of the truncated one."""
+    vLLM truncates the distribution it samples from, and its log-probs are those of the truncated one; `seed` >= 0:
+    the request's own random stream (-1: the server's shared one)."""
     params: dict = {**(extra_params or {}), "max_tokens": max_tokens, "temperature": temperature, "logprobs": 0}
+    if seed >= 0:
+        params["seed"] = seed
     if allowed_token_ids:
         params["allowed_token_ids"] = allowed_token_ids
     if top_p < 1:
@@ -101,6 +105,6 @@ async def post_generate(session: aiohttp.ClientSession, url: str, token_ids: lis
         gen = parse_generation(payload)
     except InferenceError as exc:
         raise ServerFailure(str(exc)) from None  # a server answering garbage is treated as failing
-    gen.top_p, gen.top_k = top_p, top_k
+    gen.top_p, gen.top_k, gen.seed = top_p, top_k, seed
     return gen
 

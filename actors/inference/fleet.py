@@ -15,6 +15,8 @@
   outstanding, accrued exactly at every request start and end (and at each health check, so a long busy
   stretch shows before it ends). A sampled gauge misses requests that last milliseconds.
 When no server is usable, `generate` waits up to `wait_for_server_s` for one before giving up.
+Every request carries a sampling seed of its own (actors/inference/seeds.py), the same on each retry, and its
+Generation says which, so that the turn can be sampled again (turnstream regenerate).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import aiohttp
 
 from turnstream.actors.inference.client import (Generation, InferenceError, ServerFailure, StaleConnection,
                                                 parse_version, post_generate)
+from turnstream.actors.inference.seeds import RequestSeeds
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.protocol.http_links import silent_peer_connector
 
@@ -72,7 +75,7 @@ class InferenceFleet:
                  health_interval_s: float = 2.0, health_timeout_s: float = 5.0, wait_for_server_s: float = 10.0,
                  max_staleness: int | None = None, learner_version: Callable[[], int] = lambda: 0,
                  metrics: ActorMetrics | None = None, clock: Callable[[], float] = time.monotonic,
-                 model: str | None = None):
+                 model: str | None = None, seeds: RequestSeeds | None = None):
         if not urls:
             raise ValueError("no vLLM server URLs")
         self.servers: dict[str, Server] = {}
@@ -81,6 +84,7 @@ class InferenceFleet:
         self.m = metrics or ActorMetrics()
         self.clock = clock
         self.model = model  # the served LoRA adapter to sample from (learner.lora); None: the base model
+        self.seeds = seeds or RequestSeeds.unpredictable()
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.health_timeout = aiohttp.ClientTimeout(total=health_timeout_s)
         self._rotation = itertools.count()
@@ -170,6 +174,7 @@ class InferenceFleet:
         assert self._session is not None, "use `async with InferenceFleet(...)`"
         tried: set[str] = set()
         errors: list[str] = []
+        seed = self.seeds.draw()
         for attempt in range(self.retries + 1):
             # the first attempt may wait for a server to come back; retries only go to other live servers
             s = await self._wait_for_server(tried) if attempt == 0 else self._pick(tried)
@@ -183,7 +188,7 @@ class InferenceFleet:
             try:
                 request = dict(max_tokens=max_tokens, temperature=temperature,
                                allowed_token_ids=allowed_token_ids, cache_salt=cache_salt, extra_params=extra_params,
-                               model=self.model, top_p=top_p, top_k=top_k)
+                               model=self.model, top_p=top_p, top_k=top_k, seed=seed)
                 try:
                     gen = await post_generate(self._session, s.url, token_ids, **request)
                 except StaleConnection:

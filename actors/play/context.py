@@ -7,6 +7,7 @@ every chunk (actors/evaluation.py).
 from __future__ import annotations
 
 import time
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,6 +16,7 @@ from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.inference.client import Generation
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.play.endpoint.address import EndpointAddress
+from turnstream.actors.play.in_flight import waiting_on_env
 from turnstream.actors.play.stream import Stream
 from turnstream.core.config import Config
 from turnstream.protocol.messages import TurnChunk
@@ -56,6 +58,11 @@ class PlayContext:
     request_timeout_s: float = 60.0
     endpoint: EndpointAddress = EndpointAddress()
 
+    def waiting_on_env(self) -> AbstractAsyncContextManager[None]:
+        """Wrap each environment call in this: the episode wants no generation meanwhile, so the runner may start
+        another in its place (play/in_flight.py)."""
+        return waiting_on_env()
+
     async def send(self, s: Stream, obs_tokens, gen: Generation | None, allowed, reward, *, done, truncated,
                    t_start, temperature: float | None = None, context_reset: bool = False) -> None:
         """`temperature`: the one the turn was sampled at, when not actor.temperature (an agent's request);
@@ -74,6 +81,7 @@ class PlayContext:
             temperature=self.sampling.temperature if temperature is None else temperature,
             allowed_tokens=np.asarray(allowed, np.int32), t_start=t_start, t_end=time.time(),
             context_reset=context_reset, top_p=gen.top_p if gen else 1.0, top_k=gen.top_k if gen else 0,
+            seed=gen.seed if gen else -1,
         )
         s.turn += 1
         await self.link.send(chunk)

@@ -173,11 +173,12 @@ def flatten(items: list[Episode | Segment], request_id: int, learner_version: in
                                                          *(("top_p", "top_k") if truncated else ()))}
     allowed_sets: list[list[int]] = []
     set_index: dict[tuple[int, ...], int] = {}
-    offsets, turn_rewards, turn_offsets, context_starts = [0], [], [0], []
+    offsets, turn_rewards, turn_seeds, turn_offsets, context_starts = [0], [], [], [0], []
     for ep, first, bootstrap in spans:
         last, length = (ep.last_turn if bootstrap < 0 else bootstrap), 0
         start = ep.context_start(first)
         turn_rewards += [ep.turns[t].reward for t in range(last + 1)]
+        turn_seeds += [ep.turns[t].seed for t in range(last + 1)]
         for t in range(start, last + 1):
             c = ep.turns[t]
             if c.context_reset and t > start:
@@ -226,4 +227,5 @@ def flatten(items: list[Episode | Segment], request_id: int, learner_version: in
         bootstrap_turns=np.array([b for _, _, b in spans], np.int32),
         context_starts=np.array(context_starts, np.int64),
         top_p=cat.get("top_p", np.zeros(0, np.float32)), top_k=cat.get("top_k", np.zeros(0, np.int32)),
+        turn_seeds=np.array(turn_seeds if max(turn_seeds, default=-1) >= 0 else [], np.int64),
     )

@@ -28,7 +28,8 @@ def rejections(batch: TurnChunkBatch, chunks: list[TurnChunk]) -> list[str]:
         "bad_version": _chunks_holding(np.flatnonzero(b.gen_versions < 0), b.gen_len),
         "bad_scalar": {i for i, (reward, temp) in enumerate(zip(b.reward, b.temperature))
                        if not (math.isfinite(reward) and math.isfinite(temp) and temp > 0)}
-        | {i for i, c in enumerate(chunks) if not (0 < c.top_p <= 1 and c.top_k >= 0)},  # NaN fails `<`
+        | {i for i, c in enumerate(chunks) if not (0 < c.top_p <= 1 and c.top_k >= 0)}  # NaN fails `<`
+        | {i for i, c in enumerate(chunks) if not -1 <= c.seed < 2**63},  # a seed vLLM takes, or -1: none
         "token_not_allowed": {i for i, (n_allowed, n_gen) in enumerate(zip(b.allowed_len, b.gen_len))
                               if n_allowed and n_gen and not _only_allowed(chunks[i])},
     }

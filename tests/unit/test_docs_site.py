@@ -94,3 +94,29 @@ def test_the_example_environment_of_train_your_own_task_plays():
     steps = asyncio.run(babble(env_class(high=16, guesses=5)))
     assert [s.done for s in steps] == [False] * 4 + [True]
     assert steps[0].observation.startswith("Not a number.") and steps[-1].reward == 0.0
+
+
+async def test_the_example_environment_plays_through_the_actor(tiny_model):
+    """The page's example, played as an actor plays it: the runner's episodes over its 16 tasks in order, the
+    environment loop behind the guard (time limits, loop-block meter), every turn streamed."""
+    from turnstream.actors.inference.chat_tokens import ChatTokens
+    from turnstream.actors.metrics import ActorMetrics
+    from turnstream.actors.play.context import Sampling
+    from turnstream.actors.play.env_loop import EnvironmentLoop
+    from turnstream.actors.play.runner import EpisodeRunner
+    from turnstream.actors.tasks.orders import SequentialOrder
+    from turnstream.actors.tasks.source import TaskSource
+    from tests.unit.fakes import CollectingLink, ScriptedClient, streams
+
+    env_class, link, metrics = _example_environment(), CollectingLink(), ActorMetrics()
+    runner = EpisodeRunner(actor_id="a", epoch=1, player=EnvironmentLoop(lambda: env_class(high=16, guesses=5)),
+                           chat=ChatTokens(tiny_model), client=ScriptedClient(), link=link,
+                           sampling=Sampling(1.0, 8, 512), metrics=metrics,
+                           tasks=TaskSource(SequentialOrder(16, run_seed=0, epochs=1)))
+    await asyncio.wait_for(runner.run(4), 60)
+    by_stream = streams(link.chunks)
+    assert {s[0].prompt_key for s in by_stream.values()} == {f"guess/16/{n}" for n in range(1, 17)}
+    assert all(1 <= len(s) <= 5 and s[-1].done and not any(c.done for c in s[:-1]) for s in by_stream.values())
+    finished = sum(metrics.registry.get_sample_value("turnstream_actor_episodes_total", {"outcome": o}) or 0
+                   for o in ("success", "done"))
+    assert finished == 16

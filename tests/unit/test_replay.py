@@ -1,0 +1,94 @@
+"""`turnstream replay` on a learner run recorded in-process (no vLLM, no buffer): a learner killed after a step it
+had not checkpointed restarts from its checkpoint and trains other batches; the replay retrains the lineage and
+equals every checkpoint bit for bit, and an A/B under a changed setting trains the same batches differently.
+The real asynchronous run with kills: tests/e2e/test_replay_run.py."""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from tests.learner_batches import synthetic_batch, tiny_causal_lm
+from turnstream.cli import main as cli_main
+from turnstream.core.config import Config, LearnerSection
+from turnstream.learner.main import build_trainer, start_rank
+from turnstream.learner.rank_commands import save_checkpoint
+from turnstream.learner.record.reader import open_record
+from turnstream.learner.record.writer import StepRecorder, generator_state
+from turnstream.replay.rebuild import trainer_at
+
+
+def _learner(cfg: Config, batches: dict[int, int], stop_after: int) -> None:
+    """One learner process's life: resume, record and train `batches` (version -> batch seed), checkpoint every
+    2 steps, and die after step `stop_after` without a checkpoint of it."""
+    start_rank(cfg)  # threads and seed, as a learner process
+    _, trainer, resumed_from = build_trainer(cfg)
+    recorder = StepRecorder.start(cfg, trainer.version, 1, resumed_from)
+    while trainer.version < stop_after:
+        version = trainer.version + 1
+        batch = synthetic_batch(12, group=4, seed=batches[version], learner_version=trainer.version)
+        before = generator_state(trainer.generator)
+        stats = trainer.step(batch)
+        recorder.write_step(trainer.version, batch, before, stats["step_s"])
+        with (cfg.run_dir / "learner.jsonl").open("a") as f:
+            f.write(json.dumps(stats) + "\n")
+        if trainer.version % cfg.learner.checkpoint_every == 0:
+            save_checkpoint(cfg, trainer)
+
+
+def _run(tmp_path, estimator: str = "spo") -> Config:
+    tiny_causal_lm(seed=0).save_pretrained(tmp_path / "base")
+    cfg = Config()
+    cfg.model.path, cfg.run.run_dir, cfg.run.seed = str(tmp_path / "base"), str(tmp_path / "run"), 3
+    cfg.learner = LearnerSection(estimator=estimator, lr=1e-2, max_tokens_per_microbatch=40, device="cpu",
+                                 attn_implementation="eager", minibatches=2, checkpoint_every=2, keep_checkpoints=10,
+                                 record=True)
+    _learner(cfg, {v: 100 + v for v in range(1, 6)}, stop_after=5)  # killed after step 5: checkpoint 4 is its last
+    _learner(cfg, {v: 200 + v for v in range(5, 8)}, stop_after=7)  # step 5 again, on another batch
+    return cfg
+
+
+def _replay(capsys, *argv) -> tuple[int, list[str], dict]:
+    code = cli_main(["replay", *argv])
+    lines = capsys.readouterr().out.strip().splitlines()
+    return code, lines, json.loads(lines[-1])
+
+
+def test_a_replay_equals_every_checkpoint_across_a_learner_restart(tmp_path, capsys):
+    cfg = _run(tmp_path, estimator="turn_gae")  # a critic too (its initial weights draw from the seed)
+    record = open_record(cfg.run_dir)
+    assert [s.version for s in record.superseded()] == [5]
+    code, lines, summary = _replay(capsys, str(cfg.run_dir))
+    assert code == 0, lines
+    assert [c["version"] for c in summary["checkpoints"]] == [2, 4, 6]
+    assert summary["equal"] and summary["max_abs_diff"] == 0.0 and summary["rng_mismatches"] == 0
+    assert (summary["from"], summary["to"], summary["steps"], summary["superseded"]) == (0, 7, 7, 1)
+    assert sum(line.startswith("step ") and ": equal" in line for line in lines) == 3
+    assert summary["stats"]["policy_loss"]["run"] == summary["stats"]["policy_loss"]["replay"]
+
+
+def test_a_replay_from_a_checkpoint_and_an_ab_on_the_same_batches(tmp_path, capsys):
+    cfg = _run(tmp_path)
+    code, lines, summary = _replay(capsys, str(cfg.run_dir), "--from-checkpoint",
+                                   str(cfg.run_dir / "checkpoints" / "step-000004"), "--to-step", "6")
+    assert code == 0 and summary["equal"] and (summary["from"], summary["to"]) == (4, 6)
+    code, lines, summary = _replay(capsys, str(cfg.run_dir), "--set", "learner.lr=0.05")
+    assert code == 0 and not summary["equal"] and summary["max_abs_diff"] > 0
+    assert "differs" in lines[-2] and summary["overrides"] == ["learner.lr=0.05"]
+
+
+def test_trainer_at_holds_the_runs_state_after_a_step(tmp_path):
+    cfg = _run(tmp_path)
+    trainer = trainer_at(cfg.run_dir, 6)
+    torch.manual_seed(cfg.run.seed)
+    run_cfg = cfg.model_copy(deep=True)
+    _, at_six, _ = build_trainer(run_cfg, checkpoint=cfg.run_dir / "checkpoints" / "step-000006")
+    assert trainer.version == 6
+    assert all(torch.equal(p, q) for p, q in zip(trainer._params(), at_six._params()))
+
+
+def test_a_replay_in_chains_checks_every_checkpoint(tmp_path, capsys):
+    cfg = _run(tmp_path)
+    code, lines, summary = _replay(capsys, str(cfg.run_dir), "--jobs", "2")
+    assert code == 0 and summary["equal"] and summary["chains"] == [[0, 4], [4, 7]]
+    assert [c["version"] for c in summary["checkpoints"]] == [2, 4, 6] and summary["steps"] == 7
