@@ -70,7 +70,7 @@ class LearnerSection(Section):
     estimator: Literal["spo", "turn_gae", "token_gae", "grpo", "rloo", "gigpo"] = Field(
         "spo", description="advantage estimator; grpo, rloo and gigpo compare the episodes of one prompt in a batch "
         "(gigpo needs them served together: buffer.sampling = group, tasks.group_size >= 2)")
-    lr: float = Field(3e-4, gt=0, description="learning rate")
+    lr: float = Field(1e-3, gt=0, description="learning rate; 1e-3 serves both a model that cannot read yet (the random tiny model) and one that can (a warm-started one learns 2-2.5 times faster than at 3e-4: BENCHMARKS.md, \"From a model that can read\")")
     warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear learning-rate warm-up")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
@@ -145,6 +145,10 @@ class LearnerSection(Section):
                                   "0: never")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept")
     resume: bool = Field(True, description="on start, continue from the latest checkpoint in <run_dir>/checkpoints")
+    record: bool = Field(
+        False, description="keep every step's batch as served, with its version and RNG state, under <run_dir>/record, "
+        "so that `turnstream replay` retrains the run bit for bit and `turnstream inspect` shows any step "
+        "(docs/reproduce.md). Off by default: it costs disk (BENCHMARKS.md, \"Recording a run\")")
     metrics_port: Port = Field(0, description="/metrics port; 0: the launcher picks one")
     spo: SpoSection = Field(default_factory=SpoSection, description="the spo estimator")
     critic: CriticSection = Field(default_factory=CriticSection, description="the value function of turn_gae and "

@@ -17,7 +17,7 @@ from turnstream.core.config import LearnerSection
 
 
 def run(model_dir, steps: int, **learner) -> list[dict]:
-    cfg = LearnerSection(device="cpu", **learner)  # the defaults otherwise: spo, lr 3e-4, entropy bonus
+    cfg = LearnerSection(device="cpu", **learner)  # the defaults otherwise: spo, lr 1e-3, entropy bonus
     return train_in_process(model_dir, "goal_walk", {}, cfg, seed=1, batch=128, max_steps=steps, stop_at=0.9)
 
 
