@@ -235,12 +235,15 @@ def format_table(summary: dict) -> str:
     lines = [f"{'task/estimator':<32}{'reached':>9}{'episodes (median)':>19}{'wall s (median)':>17}"
              f"{'success end':>13}{'turn>train s/versions':>23}{'first step s':>14}{'learner busy':>14}"
              f"{'stale drops':>13}"]
+    def num(x, places: int = 1) -> str:
+        return "-" if x is None else f"{x:,.{places}f}"
+
     for key, s in summary.items():
-        latency = f"{s.get('turn_to_train_s_median')}/{s.get('turn_to_train_versions_median')}"
-        lines.append(f"{key:<32}{s['reached']:>5}/{s['seeds']:<3}{str(s['episodes_median']):>19}"
-                     f"{str(s['wall_s_median']):>17}{s['success_end_mean']:>13.3f}{latency:>23}"
-                     f"{str(s.get('first_step_s_median')):>14}{str(s.get('learner_busy_median')):>14}"
-                     f"{str(s.get('dropped_stale_median')):>13}")
+        latency = f"{num(s.get('turn_to_train_s_median'))}/{num(s.get('turn_to_train_versions_median'), 2)}"
+        lines.append(f"{key:<32}{s['reached']:>5}/{s['seeds']:<3}{num(s['episodes_median'], 0):>19}"
+                     f"{num(s['wall_s_median']):>17}{num(s['success_end_mean'], 3):>13}{latency:>23}"
+                     f"{num(s.get('first_step_s_median')):>14}{num(s.get('learner_busy_median'), 3):>14}"
+                     f"{num(s.get('dropped_stale_median'), 0):>13}")
     return "\n".join(lines)
 
 
