@@ -28,6 +28,8 @@ from typing import AsyncIterator
 
 from prometheus_client import Gauge
 
+from turnstream.actors.envs.waiting import carrying
+
 # An environment call counts as waiting only once it has lasted this long. Replies of one inference batch come
 # back together and their episodes step together: were an instant step counted, each such wave would let K more
 # episodes start, and episodes would pile up to the cap with environments that never make anyone wait.
@@ -92,27 +94,42 @@ class EpisodeGate:
 
     @contextlib.asynccontextmanager
     async def waiting(self) -> AsyncIterator[None]:
-        """Count the episode as waiting on its environment once the call has lasted `grace_s`."""
-        counted = False
-
-        def count() -> None:
-            nonlocal counted
-            counted = True
-            self._waiting(+1)
-            self._changed.set()  # one fewer wants generation: room for another
-
-        timer = asyncio.get_running_loop().call_later(self.grace_s, count)
+        """Count the episode as waiting on its environment once the call has lasted `grace_s` (not while the
+        environment's host says it is waiting for room: actors/envs/waiting.py)."""
+        mark = _WaitMark(self)
         try:
-            yield
+            with carrying(mark):
+                yield
         finally:
-            timer.cancel()
-            if counted:
-                self._waiting(-1)
+            mark.pause()
 
     def _waiting(self, delta: int) -> None:
         self.waiting_on_env += delta
         if self.waiting_gauge is not None:
             self.waiting_gauge.inc(delta)
+
+
+class _WaitMark:
+    """One environment call of an episode at a gate: counted as waiting from `grace_s` after it starts (or
+    resumes) until it ends (or pauses)."""
+
+    def __init__(self, gate: EpisodeGate):
+        self.gate, self.counted, self.timer = gate, False, None
+        self.resume()
+
+    def resume(self) -> None:
+        self.timer = asyncio.get_running_loop().call_later(self.gate.grace_s, self._count)
+
+    def pause(self) -> None:
+        self.timer.cancel()
+        if self.counted:
+            self.counted = False
+            self.gate._waiting(-1)
+
+    def _count(self) -> None:
+        self.counted = True
+        self.gate._waiting(+1)
+        self.gate._changed.set()  # one fewer wants generation: room for another
 
 
 @contextlib.asynccontextmanager

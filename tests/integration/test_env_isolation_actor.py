@@ -34,7 +34,7 @@ def _alive(pid: int) -> bool:
 def test_a_crashing_environment_in_workers_never_stops_the_actor(vllm_url, tiny_model, tmp_path):
     cfg = session_server_config(vllm_url, tiny_model, tmp_path)
     cfg.env.name = "probe_crash"
-    cfg.env.args = {"every": 24, "how": "segfault", "turns": 2}
+    cfg.env.args = {"every": 40, "how": "segfault", "turns": 2}
     cfg.env.isolation, cfg.env.workers = "process", 2
     cfg.actor.concurrent_episodes = 16
     cfg.actor.metrics_port, cfg.buffer.metrics_port = free_port(), free_port()
@@ -73,9 +73,13 @@ def test_a_crashing_environment_in_workers_never_stops_the_actor(vllm_url, tiny_
               "replaced")
         assert lost >= 2 and done >= 20  # a crash costs the episodes its worker was serving (about half), no more
         assert value(later, 'turnstream_actor_episodes_total{outcome="env_error"}') == lost
-        assert value(later, "turnstream_actor_env_workers_alive") == 2
-        workers = _children(actor.proc.pid)
-        assert len(workers) == 2
+        # crashes go on all the while (one episode in 40): each dead worker is replaced, so both are soon up again
+        def both_workers_up() -> set[int] | None:
+            workers = {p for p in _children(actor.proc.pid) if _alive(p)}
+            up = value(scrape(metrics_url), "turnstream_actor_env_workers_alive") == 2 and len(workers) == 2
+            return workers if up else None
+
+        workers = poll_until(both_workers_up, "two workers up", 30, check=alive_check)
         os.kill(actor.proc.pid, signal.SIGTERM)  # a graceful stop
         actor.proc.wait(60)
         deadline = time.monotonic() + 10

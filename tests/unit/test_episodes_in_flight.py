@@ -8,6 +8,7 @@ import time
 import pytest
 
 from turnstream.actors.environment import EnvError, Environment, Reset, Step
+from turnstream.actors.envs.waiting import not_waiting
 from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.play.context import Sampling
@@ -143,6 +144,23 @@ async def test_the_gate_admits_while_fewer_than_k_want_generation_and_fewer_than
     assert gate.in_flight == 2 and not gate.has_room()
     with pytest.raises(ValueError):
         EpisodeGate(4, 3)
+
+
+async def test_a_wait_for_room_to_run_the_environment_makes_no_room_for_another_episode():
+    """With every environment worker down, episodes wait for one inside their reset: counted as waiting on the
+    environment, they would let more start, all to land on the next worker (and die with it)."""
+    gate = EpisodeGate(1, 8, grace_s=0.05)
+    await gate.enter()
+    async with gate.waiting():
+        with not_waiting():  # the pool, waiting for a worker to serve the episode
+            await asyncio.sleep(0.1)
+            assert gate.waiting_on_env == 0 and not gate.has_room()
+        assert not gate.has_room()  # the environment call itself starts now: counted after its grace
+        await asyncio.sleep(0.1)
+        assert gate.waiting_on_env == 1 and gate.has_room()
+    assert gate.waiting_on_env == 0
+    with not_waiting():  # outside any gate: nothing to pause
+        pass
 
 
 def test_max_episodes_in_flight_below_k_is_a_config_error():

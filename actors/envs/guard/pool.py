@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from turnstream.actors.environment import EnvError
 from turnstream.actors.envs.guard.settings import GuardSettings
 from turnstream.actors.envs.guard.wire import pack, read_frame
+from turnstream.actors.envs.waiting import not_waiting
 from turnstream.actors.metrics import ActorMetrics
 
 log = logging.getLogger("turnstream.actor")
@@ -35,7 +36,10 @@ WORKER_MODULE = "turnstream.actors.envs.guard.worker"
 CANCEL_GRACE_S = 2.0  # a cancelled call that has not stopped after this is stuck in blocking code
 START_TIMEOUT_S = 60.0  # a worker that has not said it is ready by then is killed and replaced
 MEMORY_POLL_S = 0.25
-QUICK_DEATH_S = 1.0  # a worker that dies sooner than this after its start is replaced after this long: no storm
+# a worker that dies before it says it is ready (it cannot start: an import error, no memory) is replaced after this
+# long, so that a worker that can never start is not restarted in a storm. One that was serving is replaced at once:
+# its episodes' environment crashed it, and every moment without it piles the actor's episodes onto the others
+CANNOT_START_DELAY_S = 1.0
 STOP_GRACE_S = 2.0  # how long a worker whose socket has closed gets to exit on its own before SIGKILL
 EPISODE_KIND = {"died": "worker_died", "memory": "worker_memory", "hung": "worker_died"}
 
@@ -47,8 +51,8 @@ class Worker:
     proc: subprocess.Popen
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
-    started: float
     ready: bool = False
+    came_up: bool = False  # it said it was ready once
     retired: bool = False  # takes no new episodes (it has a stuck one); killed once the others have finished
     kill_reason: str | None = None  # why the pool killed it (memory, hung); None: it went on its own
     gone: EnvError | None = None  # once it is gone: why, for its episodes' calls (failure())
@@ -102,7 +106,8 @@ class WorkerPool:
     async def open(self, name: str, args: dict) -> tuple[Worker, int, dict]:
         """(worker, episode, attributes) of environment `name` made with `args` in the least loaded worker."""
         async with self._changed:
-            await self._changed.wait_for(lambda: any(w.serving() for w in self.workers))
+            with not_waiting():  # for a worker to serve it: no environment call yet (actors/envs/waiting.py)
+                await self._changed.wait_for(lambda: any(w.serving() for w in self.workers))
             worker = min((w for w in self.workers if w.serving()), key=lambda w: len(w.episodes))
         ep = next(self._ids)
         worker.episodes.add(ep)
@@ -192,18 +197,19 @@ class WorkerPool:
         except OSError as exc:  # no process could be made (out of memory, pids): try again a little later
             ours.close()
             log.warning("environment worker could not start: %r", exc)
-            self._background(self._spawn(QUICK_DEATH_S))
+            self._background(self._spawn(CANNOT_START_DELAY_S))
             return
         finally:
             theirs.close()
         reader, writer = await asyncio.open_unix_connection(sock=ours)
-        worker = Worker(proc, reader, writer, time.monotonic())
+        worker = Worker(proc, reader, writer)
         self.workers.append(worker)
         self.metrics.env_workers_alive.set(len(self.workers))
         try:
             worker.ready = await asyncio.wait_for(read_frame(worker.reader), START_TIMEOUT_S) is not None
         except TimeoutError:
             worker.ready = False
+        worker.came_up = worker.ready
         if worker.ready:
             async with self._changed:
                 self._changed.notify_all()
@@ -236,8 +242,7 @@ class WorkerPool:
                     f": its {lost} open episodes are abandoned" if lost else "",
                     "replaced by the one started when it was retired" if worker.retired else "replacing it")
         if not worker.retired:
-            quick = time.monotonic() - worker.started < QUICK_DEATH_S
-            self._background(self._spawn(QUICK_DEATH_S if quick else 0.0))
+            self._background(self._spawn(0.0 if worker.came_up else CANNOT_START_DELAY_S))
 
     def _kill(self, worker: Worker, reason: str) -> None:
         if worker.kill_reason is None and worker.proc.returncode is None:
