@@ -28,6 +28,23 @@ def read_steps(run_dir: str | Path) -> list[dict]:
     return _read_jsonl(Path(run_dir) / "learner.jsonl")
 
 
+def steps_by_version(run_dir: str | Path) -> dict[int, dict]:
+    """learner.jsonl by the version each line's step produced. A version a restarted learner trained again keeps
+    its last line, the lineage's; a line torn by a kill (anywhere in the file: the restarted learner goes on after
+    it) is skipped."""
+    path = Path(run_dir) / "learner.jsonl"
+    lines: dict[int, dict] = {}
+    if path.is_file():
+        for raw in path.read_text().splitlines():
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and "version" in entry:
+                lines[int(entry["version"])] = entry
+    return lines
+
+
 def read_evals(run_dir: str | Path) -> list[dict]:
     """The eval.jsonl lines of a run (none without held-out evaluation)."""
     return _read_jsonl(Path(run_dir) / "eval.jsonl")

@@ -15,10 +15,11 @@ from pathlib import Path
 
 from turnstream.core.configtools import ConfigError
 from turnstream.inspect.learner_view import LearnerView, empty_view, view_with_trainer, view_without_trainer
-from turnstream.inspect.step_page import StepPage, learner_log, step_page
+from turnstream.inspect.step_page import StepPage, step_page
 from turnstream.inspect.text import episode_lines, record_lines, step_lines
 from turnstream.inspect.tokens import token_text
 from turnstream.learner.record.reader import RecordedStep, RecordError, open_record
+from turnstream.report import steps_by_version
 
 log = logging.getLogger("turnstream.inspect")
 
@@ -38,7 +39,7 @@ def pages(run_dir: Path, versions: list[int], learner: bool, overrides: list[str
     from turnstream.inspect.walk import LearnerWalk
 
     record = open_record(run_dir)
-    figures = learner_log(run_dir)
+    figures = steps_by_version(run_dir)
     walk = LearnerWalk(run_dir, overrides) if learner else None
     out = []
     for version in sorted(set(versions)):
@@ -59,7 +60,7 @@ def main(run_dir: str, *, steps: list[int] | None, episodes: list[str], html: st
     if not steps and not html:
         if episodes:
             raise ConfigError("inspect --episode: name the step that trained it (--step N)")
-        print("\n".join(record_lines(record, learner_log(run))))
+        print("\n".join(record_lines(record, steps_by_version(run))))
         return 0
     versions = steps or [v for v in record.versions if v not in record.lost()]
     shown = pages(run, versions, learner, overrides)

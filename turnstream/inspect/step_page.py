@@ -1,9 +1,7 @@
 """What `turnstream inspect` shows of one recorded step, ready to render as text or HTML."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -14,22 +12,6 @@ from turnstream.learner.record.reader import RecordedStep
 # the learner's per-step figures shown beside a step (learner.jsonl), in this order where present
 STEP_FIGURES = ("step_kl", "entropy", "policy_loss", "grad_norm", "is_weight_mean", "is_weight_max", "return_mean",
                 "staleness_mean", "staleness_max", "baseline_mean", "spo_rho_mean", "explained_variance")
-
-
-def learner_log(run_dir: Path) -> dict[int, dict]:
-    """learner.jsonl by the version each line's step produced; a version a restarted learner trained again keeps
-    its last line, the lineage's."""
-    path = Path(run_dir) / "learner.jsonl"
-    lines: dict[int, dict] = {}
-    if path.is_file():
-        for raw in path.read_text().splitlines():
-            try:
-                entry = json.loads(raw)
-            except ValueError:
-                continue  # a torn last line
-            if isinstance(entry, dict) and "version" in entry:
-                lines[int(entry["version"])] = entry
-    return lines
 
 
 @dataclass

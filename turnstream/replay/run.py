@@ -223,15 +223,9 @@ def _summary(args, record, start, steps, started: float, results: list[dict], lo
 def _stats_against_run(run_dir: Path, replayed: list[dict]) -> dict:
     """Means over the replayed steps of COMPARED_STATS, the run's (learner.jsonl, the last line of a version: the
     lineage's) beside the replay's, with the number of steps they are over."""
-    logged: dict[int, dict] = {}
-    path = run_dir / "learner.jsonl"
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:  # a line cut short by a kill
-                continue
-            logged[entry.get("version")] = entry
+    from turnstream.report import steps_by_version
+
+    logged = steps_by_version(run_dir)
     versions = [s["version"] for s in replayed]
     out = {}
     for name in COMPARED_STATS:
