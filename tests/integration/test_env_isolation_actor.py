@@ -61,17 +61,17 @@ def test_a_crashing_environment_in_workers_never_stops_the_actor(vllm_url, tiny_
 
         first = poll_until(crashed_twice, "two worker crashes", 240, check=alive_check,
                            context=lambda: tail(actor.log_path, 30))
-        acked = value(first, 'turnstream_actor_acks_total{status="ok"}')
-        # the actor keeps streaming after the crashes, on the replaced workers
-        later = poll_until(lambda: (m := scrape(metrics_url)) and value(
-            m, 'turnstream_actor_acks_total{status="ok"}') >= acked + 20 and m, "chunks acked after the crashes",
-            120, check=alive_check, context=lambda: tail(actor.log_path, 30))
+        done_key = 'turnstream_actor_episodes_total{outcome="done"}'
+        done_before = value(first, done_key)
+        # the actor keeps finishing episodes after the crashes, on the replaced workers
+        later = poll_until(lambda: (m := scrape(metrics_url)) and value(m, done_key) >= done_before + 10 and m,
+                           "episodes done after the crashes", 120, check=alive_check,
+                           context=lambda: tail(actor.log_path, 30))
         lost = value(later, 'turnstream_actor_env_errors_total{kind="worker_died"}')
-        done = value(later, 'turnstream_actor_episodes_total{outcome="done"}')
         replaced = value(later, 'turnstream_actor_env_worker_restarts_total{reason="died"}')
-        print(f"isolation: {done:.0f} episodes done, {lost:.0f} abandoned as worker_died, {replaced:.0f} workers "
-              "replaced")
-        assert lost >= 2 and done >= 20  # a crash costs the episodes its worker was serving (about half), no more
+        print(f"isolation: {done_before:.0f} episodes done before the second crash, {value(later, done_key):.0f} "
+              f"after, {lost:.0f} abandoned as worker_died, {replaced:.0f} workers replaced")
+        assert lost >= 2  # each of the two crashes abandoned at least the episode that crashed its worker
         assert value(later, 'turnstream_actor_episodes_total{outcome="env_error"}') == lost
         # crashes go on all the while (one episode in 40): each dead worker is replaced, so both are soon up again
         def both_workers_up() -> set[int] | None:
