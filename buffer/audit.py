@@ -7,6 +7,8 @@ under-report:
 - `ack` lines (status ok or duplicate) are held until the server commits the log, and written before the
   acks leave: a crash in between leaves a logged chunk without a line, but its actor never saw the ack,
   resends it and gets a `duplicate` line from the restarted buffer;
+- `replayed` lines (buffer.positive_replay) name the served episodes a batch held again and those it kept to
+  serve again; they consume nothing, so a checker counts `served` lines for what left the store;
 - `served`, `served_segment` and `dropped` lines are written as the store announces the change, before the
   journal (attached after this listener) records the consumption or the drop: a crash in between
   over-reports (the episode is still held after the restart), it never hides a loss. Stale turns the store
@@ -36,6 +38,9 @@ class BufferAudit:
                 self._note_ack(chunk, "duplicate")
             case BatchServed():
                 self.audit.write({"served": event.episode_ids, "time": time.time()})
+                if event.replays or event.kept_for_replay:  # served again, never consumed twice
+                    self.audit.write({"replayed": [r.episode_id for r in event.replays],
+                                      "kept_for_replay": event.kept_for_replay, "time": time.time()})
                 for seg in event.segments:
                     self._served_segment(seg.episode_id, seg.first, seg.end)
             case TurnsSkipped(episode_id=episode_id, first=first, end=end):

@@ -11,7 +11,10 @@ log = logging.getLogger("turnstream.buffer")
 
 
 async def serve(cfg: Config) -> None:
+    from pathlib import Path
+
     from turnstream.buffer.audit import open_buffer_audit
+    from turnstream.buffer.pass_rate_file import keep_writing
     from turnstream.buffer.metrics import BufferMetrics
     from turnstream.buffer.store.ratelimit import RateLimiter
     from turnstream.buffer.server import BufferServer
@@ -29,7 +32,7 @@ async def serve(cfg: Config) -> None:
                         actor_timeout_s=b.actor_timeout_s, policy=b.sampling,
                         group_size=cfg.tasks.group_size, limiter=limiter, group_timeout_s=b.group_timeout_s,
                         drop_uniform_groups=b.drop_uniform_groups, segment_turns=b.segment_turns,
-                        segment_after_s=b.segment_after_s)
+                        segment_after_s=b.segment_after_s, positive=positive_replay(b))
     meter(store, metrics)
     journal = open_journal(cfg, store, metrics) if b.wal else None
     # The store's listeners hear it in the order attached, after the log was replayed: the audit's lines for
@@ -52,14 +55,27 @@ async def serve(cfg: Config) -> None:
         # What start-up created (modules, the replayed log) lives as long as the process: out of the collector's
         # sight, full collections walk only what ingest adds.
         gc.freeze()
-        task = asyncio.create_task(server.run())
-        await role.until_stopped([task])
+        tasks = [asyncio.create_task(server.run())]
+        if store.positive is not None:
+            tasks.append(asyncio.create_task(keep_writing(Path(cfg.run.run_dir) / "pass_rates.json", store.positive)))
+        await role.until_stopped(tasks)
         await server.shutdown()
         try:
-            await finish([task])
+            await finish(tasks)
         finally:
             server.close()  # closes the write-ahead log, after an fsync of what it still holds
             log.info("buffer: stopped%s", ", write-ahead log synced" if journal is not None else "")
+
+
+def positive_replay(b):
+    """buffer.positive_replay's store part, or None when it is off."""
+    from turnstream.buffer.store.positive_replay import PositiveReplay
+
+    p = b.positive_replay
+    if p.share <= 0:
+        return None
+    return PositiveReplay(share=p.share, hard_below=p.hard_below, success_return=p.success_return, window=p.window,
+                          max_replays=p.max_replays)
 
 
 def open_journal(cfg: Config, store, metrics):

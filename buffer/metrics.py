@@ -35,6 +35,9 @@ class BufferMetrics:
                                       "Actors heard from within buffer.actor_timeout_s", registry=r)
         self.items = Gauge("turnstream_buffer_items", "Episodes held, by state (memory bound: max_items)",
                            ["state"], registry=r)
+        self.kept_for_replay = Gauge("turnstream_buffer_kept_for_replay_episodes",
+                                     "Successes on hard tasks held to be served again (buffer.positive_replay)",
+                                     registry=r)
         self.samples = Counter("turnstream_buffer_samples_total", "Episodes handed to the learner", registry=r)
         self.groups_served = Counter("turnstream_buffer_groups_served_total",
                                      "Complete groups of tasks.group_size episodes handed to the learner "
@@ -96,6 +99,8 @@ class BufferMetrics:
         self.learner_version.set_function(lambda: store.learner_version)
         self.actors.set_function(lambda: len(store.admission.actors))
         self.connected_actors.set_function(store.admission.connected)
+        if store.positive is not None:
+            self.kept_for_replay.set_function(lambda: len(store.positive.kept))
 
 
 class IngestCounts:
@@ -105,7 +110,9 @@ class IngestCounts:
 
     def __init__(self):
         self.chunks = dict.fromkeys(("ok", "duplicate", "rejected"), 0)  # by outcome
-        self.episodes = dict.fromkeys(("started", "started_without_credit", "completed", "served"), 0)  # by event
+        # by event; replayed: served again by buffer.positive_replay, kept_for_replay: a success it will serve again
+        self.episodes = dict.fromkeys(("started", "started_without_credit", "completed", "served", "replayed",
+                                       "kept_for_replay"), 0)
         self.tokens_ingested = 0
         self.inserts = 0
 

@@ -57,6 +57,8 @@ class StoreMetrics:
         whole = len(event.episode_ids)
         m.max_staleness_served.set(event.max_served_staleness)
         m.counts.episodes["served"] += whole
+        m.counts.episodes["replayed"] += len(event.replays)
+        m.counts.episodes["kept_for_replay"] += len(event.kept_for_replay)
         m.segments_served.inc(len(event.items) - whole)
         m.samples.inc(len(event.items))
         m.groups_served.inc(event.groups)

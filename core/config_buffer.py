@@ -16,6 +16,19 @@ from turnstream.core.config_fields import CpuIds, Port, Section
 from turnstream.core.configtools import require
 
 
+class PositiveReplaySection(Section):
+    """Positive replay (EvoCUA): a success on a task the policy rarely solves is served again in later batches,
+    within the staleness bound (buffer/store/positive_replay.py, docs/estimators.md "Positive replay")."""
+
+    share: float = Field(0.0, ge=0, le=0.5, description="at most this share of a batch's episodes are replays of "
+                         "kept successes; 0: off")
+    hard_below: float = Field(0.25, gt=0, le=1, description="a task is hard while the share of its recent complete "
+                              "episodes that succeeded is below this")
+    success_return: float = Field(1.0, description="an episode succeeded when its return is at least this")
+    window: int = Field(32, ge=1, description="complete episodes per task the pass rate counts (the newest ones)")
+    max_replays: int = Field(2, ge=1, description="times a kept success is served again at most")
+
+
 class BufferSection(Section):
     batch_episodes: int = Field(128, ge=1, description="B: episodes per learner batch")
     eta: int = Field(2, ge=0, description="AReaL off-policyness for admission; 0 = synchronous")
@@ -58,6 +71,8 @@ class BufferSection(Section):
         1.0, ge=0, le=1000, description="an ack (and the log commit before it) waits up to this long for more "
         "chunks, so that one ack message and one fsync answer several; 16 waiting chunks are acked at once. 0: every "
         "drained group is acked")
+    positive_replay: PositiveReplaySection = Field(default_factory=PositiveReplaySection,
+                                                   description="serve rare successes on hard tasks again")
     cpus: CpuIds = Field(default_factory=list, description="CPU ids this role is pinned to; empty: any")
 
     @model_validator(mode="after")
@@ -69,4 +84,9 @@ class BufferSection(Section):
                 "needs segment_turns > 0 (segments are off)")
         require(self.segment_turns == 0 or self.sampling != "group", "segment_turns",
                 "segments are for value-based estimators; group sampling serves whole groups of episodes")
+        replaying = self.positive_replay.share > 0
+        require(not replaying or self.segment_turns == 0, "positive_replay.share",
+                "replays whole episodes: needs segment_turns = 0")
+        require(not replaying or self.sampling != "group", "positive_replay.share",
+                "a replay would break a batch's whole groups: needs sampling other than group")
         return self

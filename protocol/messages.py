@@ -150,7 +150,7 @@ class Batch(Message):
         "turn_index": "int32", "temperature": "float32", "mask_id": "int32", "episode_offsets": "int64",
         "agent_ids": "int32", "truncated": "bool", "turn_rewards": "float32", "turn_offsets": "int64",
         "first_turns": "int32", "bootstrap_turns": "int32", "context_starts": "int64", "top_p": "float32",
-        "top_k": "int32", "turn_seeds": "int64",
+        "top_k": "int32", "turn_seeds": "int64", "replayed": "bool",
     }
     request_id: int
     learner_version: int
@@ -189,6 +189,9 @@ class Batch(Message):
     # per turn, laid out as turn_rewards (empty when no turn of the batch has a known seed): vLLM's sampling seed
     # of each turn, -1 where unknown
     turn_seeds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # per episode (empty when the batch holds no replay): whether it is a success served again (buffer.positive_replay),
+    # which the learner trains on but does not count as a new episode
+    replayed: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
 
 @dataclass

@@ -161,7 +161,42 @@ class Segment:
         return self.episode, self.first, self.end
 
 
-def flatten(items: list[Episode | Segment], request_id: int, learner_version: int, dropped_stale: int) -> Batch:
+@dataclass
+class Replay:
+    """A complete episode served again (buffer/store/positive_replay.py): laid out as when it was first served,
+    marked in the batch, never consumed or counted as fresh."""
+    episode: Episode
+    uses: int = 0  # times it was served again
+
+    @property
+    def episode_id(self) -> str:
+        return self.episode.episode_id
+
+    @property
+    def prompt_key(self) -> str:
+        return self.episode.prompt_key
+
+    @property
+    def num_tokens(self) -> int:
+        return self.episode.num_tokens
+
+    @property
+    def behaviour_version(self) -> int:
+        return self.episode.behaviour_version
+
+    @property
+    def episode_return(self) -> float:
+        return self.episode.episode_return
+
+    @property
+    def span(self) -> tuple[Episode, int, int]:
+        return self.episode.span
+
+
+Item = Episode | Segment | Replay
+
+
+def flatten(items: list[Item], request_id: int, learner_version: int, dropped_stale: int) -> Batch:
     """Concatenate episodes (or segments) turn by turn: [obs_0, gen_0, obs_1, gen_1, ...] per item. The turns
     before an item's first trained turn are context: their generated tokens are outside the action mask. A
     segment ends with its bootstrap turn's observation and first generated token. An item starts at the context
@@ -228,4 +263,6 @@ def flatten(items: list[Episode | Segment], request_id: int, learner_version: in
         context_starts=np.array(context_starts, np.int64),
         top_p=cat.get("top_p", np.zeros(0, np.float32)), top_k=cat.get("top_k", np.zeros(0, np.int32)),
         turn_seeds=np.array(turn_seeds if max(turn_seeds, default=-1) >= 0 else [], np.int64),
+        replayed=np.array([isinstance(item, Replay) for item in items], bool) if any(
+            isinstance(item, Replay) for item in items) else np.zeros(0, bool),
     )

@@ -10,10 +10,10 @@ why). Listeners only record: none changes the store, so it behaves the same with
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Protocol, Union
 
-from turnstream.buffer.store.episodes import Episode, Segment
+from turnstream.buffer.store.episodes import Episode, Replay, Segment
 from turnstream.protocol.messages import TurnChunk, TurnChunkBatch
 
 
@@ -79,12 +79,15 @@ class TurnsSkipped:
 
 @dataclass(slots=True)
 class BatchServed:
-    """A batch about to leave: its items in order and the staleness of each, at `learner_version`."""
+    """A batch about to leave: its fresh items in order and the staleness of each, at `learner_version`, and
+    the replays that follow them (buffer/store/positive_replay.py: not consumed, not fresh)."""
     items: list[Episode | Segment]
     staleness: list[int]
     learner_version: int
     max_served_staleness: int  # the largest staleness the store ever served, this batch included
     groups: int  # complete groups in it (buffer.sampling = group), else 0
+    replays: list[Replay] = field(default_factory=list)
+    kept_for_replay: list[str] = field(default_factory=list)  # ids of its episodes kept to be served again
 
     @property
     def episode_ids(self) -> list[str]:

@@ -19,7 +19,9 @@ Invariants:
   estimator trains them from the critic's bootstrap as any segment; a complete episode with nothing fresh
   left is dropped as stale;
 - memory is bounded by max_items episodes: beyond it no credit is granted, so actors wait;
-- episodes leave only by being served or by a counted drop (stale, abandoned, group_timeout, uniform_group).
+- episodes leave only by being served or by a counted drop (stale, abandoned, group_timeout, uniform_group);
+- with positive replay (buffer/store/positive_replay.py), a served success on a hard task may be served again
+  as a `Replay`, under the same bound, never consumed or sampled again.
 """
 from __future__ import annotations
 
@@ -32,10 +34,11 @@ from dataclasses import dataclass
 from turnstream.buffer.acks import AckEntry
 from turnstream.buffer.store.admission import Admission
 from turnstream.buffer.store.dedup import SeqDeduper
-from turnstream.buffer.store.episodes import Episode, Segment
+from turnstream.buffer.store.episodes import Episode, Item, Replay, Segment
 from turnstream.buffer.store.events import (BatchServed, ChunkAccepted, ChunkDuplicate, ChunkRejected, ChunksArrived,
                                       EpisodeCompleted, EpisodesDropped, EpisodeStarted, Listeners, MessageRejected,
                                       TurnsSkipped, VersionAdvanced)
+from turnstream.buffer.store.positive_replay import PositiveReplay
 from turnstream.buffer.store.ratelimit import RateLimiter
 from turnstream.buffer.store.sampling import incomplete_groups, select, uniform_groups
 from turnstream.buffer.store.validate import rejections
@@ -66,13 +69,14 @@ class ReplayStore:
                  max_items: int, episode_timeout_s: float, actor_timeout_s: float,
                  policy: str = "fifo", group_size: int = 1, limiter: RateLimiter | None = None,
                  group_timeout_s: float = float("inf"), drop_uniform_groups: bool = False,
-                 segment_turns: int = 0, segment_after_s: float = 0.0):
+                 segment_turns: int = 0, segment_after_s: float = 0.0, positive: PositiveReplay | None = None):
         self.max_staleness = max_staleness
         self.episode_timeout_s = episode_timeout_s
         self.policy, self.group_size, self.group_timeout_s = policy, group_size, group_timeout_s
         self.drop_uniform_groups = drop_uniform_groups and policy == "group"
         self.segment_turns, self.segment_after_s = segment_turns, segment_after_s
         self.limiter = limiter or RateLimiter()
+        self.positive = positive
         self.listeners = Listeners()
         self.admission = Admission(batch_episodes=batch_episodes, eta=eta, max_running=max_running,
                                    max_items=max_items, actor_timeout_s=actor_timeout_s, limiter=self.limiter,
@@ -168,6 +172,8 @@ class ReplayStore:
         self.listeners.emit(EpisodeCompleted(ep))
         self.admission.episode_accepted()
         self.limiter.on_insert()
+        if self.positive is not None:
+            self.positive.completed(ep)
         self._skip_stale_turns(ep)
         if self._is_stale(ep):
             self._drop_ready([ep.episode_id], "stale")  # finished already too old to ever be served
@@ -209,15 +215,19 @@ class ReplayStore:
             self.listeners.emit(TurnsSkipped(ep.episode_id, ep.served, skip_to))
             ep.serve_through(skip_to)
 
-    def staleness(self, item: Episode | Segment) -> int:
+    def staleness(self, item: Item) -> int:
         """Versions between the learner and the oldest token of the item's turns not yet served."""
         return self.learner_version - item.behaviour_version
 
-    def take_batch(self, learner_version: int, n: int, max_tokens: int = 0
-                   ) -> tuple[list[Episode | Segment], int] | None:
+    def take_batch(self, learner_version: int, n: int, max_tokens: int = 0) -> tuple[list[Item], int] | None:
         """A batch by the sampling policy (at most n items, at most max_tokens), or None if not yet. Items are
-        complete episodes and, with segments on, segments of open episodes, in the order they became ready."""
+        complete episodes and, with segments on, segments of open episodes, in the order they became ready; with
+        positive replay, then the replays it holds."""
         self.set_learner_version(learner_version)
+        replays = self.positive.due(n, self.learner_version, self.max_staleness) if self.positive else []
+        n -= len(replays)
+        if max_tokens > 0 and replays:
+            max_tokens = max(1, max_tokens - sum(r.num_tokens for r in replays))
         if self.drop_uniform_groups:
             uniform = uniform_groups(self.ready, self.group_size)
             if uniform:
@@ -238,18 +248,24 @@ class ReplayStore:
             log.error("%d items past the staleness bound reached serving; their episodes dropped", len(stale))
             self.drop(stale, "stale")
         staleness = [self.staleness(item) for item in batch]
-        self.max_served_staleness = max([self.max_served_staleness, *staleness])
+        self.max_served_staleness = max([self.max_served_staleness, *staleness, *map(self.staleness, replays)])
         # before anything leaves: once the journal holds this, a crash never serves these turns again
+        kept = [item for item in batch if isinstance(item, Episode) and self.positive.worth_keeping(item)
+                ] if self.positive is not None else []
         served = BatchServed(batch, staleness, self.learner_version, self.max_served_staleness,
-                             len(batch) // self.group_size if self.policy == "group" else 0)
+                             len(batch) // self.group_size if self.policy == "group" else 0, replays,
+                             [ep.episode_id for ep in kept])
         self.listeners.emit(served)
         self._remove_ready(served.episode_ids)
         for item in batch:
             ep, _first, bootstrap = item.span
             if bootstrap >= 0:
                 ep.serve_through(bootstrap)
+        if self.positive is not None:
+            self.positive.replayed(replays)
+            self.positive.keep(kept)
         dropped, self.dropped_since_batch = self.dropped_since_batch, 0
-        return batch, dropped
+        return [*batch, *replays], dropped
 
     def _with_open_segments(self, now: float | None = None) -> OrderedDict[str, Episode | Segment]:
         """The ready episodes and the segments open episodes could serve now, by the time each became ready."""

@@ -48,8 +48,10 @@ class SpoTracker:
 
 
 def fold_batch(tracker: SpoTracker, prompt_keys: list[str], returns: list[float], tb: TensorBatch,
-               logp: torch.Tensor) -> float:
+               logp: torch.Tensor, replayed: np.ndarray | None = None) -> float:
     """SPO++: fold each episode's outcome in, in the order of the policy version that produced it (not arrival).
+    A success served again (`replayed`, buffer.positive_replay) was folded in when it was first trained: its
+    outcome is not new evidence of the prompt's success rate.
 
     Its drift D = mean |log mu - log pi| over the episode's action tokens, pi's log-probs being `logp`.
     Returns the mean rho."""
@@ -59,7 +61,7 @@ def fold_batch(tracker: SpoTracker, prompt_keys: list[str], returns: list[float]
         np.maximum(tb.tokens_per_episode, 1)).float()
     min_version = torch.full((n,), 1 << 30, dtype=torch.long).scatter_reduce(
         0, tb.act_episode, tb.act_versions, reduce="amin")
-    order = sorted(range(n), key=lambda i: (int(min_version[i]), i))
+    order = sorted((i for i in range(n) if replayed is None or not replayed[i]), key=lambda i: (int(min_version[i]), i))
     rhos = [tracker.update(prompt_keys[i], returns[i], float(divergence[i])) for i in order]
     return float(np.mean(rhos)) if rhos else 1.0
 

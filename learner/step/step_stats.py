@@ -29,17 +29,26 @@ class MeanMax:
         return {**{k: v / max(1, self.parts) for k, v in self.sums.items()}, **self.maxes}
 
 
+def replayed_episodes(batch: Batch) -> np.ndarray:
+    """[episodes] bool: the successes served again (empty `Batch.replayed`: none)."""
+    replayed = np.asarray(batch.replayed, bool)
+    return replayed if replayed.size == len(batch.episode_ids) else np.zeros(len(batch.episode_ids), bool)
+
+
 def batch_stats(batch: Batch, tb: TensorBatch, dropped: Dropped) -> dict:
     """What the step trained on: sizes, returns, staleness, and what it dropped (with the episode ids for
     learner/main.py's audit trail and the logs)."""
     # `episodes` and `return_mean` are of the episodes that ended in this batch: a segment of an open episode
-    # (buffer.segment_turns) is counted with the item that ends it, with the whole episode's return
+    # (buffer.segment_turns) is counted with the item that ends it, with the whole episode's return; a success
+    # served again (buffer.positive_replay) is trained on but is not a new episode
     bootstrap = np.asarray(batch.bootstrap_turns)
     ends = bootstrap < 0 if bootstrap.size == tb.num_episodes else np.ones(tb.num_episodes, bool)
-    returns = np.asarray(batch.returns, np.float64)[ends]
+    replayed = replayed_episodes(batch)
+    returns = np.asarray(batch.returns, np.float64)[ends & ~replayed]
     staleness = (batch.learner_version - tb.act_versions).numpy()
     out = dict(
-        episodes=int(ends.sum()), segments=int((~ends).sum()), action_tokens=int(tb.act_tokens.numel()),
+        episodes=int((ends & ~replayed).sum()), segments=int((~ends).sum()), replayed=int(replayed.sum()),
+        action_tokens=int(tb.act_tokens.numel()),
         tokens=int(tb.attention_mask.sum()), return_mean=float(returns.mean()) if returns.size else 0.0,
         staleness_max=int(staleness.max()),
         staleness_mean=float(staleness.mean()),

@@ -27,7 +27,7 @@ from turnstream.learner.step.packing import NothingToTrain, drop_untrainable, mi
 from turnstream.learner.parallel.choose import strategy_for
 from turnstream.learner.step.step_inputs import (StepInputs, fill_values, prox_from_training_forward, proximal_logp,
                                             values_from_training_forward)
-from turnstream.learner.step.step_stats import MeanMax, batch_stats
+from turnstream.learner.step.step_stats import MeanMax, batch_stats, replayed_episodes
 from turnstream.learner.sync.buckets import WeightBuckets
 from turnstream.protocol.messages import Batch
 
@@ -92,7 +92,7 @@ class Trainer:
         rho_mean = 1.0
         if cfg.estimator == "spo":  # learner.spo.drift: measured against pi_prox or the updated policy
             rho_mean = fold_batch(self.tracker, batch.prompt_keys, batch.returns, tb,
-                                  new_logp if drift_updated else x.prox_logp)
+                                  new_logp if drift_updated else x.prox_logp, replayed_episodes(batch))
         self.parallel.end_step(self.net)
         step_s = time.monotonic() - started
         out.update(batch_stats(batch, tb, dropped), version=self.version, baseline_mean=x.advantages.baseline_mean,

