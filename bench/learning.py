@@ -16,7 +16,8 @@ per-step KL; the success curve; where the time went, to the target (or the end):
 started, the fraction of the time the learner spent in steps, and the episodes the buffer dropped as stale.
 Per task and estimator: seeds that reached the target, median episodes and seconds of those that did, mean
 final success, medians of turn-to-train latency (seconds and policy versions from a turn's arrival at the
-buffer to its training; `turn_gae+segments` trains open episodes' turns in segments of SEGMENT_TURNS) and of
+buffer to its training; `turn_gae+segments` trains open episodes' turns in segments of SEGMENT_TURNS; `spo+replay`
+serves successes on hard tasks again, up to REPLAY_SHARE of a batch, buffer.positive_replay) and of
 the three above. Prints a table, then one JSON line:
 {"results": {"<task>/<estimator>": {"reached": k, "seeds": n, "episodes_median": e, "wall_s_median": w,
 "success_end_mean": s}}, ...}. <out>/learning.png plots every run's curve; `turnstream report <out>/runs/<run>`
@@ -64,9 +65,12 @@ TASK_SETTINGS = {task: ["actor.context_turns=1", "learner.batch_max_tokens=20000
 # the actor's generated tokens and the seconds its servers had a request in flight: generation tokens/s
 GENERATION = {key: COUNTERS[key] for key in ("tokens_generated", "gen_busy_s")}
 SEGMENT_TURNS = 8  # a long-horizon episode (50-60 turns) trains in 6-7 segments
+REPLAY_SHARE = 0.125
 # bench name -> (learner.estimator, other settings); "+curriculum": SPO's task order (an enumerating task only)
 ESTIMATORS = {"spo": ("spo", []), "spo+curriculum": ("spo", ["tasks.order=spo"]), "turn_gae": ("turn_gae", []),
               "token_gae": ("token_gae", []), "grpo": ("grpo", []), "rloo": ("rloo", []), "gigpo": ("gigpo", []),
+              # positive replay: an eighth of each batch may be successes on hard tasks served again
+              "spo+replay": ("spo", [f"buffer.positive_replay.share={REPLAY_SHARE}"]),
               # learn from open episodes: every SEGMENT_TURNS turns, bootstrapped from the turn-level critic
               "turn_gae+segments": ("turn_gae", [f"buffer.segment_turns={SEGMENT_TURNS}"])}
 DEFAULT_ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo")
@@ -163,6 +167,7 @@ def summarize_run(task: str, estimator: str, seed: int, steps: list[dict], windo
             "learner_busy": round(sum(s.get("step_s", 0.0) for s in upto) / span, 3) if span > 0 else None,
             "dropped_stale": sum(s.get("dropped_stale", 0) for s in upto),  # episodes, in the same span
             "episodes": sum(s["episodes"] for s in steps), "steps": len(steps),
+            "replayed": sum(s.get("replayed", 0) for s in upto),  # successes served again, to the target
             "success_start": round(steps[0]["return_mean"], 3) if steps else None,
             "success_end": round(rolling_success(steps, window), 3) if steps else 0.0,
             "entropy_start": round(steps[0]["entropy"], 3) if steps else None,

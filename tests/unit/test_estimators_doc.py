@@ -297,3 +297,42 @@ def test_step_kl():
     close(rho, column(rows, "ρ"))
     close(rho - 1 - np.log(rho), column(rows, "(ρ − 1) − log ρ"))
     close(step_kl(torch.tensor(np.log(before)), torch.tensor(np.log(after))), result["step_kl"])
+
+
+def test_positive_replay_kept():
+    from turnstream.buffer.store.positive_replay import PositiveReplay
+
+    p, rows = EXAMPLES["positive_replay_kept"]
+    replay = PositiveReplay(share=0.5, hard_below=p["hard_below"], success_return=p["success_return"],
+                            window=int(p["window"]), max_replays=1)
+    for r in rows:
+        earlier = int(r["earlier episodes"])
+        for i in range(earlier):  # the earlier successes first, the failures after them
+            won = i < r["earlier successes"]
+            replay.completed(SimpleNamespace(prompt_key=r["task"], episode_return=1.0 if won else 0.0))
+        ep = SimpleNamespace(episode_id=r["episode"], prompt_key=r["task"], episode_return=r["return"])
+        replay.completed(ep)
+        close(replay.pass_rates.of(r["task"]).rate, r["pass rate"])
+        assert replay.worth_keeping(ep) == (r["kept"] == "yes"), r
+
+
+def test_positive_replay_due():
+    from turnstream.buffer.store.episodes import Replay
+    from turnstream.buffer.store.positive_replay import PositiveReplay
+
+    p, rows = EXAMPLES["positive_replay_due"]
+    replay = PositiveReplay(share=p["share"], hard_below=0.25, success_return=1.0, window=8,
+                            max_replays=int(p["max_replays"]))
+    for r in rows:
+        kept = Replay(SimpleNamespace(episode_id=r["kept"], behaviour_version=int(r["behaviour version"])),
+                      uses=int(r["uses before"]))
+        replay.kept[r["kept"]] = kept
+        close(p["learner_version"] - r["behaviour version"], r["staleness"])
+    due = replay.due(int(p["batch"]), int(p["learner_version"]), int(p["max_staleness"]))
+    assert [d.episode_id for d in due] == [r["kept"] for r in rows if r["served again"] == "yes"]
+    replay.replayed(due)
+    for r in rows:
+        kept = replay.kept.get(r["kept"])
+        assert (kept is not None) == (r["kept after"] == "yes"), r
+        if kept is not None:
+            assert kept.uses == r["uses after"]
