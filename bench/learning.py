@@ -54,6 +54,9 @@ TASKS = {  # bench name -> (registered environment, its args)
     # 150 markers, 180 turns at most: an episode outlasts buffer.max_staleness learner steps, so a whole one is
     # past the bound by the time it ends (BENCHMARKS.md, "Episodes longer than the staleness bound")
     "trail150": ("trail", {"length": 150}),
+    # self-play (both sides one policy): judged by `turnstream bench selfplay` against the initial policy, as its
+    # success (either side won) is no learning target
+    "tictactoe": ("tictactoe", {"random_start": True}),
 }
 # Settings a task is run with, by every estimator alike, on top of the defaults. The trails: each turn's context its
 # observation alone (the policy needs nothing else; a 60-turn context is what kept the tiny model from learning),
@@ -71,6 +74,8 @@ ESTIMATORS = {"spo": ("spo", []), "spo+curriculum": ("spo", ["tasks.order=spo"])
               "token_gae": ("token_gae", []), "grpo": ("grpo", []), "rloo": ("rloo", []), "gigpo": ("gigpo", []),
               # positive replay: an eighth of each batch may be successes on hard tasks served again
               "spo+replay": ("spo", [f"buffer.positive_replay.share={REPLAY_SHARE}"]),
+              # self-play: Dr. MAS's per-agent normalisation, and MARS's per-agent turn advantage
+              "spo+agent_norm": ("spo", ["learner.agent_norm=true"]), "mars": ("mars", []),
               # learn from open episodes: every SEGMENT_TURNS turns, bootstrapped from the turn-level critic
               "turn_gae+segments": ("turn_gae", [f"buffer.segment_turns={SEGMENT_TURNS}"])}
 DEFAULT_ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo")

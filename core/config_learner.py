@@ -1,4 +1,4 @@
-"""The [learner] table and its [learner.spo], [learner.critic] and [learner.gigpo] subtables."""
+"""The [learner] table and its [learner.spo], [learner.critic], [learner.gigpo] and [learner.mars] subtables."""
 from __future__ import annotations
 
 from typing import Literal
@@ -66,10 +66,22 @@ class GigpoSection(Section):
         "discounting alone up to the size of success against failure")
 
 
+class MarsSection(Section):
+    """MARS (Yuan et al. 2025): each turn's reward-to-go against the mean of its agent's turns in the batch, for
+    self-play, where the agents share a policy (docs/estimators.md, "MARS")."""
+
+    gamma: float = Field(1.0, ge=0, le=1, description="discount of a turn's reward-to-go over the agent's later "
+                         "turns; 1: the rewards still to come, undiscounted")
+    normalize: Literal["mean", "std"] = Field(
+        "mean", description="mean: reward-to-go minus its agent's mean (MARS's advantage_norm mean); std: divided by "
+        "the agent's std as well (mean_std). Either way the token advantages are whitened over the batch after")
+
+
 class LearnerSection(Section):
-    estimator: Literal["spo", "turn_gae", "token_gae", "grpo", "rloo", "gigpo"] = Field(
+    estimator: Literal["spo", "turn_gae", "token_gae", "grpo", "rloo", "gigpo", "mars"] = Field(
         "spo", description="advantage estimator; grpo, rloo and gigpo compare the episodes of one prompt in a batch "
-        "(gigpo needs them served together: buffer.sampling = group, tasks.group_size >= 2)")
+        "(gigpo needs them served together: buffer.sampling = group, tasks.group_size >= 2); mars compares each "
+        "turn with the same agent's turns in the batch (self-play)")
     lr: float = Field(1e-3, gt=0, description="learning rate; 1e-3 serves both a model that cannot read yet (the random tiny model) and one that can (a warm-started one learns 2-2.5 times faster than at 3e-4: BENCHMARKS.md, \"From a model that can read\")")
     warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear learning-rate warm-up")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
@@ -154,6 +166,7 @@ class LearnerSection(Section):
     critic: CriticSection = Field(default_factory=CriticSection, description="the value function of turn_gae and "
                                   "token_gae")
     gigpo: GigpoSection = Field(default_factory=GigpoSection, description="the gigpo estimator")
+    mars: MarsSection = Field(default_factory=MarsSection, description="the mars estimator")
     lora: LoraSection | None = Field(
         None, description="train low-rank adapters only, the base frozen and never pushed again (learner/lora.py); "
         "unset: every weight trains")

@@ -7,7 +7,9 @@ The formulas, with worked examples: docs/estimators.md.
 - gigpo: grpo's episode term plus a step term per turn, against the turns of the prompt's episodes that
   acted from the same observation (GiGPO's anchor states);
 - turn_gae: critic read at turn boundaries, GAE across turns, the turn's advantage on its action tokens;
-- token_gae: classic token-level PPO critic over action tokens (observation tokens skipped).
+- token_gae: classic token-level PPO critic over action tokens (observation tokens skipped);
+- mars: each turn's reward-to-go against the mean of its agent's turns in the batch (MARS's turn-level,
+  agent-specific advantage for self-play), whitened.
 Terminal-outcome estimators broadcast one scalar per episode; all are normalised under the action-token
 measure that the default token-mean loss uses (SPO++), unless spo.normalize says "sequence".
 """
@@ -19,14 +21,14 @@ import numpy as np
 import torch
 
 from turnstream.core.config import LearnerSection
-from turnstream.core.config_learner import GigpoSection
+from turnstream.core.config_learner import GigpoSection, MarsSection
 from turnstream.learner.step.batching import TensorBatch
-from turnstream.learner.estimators.advantages import (agentwise_normalize, gae, gigpo_advantages, grpo_advantages,
-                                           rloo_advantages, whiten)
+from turnstream.learner.estimators.advantages import (agentwise_normalize, discounted_returns, gae, gigpo_advantages,
+                                                      grpo_advantages, mars_advantages, rloo_advantages, whiten)
 from turnstream.learner.estimators.spo import SpoTracker, normalize_advantages
 from turnstream.protocol.messages import Batch
 
-ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo", "gigpo")
+ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo", "gigpo", "mars")
 VALUE_BASED = ("turn_gae", "token_gae")
 
 
@@ -102,12 +104,13 @@ def for_config(cfg: LearnerSection, tracker: SpoTracker, batch: Batch, tb: Tenso
     """`compute` with a run's learner settings."""
     return compute(cfg.estimator, batch, tb, tracker=tracker, spo_normalize=cfg.spo.normalize, gamma=cfg.critic.gamma,
                    lam=cfg.critic.lam, old_values=old_values, agent_ids=agent_ids, episodes=episodes,
-                   gigpo=cfg.gigpo)
+                   gigpo=cfg.gigpo, mars=cfg.mars)
 
 
 def compute(estimator: str, batch: Batch, tb: TensorBatch, *, tracker: SpoTracker, spo_normalize: str,
             gamma: float, lam: float, old_values: torch.Tensor | None, agent_ids: np.ndarray | None = None,
-            episodes: np.ndarray | None = None, gigpo: GigpoSection | None = None) -> Advantages:
+            episodes: np.ndarray | None = None, gigpo: GigpoSection | None = None,
+            mars: MarsSection | None = None) -> Advantages:
     """`old_values`: critic values at every action token's position (value-based estimators only). After an
     episode's last turn V is 0, unless it was truncated: then the critic's value at its last turn boundary.
     After a segment of an open episode (Batch.bootstrap_turns), V is the critic's value before its bootstrap
@@ -115,12 +118,15 @@ def compute(estimator: str, batch: Batch, tb: TensorBatch, *, tracker: SpoTracke
     `agent_ids`: per action token, for Dr. MAS agent-wise normalisation.
     `episodes`: value-based only: compute (and whiten) these episodes alone, e.g. one micro-batch's
     (critic.whiten = "microbatch"); the other tokens' entries stay 0.
-    `gigpo`: learner.gigpo's settings (default: its defaults); `gamma` is the critic's, which gigpo does not read.
+    `gigpo`, `mars`: learner.gigpo's and learner.mars's settings (default: their defaults); `gamma` is the
+    critic's, which neither reads.
     """
     if estimator in ("spo", "grpo", "rloo"):
         return _from_outcomes(estimator, batch, tb, tracker, spo_normalize, agent_ids)
     if estimator == "gigpo":
         return _from_gigpo(batch, tb, gigpo or GigpoSection(), agent_ids)
+    if estimator == "mars":
+        return _from_mars(batch, tb, mars or MarsSection(), agent_ids)
     if estimator not in VALUE_BASED:
         raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
     assert old_values is not None, f"{estimator} needs critic values"
@@ -166,6 +172,26 @@ def _from_gigpo(batch: Batch, tb: TensorBatch, settings: GigpoSection, agent_ids
     first_turn = np.cumsum([0] + [len(r) for r in rewards])[:-1]
     token = terms.total[first_turn[tb.act_episode.numpy()] + tb.act_turn.numpy()]
     return _per_token(token, agent_ids, float(np.mean(batch.returns)) if tb.num_episodes else 0.0)
+
+
+def _from_mars(batch: Batch, tb: TensorBatch, settings: MarsSection, agent_ids: np.ndarray | None) -> Advantages:
+    """MARS: each trained turn's reward-to-go, against its agent's mean over the batch's trained turns, on the
+    turn's action tokens, whitened (docs/estimators.md, "MARS"). A turn without action tokens (the closing turn
+    that brings a loser its -1) adds its reward to the turns before it and is not compared itself."""
+    turn_of_token = turn_groups(tb).numpy()
+    _, first = np.unique(turn_of_token, return_index=True)  # dense turn id -> its first action token
+    episode, turn = tb.act_episode.numpy()[first], tb.act_turn.numpy()[first]
+    offsets, turn_index = np.asarray(batch.episode_offsets), np.asarray(batch.turn_index)
+    to_go = {}
+    for e in np.unique(episode):
+        turns = turn_index[offsets[e]:offsets[e + 1]]
+        to_go[e] = discounted_returns(_rewards_of_turns(batch, e, int(turns.max()) + 1), settings.gamma)
+    returns = np.array([to_go[e][h] for e, h in zip(episode, turn)])
+    agents = np.asarray(batch.agent_ids)
+    agents = agents[episode] if agents.size == tb.num_episodes else np.zeros(len(episode), np.int64)
+    per_turn = mars_advantages(returns, agents, settings.normalize == "std")
+    token = whiten(per_turn[turn_of_token])
+    return _per_token(token, agent_ids, float(returns.mean()) if returns.size else 0.0)
 
 
 def _rewards_of_turns(batch: Batch, e: int, n_turns: int) -> np.ndarray:

@@ -336,3 +336,39 @@ def test_positive_replay_due():
         assert (kept is not None) == (r["kept after"] == "yes"), r
         if kept is not None:
             assert kept.uses == r["uses after"]
+
+
+def test_mars():
+    """The table's formulas, then the same turns as real chunks through the buffer's flatten and the learner's
+    `mars` estimator: its token advantages are the table's whitened column."""
+    from turnstream.buffer.store.episodes import Episode, flatten
+    from turnstream.learner.estimators.advantages import discounted_returns, mars_advantages
+    from turnstream.learner.step.batching import to_tensors
+    from tests.unit.test_store import chunk
+
+    p, rows = EXAMPLES["mars"]
+    streams: dict[tuple, list[dict]] = {}
+    for r in rows:
+        streams.setdefault((r["game"], r["agent"]), []).append(r)
+    trained = [r for r in rows if r["A"] != "closing"]
+    for turns in streams.values():
+        close(discounted_returns(column(turns, "r"), p["gamma"]), column(turns, "G"))
+    per_turn = mars_advantages(column(trained, "G"), column(trained, "agent"))
+    close(per_turn, column(trained, "A"))
+    close(column(trained, "G") - per_turn, column(trained, "agent mean"))
+    close(whiten(per_turn), column(trained, "whitened"))
+    episodes = []
+    for (game, agent), turns in streams.items():
+        ep = Episode(f"g{game}/a{agent}", ("a", 0), f"tictactoe/a{agent}")
+        for r in turns:
+            gen = () if r["A"] == "closing" else (5,)
+            c = chunk(seq=len(episodes) * 10 + int(r["turn"]), ep=ep.episode_id, turn=int(r["turn"]), gen=gen,
+                      reward=r["r"], done=r is turns[-1], prompt=ep.prompt_key)
+            c.agent_id = int(agent)
+            ep.add(c)
+        episodes.append(ep)
+    batch = flatten(episodes, 1, 0, 0)
+    tb = to_tensors(batch, 64)
+    adv = estimators.compute("mars", batch, tb, tracker=SpoTracker(), spo_normalize="token", gamma=1.0, lam=1.0,
+                             old_values=None, mars=SimpleNamespace(gamma=p["gamma"], normalize="mean"))
+    close(adv.token_adv.numpy(), column(trained, "whitened"))
