@@ -5,11 +5,12 @@ number of learner steps, then judged against the frozen initial policy.
 
 The judge: `--games` games of the run's last pushed weights against the initial model (half as X, half as O,
 the seed choosing who starts; sampled at the training temperature with the actors' chat tokens,
-bench/selfplay_games.py). Per run: win, loss and draw rates and the illegal moves of either side. The baseline,
-measured in the same invocation: the initial model against itself on the same games (a win rate near half of
-the decided games). Per estimator: the median win rate over seeds. Prints a table, then one JSON line:
-{"results": {"tictactoe/<estimator>": {"seeds", "win_rate_median", "win_rates", "loss_rate_median",
-"own_illegal_median"}}, "baseline": {...}, "steps": n, "games": g}.
+bench/selfplay_games.py). A game is won by a line or by the other side's illegal move, which ends it. Per run:
+win, loss and draw rates, and how they came (line or illegal move). The baseline, measured in the same
+invocation: the initial model against itself on the same games (a win rate near half). Per estimator: the
+median win rate over seeds. Prints a table, then one JSON line: {"results": {"tictactoe/<estimator>": {"seeds",
+"win_rates", "win_median", "loss_median", "draw_median", "own_illegal_median"}}, "baseline": {...},
+"steps": n, "games": g}.
 """
 from __future__ import annotations
 
@@ -94,7 +95,9 @@ def judge(policy_dir: Path, initial, chat, games: int, temperature: float) -> Co
 
 def rates(counts: Counter) -> dict:
     total = sum(counts.values()) or 1
-    return {f"{o}_rate": round(counts[o] / total, 4) for o in OUTCOMES}
+    detail = {f"{o}_rate": round(counts[o] / total, 4) for o in OUTCOMES}
+    return {"win_rate": round((counts["line_win"] + counts["opponent_illegal"]) / total, 4),
+            "loss_rate": round((counts["line_loss"] + counts["own_illegal"]) / total, 4), **detail}
 
 
 def main(argv: list[str]) -> int:

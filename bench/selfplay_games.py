@@ -11,7 +11,8 @@ from typing import Callable
 from turnstream.actors.environment import Environment
 from turnstream.bench.trl_runner import sample_turn
 
-OUTCOMES = ("win", "loss", "draw", "own_illegal", "opponent_illegal", "unfinished")
+# a game is won by a line or by the other side's illegal move (which ends it: a forfeit)
+OUTCOMES = ("line_win", "line_loss", "draw", "own_illegal", "opponent_illegal", "unfinished")
 
 
 @dataclass
@@ -30,7 +31,7 @@ def _outcome(step, mover: int, judged: int) -> str:
         return "own_illegal" if mover == judged else "opponent_illegal"
     rewards = step.rewards or {}
     mine = float(rewards.get(judged, step.reward if mover == judged else 0.0))
-    return "win" if mine > 0 else "loss" if mine < 0 else "draw"
+    return "line_win" if mine > 0 else "line_loss" if mine < 0 else "draw"
 
 
 async def play_games(policies: dict[int, object], chat, make_env: Callable[[], Environment], seeds: list[int], *,

@@ -24,6 +24,7 @@ def test_bench_selfplay_trains_mars_and_judges_the_result(vllm_url, tiny_model, 
     assert record["steps"] >= 3 and record["episodes"] > 0, record
     outcomes = [record[f"{o}_rate"] for o in selfplay.OUTCOMES]
     assert sum(outcomes) == pytest.approx(1.0, abs=1e-3) and record["unfinished_rate"] == 0
+    assert record["win_rate"] + record["loss_rate"] + record["draw_rate"] == pytest.approx(1.0, abs=1e-3)
     assert result["results"]["tictactoe/mars"]["seeds"] == 1
     assert sum(result["baseline"][f"{o}_rate"] for o in selfplay.OUTCOMES) == pytest.approx(1.0, abs=1e-3)
     steps = [json.loads(line) for line in (out / "runs" / "tictactoe-mars-seed0" / "learner.jsonl").open()]

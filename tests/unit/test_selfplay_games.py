@@ -18,7 +18,7 @@ def test_outcomes_are_told_from_the_judged_side():
     win = Step("you lost", 1.0, done=True, rewards={0: 1.0, 1: -1.0}, info={"success": True, "winner": 0})
     illegal = Step("illegal move", -1.0, done=True, rewards={1: -1.0, 0: 0.0}, info={"illegal": True})
     draw = Step("draw", 0.0, done=True, rewards={0: 0.0, 1: 0.0}, info={"success": False})
-    assert (_outcome(win, 0, 0), _outcome(win, 0, 1)) == ("win", "loss")
+    assert (_outcome(win, 0, 0), _outcome(win, 0, 1)) == ("line_win", "line_loss")
     assert (_outcome(illegal, 1, 1), _outcome(illegal, 1, 0)) == ("own_illegal", "opponent_illegal")
     assert _outcome(draw, 0, 1) == "draw"
 

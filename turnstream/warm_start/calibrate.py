@@ -14,6 +14,9 @@ from turnstream.warm_start.episodes import WarmTask, play_many
 
 CALIBRATION_EPISODES = 400
 STEPS = 12  # bisection steps: the share to within 1/4096
+# Self-play, where an episode succeeds when either side wins: the solver playing both sides well draws, so no
+# success rate measures one side's play, and the share is fixed instead (half the moves the solver's, half random)
+FIXED_MISTAKES = {"tictactoe": 0.5}
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,9 @@ def solver_success(task: WarmTask, mistakes: float, episodes: int = CALIBRATION_
 
 def mistakes_for(task: WarmTask, success: float, episodes: int = CALIBRATION_EPISODES) -> Calibrated:
     """The largest share of mistakes at which the solver still succeeds at least `success` of the time (0 when
-    even the solver without mistakes falls short)."""
+    even the solver without mistakes falls short); a self-play task's fixed share (FIXED_MISTAKES)."""
+    if task.env in FIXED_MISTAKES:
+        return Calibrated(FIXED_MISTAKES[task.env], solver_success(task, FIXED_MISTAKES[task.env], episodes))
     low, high = 0.0, 1.0
     at_high = solver_success(task, high, episodes)
     if at_high >= success:

@@ -45,15 +45,22 @@ def task_named(env: str, args: dict | None = None) -> WarmTask:
 
 @dataclass
 class Played:
-    turns: list[tuple[str, str]]  # (observation, answer) in order
+    turns: list[tuple[str, str]]  # (observation, answer) in order, every agent's
     success: bool
+    agents: list[int] = field(default_factory=list)  # the agent of each turn
 
     def transcripts(self, context_turns: int) -> list[dict]:
-        """The conversation as {"messages": [...]} transcripts, one per actor context."""
-        size = context_turns or len(self.turns)
-        return [{"messages": [m for obs, answer in self.turns[start:start + size]
-                              for m in ({"role": "user", "content": obs}, {"role": "assistant", "content": answer})]}
-                for start in range(0, len(self.turns), size)]
+        """Each agent's conversation (an agent sees only its own turns, as the actor streams it) as
+        {"messages": [...]} transcripts, one per actor context."""
+        out = []
+        for agent in dict.fromkeys(self.agents):
+            own = [turn for turn, a in zip(self.turns, self.agents) if a == agent]
+            size = context_turns or len(own)
+            out += [{"messages": [m for obs, answer in own[start:start + size]
+                                  for m in ({"role": "user", "content": obs},
+                                            {"role": "assistant", "content": answer})]}
+                    for start in range(0, len(own), size)]
+        return out
 
 
 async def play(task: WarmTask, seed: int, mistakes: float, max_turns: int = 1000) -> Played:
@@ -62,15 +69,18 @@ async def play(task: WarmTask, seed: int, mistakes: float, max_turns: int = 1000
     env = make_env(task.env, **task.args)
     solver, rng = SOLVERS[task.env](), random.Random(f"warm-start/{seed}")
     try:
-        observation, turns = (await env.reset(seed)).observation, []
+        reset = await env.reset(seed)
+        observation, agent, turns, agents = reset.observation, reset.agent, [], []
         for _ in range(max_turns):
             answer = solver.act(observation, rng.random() < mistakes, rng)
             turns.append((observation, answer))
+            agents.append(agent)
             step = await env.step(answer)
             if step.done:
-                return Played(turns, bool((step.info or {}).get("success")) and not step.truncated)
+                return Played(turns, bool((step.info or {}).get("success")) and not step.truncated, agents)
             observation = step.observation
-        return Played(turns, False)
+            agent = agent if step.agent is None else int(step.agent)
+        return Played(turns, False, agents)
     finally:
         await env.close()
 

@@ -1,10 +1,9 @@
 """Scripted solvers of the shipped tasks: each reads only the observations the model reads and answers as the
 model must, or, when told to make a mistake, with a wrong answer the task accepts as a move.
 
-A solver plays one episode (a fresh one per episode: goal_walk's remembers the first observation). Tasks without
-a solver here: tictactoe (self-play, where an episode's success means that either side won, so no share of one
-player's mistakes sets a success rate), the probes (nothing to read) and the remote and adapter environments
-(their tasks are not known here).
+A solver plays one episode (a fresh one per episode: goal_walk's remembers the first observation); in tictactoe
+it plays both sides, each from its own observations. Tasks without a solver here: the probes (nothing to read)
+and the remote and adapter environments (their tasks are not known here).
 """
 from __future__ import annotations
 
@@ -91,6 +90,29 @@ class MathToolSolver:
         return f"answer {value + rng.choice([-10, -2, -1, 1, 2, 10]) if mistake else value}"
 
 
+class TicTacToeSolver:
+    """Complete a line of its own, else block one of the other side's, else the centre, else a free cell at
+    random; a mistake is a free cell at random (still a legal move: the model learns to read the board either
+    way)."""
+
+    def act(self, observation: str, mistake: bool, rng: random.Random) -> str:
+        from turnstream.actors.envs.tasks.tictactoe import LINES
+
+        first, *rows = observation.splitlines()
+        mine = first.split()[-1]
+        cells = "".join(rows)
+        free = [i for i, c in enumerate(cells) if c == "."]
+        if not mistake:
+            for side in (mine, "O" if mine == "X" else "X"):  # win, then block
+                for line in LINES:
+                    marks = [cells[i] for i in line]
+                    if marks.count(side) == 2 and marks.count(".") == 1:
+                        return str(line[marks.index(".")] + 1)
+            if 4 in free:
+                return "5"
+        return str(rng.choice(free) + 1)
+
+
 SOLVERS: dict[str, Callable[[], Solver]] = {
     "goal_walk": GoalWalkSolver,
     "follow_signs": SignSolver,
@@ -99,4 +121,5 @@ SOLVERS: dict[str, Callable[[], Solver]] = {
     "trail_longtail": SignSolver,
     "sokoban": SokobanSolver,
     "math_tool": MathToolSolver,
+    "tictactoe": TicTacToeSolver,
 }
