@@ -134,7 +134,7 @@ def test_fused_proximal_pass_gives_the_same_update(monkeypatch, kl_coef):
 
 
 @pytest.mark.parametrize("estimator,critic", [("turn_gae", "shared"), ("turn_gae", "separate"),
-                                              ("token_gae", "shared"), ("mars", "shared")])
+                                              ("token_gae", "shared")])
 def test_values_from_the_training_forward_give_the_same_update_on_one_microbatch(estimator, critic, tmp_path):
     """critic.whiten = microbatch skips the no-grad value pass; with the batch in one micro-batch the
     advantages, targets and so the update are those of whiten = batch."""
