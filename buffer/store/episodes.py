@@ -124,12 +124,9 @@ class Episode:
 
 
 @dataclass
-class Segment:
-    """Turns [first, end) of an open episode, closed by turn `end`'s first token (see above)."""
+class OfEpisode:
+    """An item served from an episode other than the episode itself: its id and prompt are the episode's."""
     episode: Episode
-    first: int  # the episode's `served` when the segment was cut
-    end: int
-    ready_at: float  # when its serving condition was met (FIFO order among ready items)
 
     @property
     def episode_id(self) -> str:
@@ -138,6 +135,14 @@ class Segment:
     @property
     def prompt_key(self) -> str:
         return self.episode.prompt_key
+
+
+@dataclass
+class Segment(OfEpisode):
+    """Turns [first, end) of an open episode, closed by turn `end`'s first token (see above)."""
+    first: int  # the episode's `served` when the segment was cut
+    end: int
+    ready_at: float  # when its serving condition was met (FIFO order among ready items)
 
     @property
     def num_tokens(self) -> int:
@@ -162,19 +167,10 @@ class Segment:
 
 
 @dataclass
-class Replay:
+class Replay(OfEpisode):
     """A complete episode served again (buffer/store/positive_replay.py): laid out as when it was first served,
     marked in the batch, never consumed or counted as fresh."""
-    episode: Episode
     uses: int = 0  # times it was served again
-
-    @property
-    def episode_id(self) -> str:
-        return self.episode.episode_id
-
-    @property
-    def prompt_key(self) -> str:
-        return self.episode.prompt_key
 
     @property
     def num_tokens(self) -> int:
