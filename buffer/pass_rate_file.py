@@ -33,7 +33,7 @@ async def keep_writing(path: Path, positive: PositiveReplay, every_s: float = EV
     try:
         while True:
             await asyncio.sleep(every_s)
-            state = sum(len(outcomes) for outcomes in positive.pass_rates.outcomes.values()), len(positive.kept)
+            state = positive.completed_episodes, len(positive.kept)
             if state != written:
                 write_pass_rates(path, positive)
                 written = state

@@ -11,8 +11,8 @@
 - A replay is a `Replay` item (buffer/store/episodes.py): the batch marks it (`Batch.replayed`), the learner
   does not count it as a new episode (its success figures, the SPO tracker), the store does not count it as a
   sample, the write-ahead log does not consume it again, and the audit trail notes it apart from what was served.
-- Memory only: a restarted buffer starts with no kept successes and empty pass rates (both refill within a few
-  batches); what the log must make durable is what the actors sent, and nothing here is.
+- Memory only: a restarted buffer starts with no kept successes and empty pass rates (both refill as episodes
+  arrive); what the log must make durable is what the actors sent, and nothing here is.
 """
 from __future__ import annotations
 
@@ -60,10 +60,12 @@ class PositiveReplay:
         self.share, self.hard_below, self.max_replays = share, hard_below, max_replays
         self.pass_rates = PassRates(window, success_return)
         self.kept: OrderedDict[str, Replay] = OrderedDict()  # oldest kept first
+        self.completed_episodes = 0
 
     def completed(self, ep: Episode) -> None:
         """A complete episode arrived: one more outcome of its task."""
         self.pass_rates.add(ep)
+        self.completed_episodes += 1
 
     def worth_keeping(self, ep: Episode) -> bool:
         """Whether a whole episode about to be served fresh is a success on a hard task."""
