@@ -17,8 +17,9 @@ started, the fraction of the time the learner spent in steps, and the episodes t
 Per task and estimator: seeds that reached the target, median episodes and seconds of those that did, mean
 final success, medians of turn-to-train latency (seconds and policy versions from a turn's arrival at the
 buffer to its training; `turn_gae+segments` trains open episodes' turns in segments of SEGMENT_TURNS; `spo+replay`
-serves successes on hard tasks again, up to REPLAY_SHARE of a batch, buffer.positive_replay) and of
-the three above. Prints a table, then one JSON line:
+serves successes on hard tasks again, up to REPLAY_SHARE of a batch, buffer.positive_replay; `archer` serves the
+critic older episodes besides, buffer.critic_replay, and counts their turns past the policy's staleness bound)
+and of the three above. Prints a table, then one JSON line:
 {"results": {"<task>/<estimator>": {"reached": k, "seeds": n, "episodes_median": e, "wall_s_median": w,
 "success_end_mean": s}}, ...}. <out>/learning.png plots every run's curve; `turnstream report <out>/runs/<run>`
 plots one run's losses, entropy, step KL and staleness.
@@ -77,7 +78,9 @@ ESTIMATORS = {"spo": ("spo", []), "spo+curriculum": ("spo", ["tasks.order=spo"])
               # self-play: Dr. MAS's per-agent normalisation, and MARS's per-agent turn advantage
               "spo+agent_norm": ("spo", ["learner.agent_norm=true"]), "mars": ("mars", []),
               # learn from open episodes: every SEGMENT_TURNS turns, bootstrapped from the turn-level critic
-              "turn_gae+segments": ("turn_gae", [f"buffer.segment_turns={SEGMENT_TURNS}"])}
+              "turn_gae+segments": ("turn_gae", [f"buffer.segment_turns={SEGMENT_TURNS}"]),
+              # the off-policy turn critic: one-step targets, also from older episodes served to it alone
+              "archer": ("archer", [])}
 DEFAULT_ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo")
 GROUP_ESTIMATORS = ("grpo", "rloo", "gigpo")  # baselines from the other samples of a prompt: whole groups
 
@@ -148,14 +151,16 @@ def run_one(task: str, estimator: str, seed: int, url: str, args) -> dict:
             generation = scrape([stack.cfg.actor.metrics_port], GENERATION)
         finally:
             progress.close()
-    return {**summarize_run(task, estimator, seed, read_steps(cfg.run.run_dir), args.window, args.target, t0),
+    return {**summarize_run(task, estimator, seed, read_steps(cfg.run.run_dir), args.window, args.target, t0,
+                            cfg.buffer.max_staleness),
             **latency, **(generation.values if generation else dict.fromkeys(GENERATION))}
 
 
 def summarize_run(task: str, estimator: str, seed: int, steps: list[dict], window: int, target: float,
-                  t0: float) -> dict:
+                  t0: float, max_staleness: int = 0) -> dict:
     """Episodes and seconds (since t0, wall clock: learner.jsonl stamps steps with time.time()) to the first step
-    whose rolling success reached the target (None if none did)."""
+    whose rolling success reached the target (None if none did). `max_staleness`: the policy's bound, past which
+    a turn served to the critic alone (buffer.critic_replay) is one the bound would have dropped."""
     from turnstream.report import rolling_success
 
     episodes, reached, upto = 0, None, steps
@@ -173,6 +178,10 @@ def summarize_run(task: str, estimator: str, seed: int, steps: list[dict], windo
             "dropped_stale": sum(s.get("dropped_stale", 0) for s in upto),  # episodes, in the same span
             "episodes": sum(s["episodes"] for s in steps), "steps": len(steps),
             "replayed": sum(s.get("replayed", 0) for s in upto),  # successes served again, to the target
+            "critic_only": sum(s.get("critic_only", 0) for s in upto),  # episodes served to the critic alone
+            "critic_turns_beyond_bound": sum(turns for s in upto for staleness, turns in
+                                             s.get("critic_turns_by_staleness", {}).items()
+                                             if int(staleness) > max_staleness),
             "success_start": round(steps[0]["return_mean"], 3) if steps else None,
             "success_end": round(rolling_success(steps, window), 3) if steps else 0.0,
             "entropy_start": round(steps[0]["entropy"], 3) if steps else None,
@@ -231,6 +240,7 @@ def aggregate(records: list[dict]) -> dict:
             "first_step_s_median": _median_of(r.get("first_step_s") for r in rs),
             "learner_busy_median": _median_of(r.get("learner_busy") for r in rs),
             "dropped_stale_median": _median_of(r.get("dropped_stale") for r in rs),
+            "critic_turns_beyond_bound_median": _median_of(r.get("critic_turns_beyond_bound") for r in rs),
             "turn_to_train_s_median": _median_of(r.get("turn_to_train_s") for r in rs),
             "turn_to_train_versions_median": _median_of(r.get("turn_to_train_versions") for r in rs)}
     return summary

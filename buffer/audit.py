@@ -8,7 +8,8 @@ under-report:
   acks leave: a crash in between leaves a logged chunk without a line, but its actor never saw the ack,
   resends it and gets a `duplicate` line from the restarted buffer;
 - `replayed` lines (buffer.positive_replay) name the served episodes a batch held again and those it kept to
-  serve again; they consume nothing, so a checker counts `served` lines for what left the store;
+  serve again, `critic_replayed` lines (buffer.critic_replay) those it held for the critic alone; they consume
+  nothing, so a checker counts `served` lines for what left the store;
 - `served`, `served_segment` and `dropped` lines are written as the store announces the change, before the
   journal (attached after this listener) records the consumption or the drop: a crash in between
   over-reports (the episode is still held after the restart), it never hides a loss. Stale turns the store
@@ -41,6 +42,9 @@ class BufferAudit:
                 if event.replays or event.kept_for_replay:  # served again, never consumed twice
                     self.audit.write({"replayed": [r.episode_id for r in event.replays],
                                       "kept_for_replay": event.kept_for_replay, "time": time.time()})
+                if event.for_critic:
+                    self.audit.write({"critic_replayed": [r.episode_id for r in event.for_critic],
+                                      "staleness": event.critic_staleness, "time": time.time()})
                 for seg in event.segments:
                     self._served_segment(seg.episode_id, seg.first, seg.end)
             case TurnsSkipped(episode_id=episode_id, first=first, end=end):

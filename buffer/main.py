@@ -32,7 +32,8 @@ async def serve(cfg: Config) -> None:
                         actor_timeout_s=b.actor_timeout_s, policy=b.sampling,
                         group_size=cfg.tasks.group_size, limiter=limiter, group_timeout_s=b.group_timeout_s,
                         drop_uniform_groups=b.drop_uniform_groups, segment_turns=b.segment_turns,
-                        segment_after_s=b.segment_after_s, positive=positive_replay(b))
+                        segment_after_s=b.segment_after_s, positive=positive_replay(b),
+                        critic=critic_replay(cfg))
     meter(store, metrics)
     journal = open_journal(cfg, store, metrics) if b.wal else None
     # The store's listeners hear it in the order attached, after the log was replayed: the audit's lines for
@@ -76,6 +77,17 @@ def positive_replay(b):
         return None
     return PositiveReplay(share=p.share, hard_below=p.hard_below, success_return=p.success_return, window=p.window,
                           max_replays=p.max_replays)
+
+
+def critic_replay(cfg: Config):
+    """buffer.critic_replay's store part, or None when it is off."""
+    from turnstream.buffer.store.critic_replay import CriticReplayPool
+
+    share = cfg.critic_replay_share()
+    if share <= 0:
+        return None
+    c = cfg.buffer.critic_replay
+    return CriticReplayPool(share=share, max_staleness=c.max_staleness, capacity=c.capacity, seed=cfg.run.seed)
 
 
 def open_journal(cfg: Config, store, metrics):

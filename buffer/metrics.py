@@ -110,9 +110,12 @@ class IngestCounts:
 
     def __init__(self):
         self.chunks = dict.fromkeys(("ok", "duplicate", "rejected"), 0)  # by outcome
-        # by event; replayed: served again by buffer.positive_replay, kept_for_replay: a success it will serve again
+        # by event; replayed: served again by buffer.positive_replay, kept_for_replay: a success it will serve again,
+        # critic_replayed: served again to the critic alone (buffer.critic_replay)
         self.episodes = dict.fromkeys(("started", "started_without_credit", "completed", "served", "replayed",
-                                       "kept_for_replay"), 0)
+                                       "kept_for_replay", "critic_replayed"), 0)
+        # turns of critic-only episodes, by whether they are within the policy's staleness bound or past it
+        self.critic_turns = dict.fromkeys(("within_bound", "beyond_bound"), 0)
         self.tokens_ingested = 0
         self.inserts = 0
 
@@ -127,7 +130,12 @@ class IngestCounts:
         episodes = CounterMetricFamily("turnstream_buffer_episodes", "Episode lifecycle events", labels=["event"])
         for event, n in self.episodes.items():
             episodes.add_metric([event], n)
-        return [chunks, episodes,
+        critic_turns = CounterMetricFamily(
+            "turnstream_buffer_critic_turns", "Turns served to the critic alone (buffer.critic_replay), by whether "
+            "the policy's staleness bound would have dropped them", labels=["state"])
+        for state, n in self.critic_turns.items():
+            critic_turns.add_metric([state], n)
+        return [chunks, episodes, critic_turns,
                 CounterMetricFamily("turnstream_buffer_tokens_ingested", "Tokens ingested",
                                     value=self.tokens_ingested),
                 CounterMetricFamily("turnstream_buffer_inserts", "Complete episodes inserted into the table",

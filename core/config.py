@@ -17,7 +17,7 @@ from turnstream.core.config_fields import Section
 from turnstream.core.config_inference import (ActorSection, DiskWeightSyncConfig, NcclWeightSyncConfig,
                                               VllmSection)
 from turnstream.core.config_launch import LaunchSection
-from turnstream.core.config_learner import CriticSection, LearnerSection, SpoSection
+from turnstream.core.config_learner import CRITIC_ESTIMATORS, CriticSection, LearnerSection, SpoSection
 from turnstream.core.config_logging import LoggingSection
 from turnstream.core.config_network import NetworkSection
 from turnstream.core.config_sft import SftSection
@@ -92,10 +92,25 @@ class Config(Section):
         require(self.learner.estimator != "gigpo" or (self.buffer.sampling == "group" and self.tasks.group_size >= 2),
                 "learner.estimator", "gigpo compares the episodes of one task, step by step: it needs "
                 "buffer.sampling = group and tasks.group_size >= 2")
-        require(self.buffer.segment_turns == 0 or self.learner.estimator in ("turn_gae", "token_gae"),
+        require(self.buffer.segment_turns == 0 or self.learner.estimator in CRITIC_ESTIMATORS,
                 "buffer.segment_turns", "a segment of an open episode is trained by bootstrapping from the critic: "
-                "it needs learner.estimator = turn_gae or token_gae")
+                "it needs learner.estimator = turn_gae, token_gae or archer")
+        critic_replay = self.critic_replay_share() > 0
+        require(not critic_replay or self.learner.estimator in CRITIC_ESTIMATORS, "buffer.critic_replay.share",
+                "serves episodes to the critic alone: needs learner.estimator = archer (or turn_gae, token_gae)")
+        require(not critic_replay or self.buffer.segment_turns == 0, "buffer.critic_replay.share",
+                "serves whole episodes again: needs buffer.segment_turns = 0")
+        require(not critic_replay or self.buffer.critic_replay.max_staleness >= self.buffer.max_staleness,
+                "buffer.critic_replay.max_staleness", f"must be >= buffer.max_staleness ({self.buffer.max_staleness}): "
+                "the critic's bound is the looser one")
         return self
+
+    def critic_replay_share(self) -> float:
+        """buffer.critic_replay.share resolved: auto is 1 with archer (the off-policy critic), else 0."""
+        share = self.buffer.critic_replay.share
+        if share == "auto":
+            return 1.0 if self.learner.estimator == "archer" else 0.0
+        return share
 
     @property
     def run_dir(self) -> Path:

@@ -29,6 +29,23 @@ class PositiveReplaySection(Section):
     max_replays: int = Field(2, ge=1, description="times a kept success is served again at most")
 
 
+class CriticReplaySection(Section):
+    """Off-policy critic data (ArCHer): whole episodes already trained, or dropped as stale, are served again to the
+    critic alone, on top of the batch (buffer/store/critic_replay.py, docs/estimators.md "ArCHer")."""
+
+    share: float | Literal["auto"] = Field(
+        "auto", description="episodes served to the critic alone per batch, as a share of batch_episodes (0 to 4, "
+        "on top of the batch); auto: 1 with learner.estimator = archer, else 0 (off)")
+    max_staleness: int = Field(16, ge=0, description="the critic's own bound: no critic-only episode older than "
+                               "this many versions is served; >= buffer.max_staleness (the policy's) when on")
+    capacity: int = Field(2048, ge=1, description="episodes the critic's pool holds at most (the oldest leave first)")
+
+    @model_validator(mode="after")
+    def _range(self) -> CriticReplaySection:
+        require(self.share == "auto" or 0 <= self.share <= 4, "share", "must be auto or between 0 and 4")
+        return self
+
+
 class BufferSection(Section):
     batch_episodes: int = Field(128, ge=1, description="B: episodes per learner batch")
     eta: int = Field(2, ge=0, description="AReaL off-policyness for admission; 0 = synchronous")
@@ -73,6 +90,8 @@ class BufferSection(Section):
         "drained group is acked")
     positive_replay: PositiveReplaySection = Field(default_factory=PositiveReplaySection,
                                                    description="serve rare successes on hard tasks again")
+    critic_replay: CriticReplaySection = Field(default_factory=CriticReplaySection,
+                                               description="serve older episodes again to the critic alone")
     cpus: CpuIds = Field(default_factory=list, description="CPU ids this role is pinned to; empty: any")
 
     @model_validator(mode="after")

@@ -10,6 +10,9 @@ from turnstream.core.config_lora import LoraSection
 from turnstream.core.configtools import require
 
 
+CRITIC_ESTIMATORS = ("turn_gae", "token_gae", "archer")  # the estimators that read a value function
+
+
 class SpoSection(Section):
     rho_min: float = Field(0.875, gt=0, le=1, description="lower bound of the evidence decay; <= rho_max")
     rho_max: float = Field(0.96, gt=0, le=1, description="upper bound of the evidence decay")
@@ -32,7 +35,7 @@ class SpoSection(Section):
 
 
 class CriticSection(Section):
-    """Value function for turn_gae / token_gae (unused by spo, grpo, rloo, gigpo)."""
+    """Value function for turn_gae, token_gae and archer (unused by spo, grpo, rloo, gigpo, mars)."""
 
     mode: Literal["shared", "separate"] = Field(
         "shared", description="value head on the policy backbone, or a model of its own")
@@ -42,7 +45,7 @@ class CriticSection(Section):
     value_coef: float = Field(0.5, ge=0, description="weight of the value loss next to the policy loss (shared mode)")
     value_clip: float = Field(0.2, ge=0, description="c_v of the pessimistic value clip; 0 disables clipping")
     gamma: float = Field(0.99, ge=0, le=1, description="discount")
-    lam: float = Field(0.9, ge=0, le=1, description="GAE lambda")
+    lam: float = Field(0.9, ge=0, le=1, description="GAE lambda (archer's is 0: one-step temporal-difference targets)")
     turn_ratio: bool = Field(False, description="turn-level geometric-mean importance ratio (MPO / ST-PPO style)")
     whiten: Literal["auto", "batch", "microbatch"] = Field(
         "auto", description="which tokens advantages are whitened over. batch: the whole batch, which needs every "
@@ -78,10 +81,11 @@ class MarsSection(Section):
 
 
 class LearnerSection(Section):
-    estimator: Literal["spo", "turn_gae", "token_gae", "grpo", "rloo", "gigpo", "mars"] = Field(
+    estimator: Literal["spo", "turn_gae", "token_gae", "grpo", "rloo", "gigpo", "mars", "archer"] = Field(
         "spo", description="advantage estimator; grpo, rloo and gigpo compare the episodes of one prompt in a batch "
         "(gigpo needs them served together: buffer.sampling = group, tasks.group_size >= 2); mars compares each "
-        "turn with the same agent's turns in the batch (self-play)")
+        "turn with the same agent's turns in the batch (self-play); archer is a turn-level critic with one-step "
+        "temporal-difference targets that also learns from older episodes (buffer.critic_replay)")
     lr: float = Field(1e-3, gt=0, description="learning rate; 1e-3 serves both a model that cannot read yet (the random tiny model) and one that can (a warm-started one learns 2-2.5 times faster than at 3e-4: BENCHMARKS.md, \"From a model that can read\")")
     warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear learning-rate warm-up")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
@@ -163,8 +167,8 @@ class LearnerSection(Section):
         "(docs/reproduce.md). Off by default: it costs disk (BENCHMARKS.md, \"Recording a run\")")
     metrics_port: Port = Field(0, description="/metrics port; 0: the launcher picks one")
     spo: SpoSection = Field(default_factory=SpoSection, description="the spo estimator")
-    critic: CriticSection = Field(default_factory=CriticSection, description="the value function of turn_gae and "
-                                  "token_gae")
+    critic: CriticSection = Field(default_factory=CriticSection, description="the value function of turn_gae, "
+                                  "token_gae and archer")
     gigpo: GigpoSection = Field(default_factory=GigpoSection, description="the gigpo estimator")
     mars: MarsSection = Field(default_factory=MarsSection, description="the mars estimator")
     lora: LoraSection | None = Field(

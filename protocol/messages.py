@@ -151,6 +151,7 @@ class Batch(Message):
         "agent_ids": "int32", "truncated": "bool", "turn_rewards": "float32", "turn_offsets": "int64",
         "first_turns": "int32", "bootstrap_turns": "int32", "context_starts": "int64", "top_p": "float32",
         "top_k": "int32", "turn_seeds": "int64", "replayed": "bool",
+        "critic_only": "bool",
     }
     request_id: int
     learner_version: int
@@ -192,6 +193,9 @@ class Batch(Message):
     # per episode (empty when the batch holds no replay): whether it is a success served again (buffer.positive_replay),
     # which the learner trains on but does not count as a new episode
     replayed: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    # per episode (empty when the batch holds none): whether it is an older episode served to the critic alone
+    # (buffer.critic_replay), outside the policy loss and the staleness bound, within the critic's own
+    critic_only: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
 
 @dataclass

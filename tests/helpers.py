@@ -282,13 +282,19 @@ def restore_served_weights(url, tiny_model, tmp_path):
     asyncio.run(sync.set_version(0))
 
 
-def start_run(procs: ProcessGroup, config: Path, *, actors: int = 1, learner_env: dict | None = None) -> None:
-    """Start a buffer, a learner (`learner_env` added to its environment) and `actors` actors on `config`."""
+def start_run(procs: ProcessGroup, config: Path, *, actors: int = 1, learner_env: dict | None = None,
+              buffer_env: dict | None = None) -> None:
+    """Start a buffer, a learner and `actors` actors on `config`; `*_env` are added to a role's environment."""
     role = [sys.executable, "-m", "turnstream.cli"]
-    procs.start("buffer", [*role, "buffer", "--config", str(config)])
+    procs.start("buffer", [*role, "buffer", "--config", str(config)], env=buffer_env)
     procs.start("learner", [*role, "learner", "--config", str(config)], env=learner_env)
     for i in range(actors):
         procs.start(f"actor-{i}", [*role, "actor", "--config", str(config), "--index", str(i)])
+
+
+def jsonl_lines(path: Path) -> list[dict]:
+    """The records of a JSON-lines file a role writes (learner.jsonl, an audit trail); none before it exists."""
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def roles_log(procs: ProcessGroup, lines: int = 15) -> str:

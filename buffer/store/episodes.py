@@ -167,10 +167,9 @@ class Segment(OfEpisode):
 
 
 @dataclass
-class Replay(OfEpisode):
-    """A complete episode served again (buffer/store/positive_replay.py): laid out as when it was first served,
-    marked in the batch, never consumed or counted as fresh."""
-    uses: int = 0  # times it was served again
+class ServedAgain(OfEpisode):
+    """A complete episode served again after it left the store: laid out as when it was first served, never
+    consumed or counted as fresh."""
 
     @property
     def num_tokens(self) -> int:
@@ -189,7 +188,20 @@ class Replay(OfEpisode):
         return self.episode.span
 
 
-Item = Episode | Segment | Replay
+@dataclass
+class Replay(ServedAgain):
+    """A success on a hard task served again to the policy (buffer/store/positive_replay.py), within the staleness
+    bound; the batch marks it (`Batch.replayed`)."""
+    uses: int = 0  # times it was served again
+
+
+@dataclass
+class CriticReplay(ServedAgain):
+    """An older episode served to the critic alone (buffer/store/critic_replay.py), within the critic's own bound;
+    the batch marks it (`Batch.critic_only`) and the learner's policy loss never reads it."""
+
+
+Item = Episode | Segment | Replay | CriticReplay
 
 
 def flatten(items: list[Item], request_id: int, learner_version: int, dropped_stale: int) -> Batch:
@@ -259,6 +271,11 @@ def flatten(items: list[Item], request_id: int, learner_version: int, dropped_st
         context_starts=np.array(context_starts, np.int64),
         top_p=cat.get("top_p", np.zeros(0, np.float32)), top_k=cat.get("top_k", np.zeros(0, np.int32)),
         turn_seeds=np.array(turn_seeds if max(turn_seeds, default=-1) >= 0 else [], np.int64),
-        replayed=np.array([isinstance(item, Replay) for item in items], bool) if any(
-            isinstance(item, Replay) for item in items) else np.zeros(0, bool),
+        replayed=_marks(items, Replay), critic_only=_marks(items, CriticReplay),
     )
+
+
+def _marks(items: list[Item], kind: type) -> np.ndarray:
+    """[items] bool: which items are of `kind`; empty when none is (the wire's default)."""
+    marks = np.array([isinstance(item, kind) for item in items], bool)
+    return marks if marks.any() else np.zeros(0, bool)

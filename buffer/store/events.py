@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Protocol, Union
 
-from turnstream.buffer.store.episodes import Episode, Replay, Segment
+from turnstream.buffer.store.episodes import CriticReplay, Episode, Replay, Segment
 from turnstream.protocol.messages import TurnChunk, TurnChunkBatch
 
 
@@ -80,7 +80,7 @@ class TurnsSkipped:
 @dataclass(slots=True)
 class BatchServed:
     """A batch about to leave: its fresh items in order and the staleness of each, at `learner_version`, and
-    the replays that follow them (buffer/store/positive_replay.py: not consumed, not fresh)."""
+    the replays and critic-only episodes that follow them (not consumed, not fresh)."""
     items: list[Episode | Segment]
     staleness: list[int]
     learner_version: int
@@ -88,6 +88,16 @@ class BatchServed:
     groups: int  # complete groups in it (buffer.sampling = group), else 0
     replays: list[Replay] = field(default_factory=list)
     kept_for_replay: list[str] = field(default_factory=list)  # ids of its episodes kept to be served again
+    # buffer/store/critic_replay.py: older episodes for the critic alone, after the replays, and their staleness
+    for_critic: list[CriticReplay] = field(default_factory=list)
+    critic_staleness: list[int] = field(default_factory=list)
+    max_staleness: int = 0  # the policy's bound (buffer.max_staleness), which critic-only episodes may exceed
+
+    @property
+    def critic_turns_beyond_bound(self) -> int:
+        """Turns of the critic-only episodes past the policy's bound: what the critic learns that it would lose."""
+        return sum(len(r.episode.turns) for r, s in zip(self.for_critic, self.critic_staleness)
+                   if s > self.max_staleness)
 
     @property
     def episode_ids(self) -> list[str]:

@@ -21,7 +21,10 @@ Invariants:
 - memory is bounded by max_items episodes: beyond it no credit is granted, so actors wait;
 - episodes leave only by being served or by a counted drop (stale, abandoned, group_timeout, uniform_group);
 - with positive replay (buffer/store/positive_replay.py), a served success on a hard task may be served again
-  as a `Replay`, under the same bound, never consumed or sampled again.
+  as a `Replay`, under the same bound, never consumed or sampled again;
+- with critic replay (buffer/store/critic_replay.py), whole episodes served or dropped as stale may be served
+  again as `CriticReplay` items, to the critic alone, under the critic's own bound: they are not policy data, so
+  the policy's bound does not apply to them, and they are never consumed or sampled again.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 from turnstream.buffer.acks import AckEntry
 from turnstream.buffer.store.admission import Admission
 from turnstream.buffer.store.dedup import SeqDeduper
+from turnstream.buffer.store.critic_replay import CriticReplayPool
 from turnstream.buffer.store.episodes import Episode, Item, Replay, Segment
 from turnstream.buffer.store.events import (BatchServed, ChunkAccepted, ChunkDuplicate, ChunkRejected, ChunksArrived,
                                       EpisodeCompleted, EpisodesDropped, EpisodeStarted, Listeners, MessageRejected,
@@ -69,7 +73,8 @@ class ReplayStore:
                  max_items: int, episode_timeout_s: float, actor_timeout_s: float,
                  policy: str = "fifo", group_size: int = 1, limiter: RateLimiter | None = None,
                  group_timeout_s: float = float("inf"), drop_uniform_groups: bool = False,
-                 segment_turns: int = 0, segment_after_s: float = 0.0, positive: PositiveReplay | None = None):
+                 segment_turns: int = 0, segment_after_s: float = 0.0, positive: PositiveReplay | None = None,
+                 critic: CriticReplayPool | None = None):
         self.max_staleness = max_staleness
         self.episode_timeout_s = episode_timeout_s
         self.policy, self.group_size, self.group_timeout_s = policy, group_size, group_timeout_s
@@ -77,6 +82,7 @@ class ReplayStore:
         self.segment_turns, self.segment_after_s = segment_turns, segment_after_s
         self.limiter = limiter or RateLimiter()
         self.positive = positive
+        self.critic = critic
         self.listeners = Listeners()
         self.admission = Admission(batch_episodes=batch_episodes, eta=eta, max_running=max_running,
                                    max_items=max_items, actor_timeout_s=actor_timeout_s, limiter=self.limiter,
@@ -222,8 +228,9 @@ class ReplayStore:
     def take_batch(self, learner_version: int, n: int, max_tokens: int = 0) -> tuple[list[Item], int] | None:
         """A batch by the sampling policy (at most n items, at most max_tokens), or None if not yet. Items are
         complete episodes and, with segments on, segments of open episodes, in the order they became ready; with
-        positive replay, then the replays it holds."""
+        positive replay, then the replays it holds; with critic replay, then the critic's episodes, on top of n."""
         self.set_learner_version(learner_version)
+        for_critic = self.critic.due(n, self.learner_version) if self.critic is not None else []
         replays = self.positive.due(n, self.learner_version, self.max_staleness) if self.positive else []
         n -= len(replays)
         if max_tokens > 0 and replays:
@@ -254,7 +261,8 @@ class ReplayStore:
                 ] if self.positive is not None else []
         served = BatchServed(batch, staleness, self.learner_version, self.max_served_staleness,
                              len(batch) // self.group_size if self.policy == "group" else 0, replays,
-                             [ep.episode_id for ep in kept])
+                             [ep.episode_id for ep in kept], for_critic, [self.staleness(r) for r in for_critic],
+                             self.max_staleness)
         self.listeners.emit(served)
         self._remove_ready(served.episode_ids)
         for item in batch:
@@ -264,8 +272,10 @@ class ReplayStore:
         if self.positive is not None:
             self.positive.replayed(replays)
             self.positive.keep(kept)
+        if self.critic is not None:
+            self.critic.keep([item for item in batch if isinstance(item, Episode)])
         dropped, self.dropped_since_batch = self.dropped_since_batch, 0
-        return [*batch, *replays], dropped
+        return [*batch, *replays, *for_critic], dropped
 
     def _with_open_segments(self, now: float | None = None) -> OrderedDict[str, Episode | Segment]:
         """The ready episodes and the segments open episodes could serve now, by the time each became ready."""
@@ -328,6 +338,8 @@ class ReplayStore:
 
     def _drop_ready(self, ids: list[str], reason: str) -> None:
         self.listeners.emit(EpisodesDropped(ids, reason))
+        if reason == "stale" and self.critic is not None:  # past the policy's bound, maybe not the critic's
+            self.critic.keep([self.ready[i] for i in ids])
         self._remove_ready(ids)
         self.admission.episodes_dropped(len(ids))
         self.dropped_since_batch += len(ids)

@@ -9,7 +9,10 @@ The formulas, with worked examples: docs/estimators.md.
 - turn_gae: critic read at turn boundaries, GAE across turns, the turn's advantage on its action tokens;
 - token_gae: classic token-level PPO critic over action tokens (observation tokens skipped);
 - mars: each turn's reward-to-go against the mean of its agent's turns in the batch (MARS's turn-level,
-  agent-specific advantage for self-play), whitened.
+  agent-specific advantage for self-play), whitened;
+- archer: turn_gae with one-step temporal-difference targets and advantages (lambda = 0), the only form a
+  critic may learn from older policies' turns with: episodes served to the critic alone (Batch.critic_only,
+  buffer.critic_replay) get critic targets and no advantage.
 Terminal-outcome estimators broadcast one scalar per episode; all are normalised under the action-token
 measure that the default token-mean loss uses (SPO++), unless spo.normalize says "sequence".
 """
@@ -21,15 +24,15 @@ import numpy as np
 import torch
 
 from turnstream.core.config import LearnerSection
-from turnstream.core.config_learner import GigpoSection, MarsSection
+from turnstream.core.config_learner import CRITIC_ESTIMATORS, GigpoSection, MarsSection
 from turnstream.learner.step.batching import TensorBatch
 from turnstream.learner.estimators.advantages import (agentwise_normalize, discounted_returns, gae, gigpo_advantages,
                                                       grpo_advantages, mars_advantages, rloo_advantages, whiten)
 from turnstream.learner.estimators.spo import SpoTracker, normalize_advantages
 from turnstream.protocol.messages import Batch
 
-ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo", "gigpo", "mars")
-VALUE_BASED = ("turn_gae", "token_gae")
+ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo", "gigpo", "mars", "archer")
+VALUE_BASED = CRITIC_ESTIMATORS
 
 
 @dataclass
@@ -87,8 +90,8 @@ def turn_groups(tb: TensorBatch) -> torch.Tensor:
 
 
 def value_positions(estimator: str, tb: TensorBatch) -> torch.Tensor:
-    """[N] bool: the action tokens whose position the critic is trained on (one per turn for turn_gae, every
-    action token for token_gae; never a segment's bootstrap token, where it is only read). Structure only:
+    """[N] bool: the action tokens whose position the critic is trained on (one per turn for turn_gae and archer,
+    every action token for token_gae; never a segment's bootstrap token, where it is only read). Structure only:
     known before any value is."""
     if estimator == "token_gae":
         mask = torch.ones(tb.act_tokens.numel(), dtype=torch.bool)
@@ -130,7 +133,8 @@ def compute(estimator: str, batch: Batch, tb: TensorBatch, *, tracker: SpoTracke
     if estimator not in VALUE_BASED:
         raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
     assert old_values is not None, f"{estimator} needs critic values"
-    return _from_critic(estimator, batch, tb, old_values.double().numpy(), gamma, lam, agent_ids, episodes)
+    return _from_critic(estimator, batch, tb, old_values.double().numpy(), gamma, 0.0 if estimator == "archer" else lam,
+                        agent_ids, episodes)
 
 
 def _from_outcomes(estimator: str, batch: Batch, tb: TensorBatch, tracker: SpoTracker, spo_normalize: str,
@@ -207,13 +211,14 @@ def _rewards_of_turns(batch: Batch, e: int, n_turns: int) -> np.ndarray:
 
 def _from_critic(estimator: str, batch: Batch, tb: TensorBatch, v: np.ndarray, gamma: float, lam: float,
                  agent_ids: np.ndarray | None, episodes: np.ndarray | None) -> Advantages:
-    """GAE over each episode's steps (turns, or action tokens), each step's advantage on its action tokens."""
+    """GAE over each episode's steps (turns, or action tokens), each step's advantage on its action tokens. An
+    episode served to the critic alone gets its critic targets and no advantage."""
     ep_of = tb.act_episode.numpy()
     n_eps = tb.num_episodes
     truncated = np.asarray(batch.truncated, bool) if len(batch.truncated) == n_eps else np.zeros(n_eps, bool)
     trained = tb.act_trained.numpy() if tb.act_trained is not None else np.ones(len(ep_of), bool)
     adv, targets, value_mask = np.zeros(len(ep_of)), np.zeros(len(ep_of)), np.zeros(len(ep_of), bool)
-    groups = turn_groups(tb).numpy() if estimator == "turn_gae" else np.arange(len(ep_of))
+    groups = np.arange(len(ep_of)) if estimator == "token_gae" else turn_groups(tb).numpy()
     for e in range(n_eps) if episodes is None else episodes:
         idx = np.nonzero((ep_of == e) & trained)[0]  # this episode's trained action tokens, in order
         if idx.size == 0:
@@ -233,6 +238,8 @@ def _from_critic(estimator: str, batch: Batch, tb: TensorBatch, v: np.ndarray, g
         targets[boundary] = g
         value_mask[boundary] = True
     part = trained if episodes is None else np.isin(ep_of, episodes) & trained
+    if tb.act_critic_only is not None:  # not in place: `trained` is a view of the batch's tensor
+        part = part & ~tb.act_critic_only.numpy()
     token = np.zeros(len(ep_of))
     token[part] = agentwise_normalize(adv[part], agent_ids[part]) if agent_ids is not None else whiten(adv[part])
     return Advantages(torch.from_numpy(token.astype(np.float32)), torch.from_numpy(value_mask),

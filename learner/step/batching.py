@@ -40,11 +40,25 @@ class TensorBatch:
     lengths: np.ndarray | None = None  # [E] tokens per episode (unpadded)
     # [N] False on a segment's bootstrap token: the critic is read there, nothing is trained on it
     act_trained: torch.Tensor | None = None
+    # [N] True on the tokens of an episode served to the critic alone (Batch.critic_only): no policy loss reads them
+    act_critic_only: torch.Tensor | None = None
     truncation: Truncation | None = None  # None: no action token was sampled under a top-k or top-p
 
     @property
     def num_episodes(self) -> int:
         return self.input_ids.shape[0]
+
+    def critic_only_rows(self) -> torch.Tensor:
+        """The rows of the episodes served to the critic alone (Batch.critic_only)."""
+        if self.act_critic_only is None:
+            return torch.zeros(0, dtype=torch.long)
+        return torch.unique(self.act_episode[self.act_critic_only])
+
+
+def episode_marks(marks: np.ndarray, n_episodes: int) -> np.ndarray:
+    """[episodes] bool from a per-episode mark of the Batch (`replayed`, `critic_only`); empty: none is marked."""
+    marks = np.asarray(marks, bool)
+    return marks if marks.size == n_episodes else np.zeros(n_episodes, bool)
 
 
 def outside_vocabulary(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
@@ -87,6 +101,7 @@ def to_tensors(batch: Batch, vocab_size: int, pad_id: int = 0) -> TensorBatch:
         mask_id=torch.from_numpy(batch.mask_id[flat_act].astype(np.int64)),
         allowed=allowed, tokens_per_episode=np.bincount(episode_of, minlength=n_eps),
         act_turn=torch.from_numpy(act_turn), lengths=lengths, act_trained=torch.from_numpy(trained),
+        act_critic_only=torch.from_numpy(episode_marks(batch.critic_only, n_eps)[episode_of]),
         truncation=Truncation(torch.from_numpy(batch.top_k[flat_act].astype(np.int64)),
                               torch.from_numpy(batch.top_p[flat_act].astype(np.float32)))
         if batch.top_p.size else None,

@@ -26,14 +26,18 @@ class UpdateWeights:
 
 
 def update_weights(x: StepInputs, rows: torch.Tensor, loss_agg: str) -> UpdateWeights:
+    """The policy's weights over the update's trained tokens, less those of episodes served to the critic alone
+    (their episodes do not count for the aggregation either); the critic's over all its positions."""
     tb = x.tb
     in_update = torch.isin(tb.act_episode, rows)
     if tb.act_trained is not None:
         in_update &= tb.act_trained
+    policy_rows = rows[~torch.isin(rows, tb.critic_only_rows())]
+    for_policy = in_update & torch.isin(tb.act_episode, policy_rows)
     local = torch.full((tb.num_episodes,), -1, dtype=torch.long)
-    local[rows] = torch.arange(len(rows))
+    local[policy_rows] = torch.arange(len(policy_rows))
     policy = torch.zeros(tb.act_tokens.numel())
-    policy[in_update] = aggregation_weights(local[tb.act_episode[in_update]], len(rows), loss_agg)
+    policy[for_policy] = aggregation_weights(local[tb.act_episode[for_policy]], len(policy_rows), loss_agg)
     value = torch.zeros_like(policy)
     if x.advantages.value_mask is not None:
         trained = x.advantages.value_mask & in_update

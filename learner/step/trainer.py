@@ -169,7 +169,9 @@ class Trainer:
         that was too large (e.g. a collapse onto one action). A subset of episodes estimates it: a forward
         over the whole batch would add a large share of a default step's time."""
         tb = x.tb
-        rows = None if every_episode else torch.randperm(tb.num_episodes, generator=self.generator)[:STEP_KL_EPISODES]
+        rows = None if every_episode else torch.randperm(tb.num_episodes, generator=self.generator)
+        if rows is not None:  # of the policy's episodes: those served to the critic alone were not sampled by pi_prox
+            rows = rows[~torch.isin(rows, tb.critic_only_rows())][:STEP_KL_EPISODES]
         new_logp, _ = self._no_grad_pass(tb, x.allowed, rows)
         measured = slice(None) if rows is None else torch.isin(tb.act_episode, rows)
         return new_logp, step_kl(x.prox_logp[measured], new_logp[measured])

@@ -6,17 +6,12 @@ replays apart; the buffer leaves its pass-rate table in the run directory."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from tests.helpers import restore_served_weights, run_until, scrape, session_server_config
+from tests.helpers import jsonl_lines, restore_served_weights, run_until, scrape, session_server_config, start_run
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
-
-
-def _lines(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def test_successes_are_replayed_marked_within_the_bound_and_accounted_for(vllm_url, tiny_model, tmp_path):
@@ -31,24 +26,21 @@ def test_successes_are_replayed_marked_within_the_bound_and_accounted_for(vllm_u
     config = tmp_path / "run.toml"
     config.write_text(cfg.dumps())
     run_dir = tmp_path / "run"
-    role = [sys.executable, "-m", "turnstream.cli"]
 
     def replayed() -> int:
-        return sum(s.get("replayed", 0) for s in _lines(run_dir / "learner.jsonl"))
+        return sum(s.get("replayed", 0) for s in jsonl_lines(run_dir / "learner.jsonl"))
 
     procs = ProcessGroup(tmp_path)
     try:
-        procs.start("buffer", [*role, "buffer", "--config", str(config)], env={"TURNSTREAM_AUDIT": "1"})
-        procs.start("learner", [*role, "learner", "--config", str(config)])
-        procs.start("actor-0", [*role, "actor", "--config", str(config), "--index", "0"])
+        start_run(procs, config, buffer_env={"TURNSTREAM_AUDIT": "1"})
         run_until(procs, lambda: replayed() >= 8, lambda: f"{replayed()} replays trained", 240)
         metrics = scrape(f"http://127.0.0.1:{cfg.buffer.metrics_port}/metrics")
     finally:
         procs.stop_all()
         restore_served_weights(vllm_url, tiny_model, tmp_path)
 
-    steps = _lines(run_dir / "learner.jsonl")
-    audit = _lines(run_dir / "audit" / "buffer.jsonl")
+    steps = jsonl_lines(run_dir / "learner.jsonl")
+    audit = jsonl_lines(run_dir / "audit" / "buffer.jsonl")
     served = [e for r in audit if "served" in r for e in r["served"]]
     dropped = [e for r in audit if "dropped" in r for e in r["dropped"]]
     replays = [e for r in audit if "replayed" in r for e in r["replayed"]]

