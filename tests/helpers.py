@@ -297,6 +297,17 @@ def jsonl_lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def assert_every_episode_left_once(audit: list[dict]) -> tuple[list[str], list[str]]:
+    """The buffer's audit trail closes its books: each acked, finished episode left the store at most once, served
+    or dropped. Returns the ids served and dropped."""
+    served = [e for r in audit if "served" in r for e in r["served"]]
+    dropped = [e for r in audit if "dropped" in r for e in r["dropped"]]
+    finished = {r["ep"] for r in audit if r.get("ack") == "ok" and r["done"]}
+    assert len(served) == len(set(served)) and not set(served) & set(dropped), "an episode left the store twice"
+    assert set(served) | set(dropped) <= finished  # only what an actor finished and had acked
+    return served, dropped
+
+
 def roles_log(procs: ProcessGroup, lines: int = 15) -> str:
     return "\n".join(f"--- {c.name}\n{tail(c.log_path, lines)}" for c in procs.children)
 
