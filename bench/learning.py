@@ -79,8 +79,9 @@ ESTIMATORS = {"spo": ("spo", []), "spo+curriculum": ("spo", ["tasks.order=spo"])
               "spo+agent_norm": ("spo", ["learner.agent_norm=true"]), "mars": ("mars", []),
               # learn from open episodes: every SEGMENT_TURNS turns, bootstrapped from the turn-level critic
               "turn_gae+segments": ("turn_gae", [f"buffer.segment_turns={SEGMENT_TURNS}"]),
-              # the off-policy turn critic: one-step targets, also from older episodes served to it alone
-              "archer": ("archer", [])}
+              # the off-policy turn critic: one-step targets, also from older episodes served to it alone; and
+              # the same without the older episodes, to tell what they add from what the one-step targets do
+              "archer": ("archer", []), "archer-on-policy": ("archer", ["buffer.critic_replay.share=0"])}
 DEFAULT_ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo")
 GROUP_ESTIMATORS = ("grpo", "rloo", "gigpo")  # baselines from the other samples of a prompt: whole groups
 
@@ -206,7 +207,7 @@ def plot(records: list[dict], target: float, path: Path) -> Path:
     plt = pyplot()
     tasks = list(dict.fromkeys(r["task"] for r in records))
     fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(6.5 * max(1, len(tasks)), 4.5), squeeze=False)
-    colours = dict(zip(ESTIMATORS, plt.get_cmap("tab10").colors))
+    colours = dict(zip(ESTIMATORS, plt.get_cmap("tab20").colors))  # one colour per estimator
     for ax, task in zip(axes[0], tasks):
         labelled = set()
         for r in (r for r in records if r["task"] == task):
