@@ -17,8 +17,8 @@ started, the fraction of the time the learner spent in steps, and the episodes t
 Per task and estimator: seeds that reached the target, median episodes and seconds of those that did, mean
 final success, medians of turn-to-train latency (seconds and policy versions from a turn's arrival at the
 buffer to its training; `turn_gae+segments` trains open episodes' turns in segments of SEGMENT_TURNS; `spo+replay`
-serves successes on hard tasks again, up to REPLAY_SHARE of a batch, buffer.positive_replay; `archer` serves the
-critic older episodes besides, buffer.critic_replay, and counts their turns past the policy's staleness bound)
+serves successes on hard tasks again, up to REPLAY_SHARE of a batch, buffer.positive_replay; `archer+critic_replay`
+serves the critic older episodes besides, buffer.critic_replay, and counts their turns past the policy's staleness bound)
 and of the three above. Prints a table, then one JSON line:
 {"results": {"<task>/<estimator>": {"reached": k, "seeds": n, "episodes_median": e, "wall_s_median": w,
 "success_end_mean": s}}, ...}. <out>/learning.png plots every run's curve; `turnstream report <out>/runs/<run>`
@@ -79,9 +79,8 @@ ESTIMATORS = {"spo": ("spo", []), "spo+curriculum": ("spo", ["tasks.order=spo"])
               "spo+agent_norm": ("spo", ["learner.agent_norm=true"]), "mars": ("mars", []),
               # learn from open episodes: every SEGMENT_TURNS turns, bootstrapped from the turn-level critic
               "turn_gae+segments": ("turn_gae", [f"buffer.segment_turns={SEGMENT_TURNS}"]),
-              # the off-policy turn critic: one-step targets, also from older episodes served to it alone; and
-              # the same without the older episodes, to tell what they add from what the one-step targets do
-              "archer": ("archer", []), "archer-on-policy": ("archer", ["buffer.critic_replay.share=0"])}
+              # the turn critic with one-step targets, and with older episodes served to it alone as well
+              "archer": ("archer", []), "archer+critic_replay": ("archer", ["buffer.critic_replay.share=1"])}
 DEFAULT_ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo")
 GROUP_ESTIMATORS = ("grpo", "rloo", "gigpo")  # baselines from the other samples of a prompt: whole groups
 

@@ -83,11 +83,10 @@ def critic_replay(cfg: Config):
     """buffer.critic_replay's store part, or None when it is off."""
     from turnstream.buffer.store.critic_replay import CriticReplayPool
 
-    share = cfg.critic_replay_share()
-    if share <= 0:
-        return None
     c = cfg.buffer.critic_replay
-    return CriticReplayPool(share=share, max_staleness=c.max_staleness, capacity=c.capacity, seed=cfg.run.seed)
+    if c.share <= 0:
+        return None
+    return CriticReplayPool(share=c.share, max_staleness=c.max_staleness, capacity=c.capacity, seed=cfg.run.seed)
 
 
 def open_journal(cfg: Config, store, metrics):

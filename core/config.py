@@ -95,7 +95,7 @@ class Config(Section):
         require(self.buffer.segment_turns == 0 or self.learner.estimator in CRITIC_ESTIMATORS,
                 "buffer.segment_turns", "a segment of an open episode is trained by bootstrapping from the critic: "
                 "it needs learner.estimator = turn_gae, token_gae or archer")
-        critic_replay = self.critic_replay_share() > 0
+        critic_replay = self.buffer.critic_replay.share > 0
         require(not critic_replay or self.learner.estimator in CRITIC_ESTIMATORS, "buffer.critic_replay.share",
                 "serves episodes to the critic alone: needs learner.estimator = archer (or turn_gae, token_gae)")
         require(not critic_replay or self.buffer.segment_turns == 0, "buffer.critic_replay.share",
@@ -105,12 +105,6 @@ class Config(Section):
                 "the critic's bound is the looser one")
         return self
 
-    def critic_replay_share(self) -> float:
-        """buffer.critic_replay.share resolved: auto is 1 with archer (the off-policy critic), else 0."""
-        share = self.buffer.critic_replay.share
-        if share == "auto":
-            return 1.0 if self.learner.estimator == "archer" else 0.0
-        return share
 
     @property
     def run_dir(self) -> Path:

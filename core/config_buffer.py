@@ -33,17 +33,12 @@ class CriticReplaySection(Section):
     """Off-policy critic data (ArCHer): whole episodes already trained, or dropped as stale, are served again to the
     critic alone, on top of the batch (buffer/store/critic_replay.py, docs/estimators.md "ArCHer")."""
 
-    share: float | Literal["auto"] = Field(
-        "auto", description="episodes served to the critic alone per batch, as a share of batch_episodes (0 to 4, "
-        "on top of the batch); auto: 1 with learner.estimator = archer, else 0 (off)")
+    share: float = Field(0.0, ge=0, le=4, description="episodes served to the critic alone per batch, as a share of "
+                         "batch_episodes, on top of the batch; 0: off. Each costs the learner about what a fresh "
+                         "episode does (BENCHMARKS.md, \"Off-policy turn critic\")")
     max_staleness: int = Field(16, ge=0, description="the critic's own bound: no critic-only episode older than "
                                "this many versions is served; >= buffer.max_staleness (the policy's) when on")
     capacity: int = Field(2048, ge=1, description="episodes the critic's pool holds at most (the oldest leave first)")
-
-    @model_validator(mode="after")
-    def _range(self) -> CriticReplaySection:
-        require(self.share == "auto" or 0 <= self.share <= 4, "share", "must be auto or between 0 and 4")
-        return self
 
 
 class BufferSection(Section):

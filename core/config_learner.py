@@ -85,7 +85,7 @@ class LearnerSection(Section):
         "spo", description="advantage estimator; grpo, rloo and gigpo compare the episodes of one prompt in a batch "
         "(gigpo needs them served together: buffer.sampling = group, tasks.group_size >= 2); mars compares each "
         "turn with the same agent's turns in the batch (self-play); archer is a turn-level critic with one-step "
-        "temporal-difference targets that also learns from older episodes (buffer.critic_replay)")
+        "temporal-difference targets, which may also learn from older episodes (buffer.critic_replay)")
     lr: float = Field(1e-3, gt=0, description="learning rate; 1e-3 serves both a model that cannot read yet (the random tiny model) and one that can (a warm-started one learns 2-2.5 times faster than at 3e-4: BENCHMARKS.md, \"From a model that can read\")")
     warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear learning-rate warm-up")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")

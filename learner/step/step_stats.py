@@ -47,7 +47,8 @@ def batch_stats(batch: Batch, tb: TensorBatch, dropped: Dropped) -> dict:
     critic_only = episode_marks(batch.critic_only, tb.num_episodes)
     fresh = ends & ~replayed & ~critic_only
     returns = np.asarray(batch.returns, np.float64)[fresh]
-    for_policy = ~tb.act_critic_only.numpy() if tb.act_critic_only is not None else np.ones(tb.act_tokens.numel(), bool)
+    n_act = tb.act_tokens.numel()
+    for_policy = ~tb.act_critic_only.numpy() if tb.act_critic_only is not None else np.ones(n_act, bool)
     staleness = (batch.learner_version - tb.act_versions).numpy()
     staleness = staleness[for_policy] if for_policy.any() else np.zeros(1, np.int64)
     out = dict(

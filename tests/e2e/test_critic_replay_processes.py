@@ -18,7 +18,8 @@ def test_older_episodes_teach_the_critic_alone_within_its_own_bound(vllm_url, ti
 
     cfg = session_server_config(vllm_url, tiny_model, tmp_path)
     cfg.env.name = "goal_walk"
-    cfg.learner.estimator = "archer"  # buffer.critic_replay.share auto: one batch's worth more, for the critic
+    cfg.learner.estimator = "archer"
+    cfg.buffer.critic_replay.share = 1.0  # one batch's worth more, for the critic
     cfg.buffer.batch_episodes = cfg.actor.concurrent_episodes = 16
     cfg.buffer.eta, cfg.buffer.max_staleness, cfg.buffer.critic_replay.max_staleness = 1, 1, 6
     cfg.buffer.metrics_port = free_port()

@@ -168,19 +168,20 @@ def test_the_policy_never_reads_a_critic_only_episode_and_the_critic_learns_from
     assert stats["policy_loss"] == pytest.approx(fresh_stats["policy_loss"], abs=1e-6)
 
 
-def test_auto_turns_critic_replay_on_with_archer_alone():
+def test_critic_replay_is_off_unless_a_share_is_set():
     from turnstream.buffer.main import critic_replay
 
-    assert load_config(None, ["learner.estimator=archer"]).critic_replay_share() == 1.0
-    assert critic_replay(load_config(None, ["learner.estimator=turn_gae"])) is None
-    assert critic_replay(load_config(None, ["learner.estimator=turn_gae", "buffer.critic_replay.share=0.5"])).share == 0.5
+    assert critic_replay(load_config(None, ["learner.estimator=archer"])) is None
+    assert critic_replay(load_config(None, ["learner.estimator=archer", "buffer.critic_replay.share=0.5"])).share == 0.5
 
 
 @pytest.mark.parametrize("override, setting", [
     (["buffer.critic_replay.share=1"], "buffer.critic_replay.share"),
     (["buffer.critic_replay.share=5", "learner.estimator=archer"], "buffer.critic_replay.share"),
-    (["learner.estimator=archer", "buffer.segment_turns=4"], "buffer.critic_replay.share"),
-    (["learner.estimator=archer", "buffer.critic_replay.max_staleness=2"], "buffer.critic_replay.max_staleness"),
+    (["learner.estimator=archer", "buffer.critic_replay.share=1", "buffer.segment_turns=4"],
+     "buffer.critic_replay.share"),
+    (["learner.estimator=archer", "buffer.critic_replay.share=1", "buffer.critic_replay.max_staleness=2"],
+     "buffer.critic_replay.max_staleness"),
 ])
 def test_settings_critic_replay_cannot_serve_are_refused_naming_the_setting(override, setting):
     with pytest.raises(ConfigError, match=setting.replace(".", r"\.")):
