@@ -105,7 +105,6 @@ class Config(Section):
                 "the critic's bound is the looser one")
         return self
 
-
     @property
     def run_dir(self) -> Path:
         return Path(self.run.run_dir)
