@@ -49,7 +49,8 @@ def test_successes_are_replayed_marked_within_the_bound_and_accounted_for(vllm_u
           f"replays trained; buffer served {len(served)}, kept {len(kept)}, replayed {len(replays)}")
     assert set(replays) <= set(kept) <= set(served)  # a replay is a success served fresh once, and kept then
     assert max(replays.count(e) for e in set(replays)) <= cfg.buffer.positive_replay.max_replays
-    assert metrics['turnstream_buffer_episodes_total{event="replayed"}'] == len(replays)
+    # scraped before the stop: the audit trail may hold a batch served after the scrape
+    assert 0 < metrics['turnstream_buffer_episodes_total{event="replayed"}'] <= len(replays)
     assert all(s["staleness_max"] <= cfg.buffer.max_staleness for s in steps)
     # the learner counts fresh episodes only: its episode count is what the buffer served fresh
     assert sum(s["episodes"] for s in steps) <= len(served)
