@@ -60,10 +60,10 @@ class StoreMetrics:
         m.counts.episodes["replayed"] += len(event.replays)
         m.counts.episodes["kept_for_replay"] += len(event.kept_for_replay)
         if event.for_critic:
-            beyond = event.critic_turns_beyond_bound
+            within, beyond = event.critic_turns()
             m.counts.episodes["critic_replayed"] += len(event.for_critic)
+            m.counts.critic_turns["within_bound"] += within
             m.counts.critic_turns["beyond_bound"] += beyond
-            m.counts.critic_turns["within_bound"] += sum(len(r.episode.turns) for r in event.for_critic) - beyond
         m.segments_served.inc(len(event.items) - whole)
         m.samples.inc(len(event.items))
         m.groups_served.inc(event.groups)

@@ -88,16 +88,18 @@ class BatchServed:
     groups: int  # complete groups in it (buffer.sampling = group), else 0
     replays: list[Replay] = field(default_factory=list)
     kept_for_replay: list[str] = field(default_factory=list)  # ids of its episodes kept to be served again
-    # buffer/store/critic_replay.py: older episodes for the critic alone, after the replays, and their staleness
-    for_critic: list[CriticReplay] = field(default_factory=list)
-    critic_staleness: list[int] = field(default_factory=list)
+    for_critic: list[CriticReplay] = field(default_factory=list)  # older episodes for the critic alone, last
     max_staleness: int = 0  # the policy's bound (buffer.max_staleness), which critic-only episodes may exceed
 
     @property
-    def critic_turns_beyond_bound(self) -> int:
-        """Turns of the critic-only episodes past the policy's bound: what the critic learns that it would lose."""
-        return sum(len(r.episode.turns) for r, s in zip(self.for_critic, self.critic_staleness)
-                   if s > self.max_staleness)
+    def critic_staleness(self) -> list[int]:
+        return [self.learner_version - r.behaviour_version for r in self.for_critic]
+
+    def critic_turns(self) -> tuple[int, int]:
+        """Turns of the critic-only episodes within the policy's bound and past it (what only the critic learns)."""
+        beyond = sum(len(r.episode.turns) for r, s in zip(self.for_critic, self.critic_staleness)
+                     if s > self.max_staleness)
+        return sum(len(r.episode.turns) for r in self.for_critic) - beyond, beyond
 
     @property
     def episode_ids(self) -> list[str]:

@@ -261,8 +261,7 @@ class ReplayStore:
                 ] if self.positive is not None else []
         served = BatchServed(batch, staleness, self.learner_version, self.max_served_staleness,
                              len(batch) // self.group_size if self.policy == "group" else 0, replays,
-                             [ep.episode_id for ep in kept], for_critic, [self.staleness(r) for r in for_critic],
-                             self.max_staleness)
+                             [ep.episode_id for ep in kept], for_critic, self.max_staleness)
         self.listeners.emit(served)
         self._remove_ready(served.episode_ids)
         for item in batch:

@@ -7,42 +7,25 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import (assert_every_episode_left_once, jsonl_lines, restore_served_weights, run_until, scrape,
-                           session_server_config, start_run)
+from tests.helpers import assert_every_episode_left_once, run_audited, session_server_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
 
 def test_older_episodes_teach_the_critic_alone_within_its_own_bound(vllm_url, tiny_model, tmp_path):
-    from turnstream.processes import ProcessGroup, free_port
-
     cfg = session_server_config(vllm_url, tiny_model, tmp_path)
     cfg.env.name = "goal_walk"
     cfg.learner.estimator = "archer"
     cfg.buffer.critic_replay.share = 1.0  # one batch's worth more, for the critic
     cfg.buffer.batch_episodes = cfg.actor.concurrent_episodes = 16
     cfg.buffer.eta, cfg.buffer.max_staleness, cfg.buffer.critic_replay.max_staleness = 1, 1, 6
-    cfg.buffer.metrics_port = free_port()
-    config = tmp_path / "run.toml"
-    config.write_text(cfg.dumps())
-    run_dir = tmp_path / "run"
 
     def beyond(steps) -> int:
         return sum(t for s in steps for k, t in s.get("critic_turns_by_staleness", {}).items()
                    if int(k) > cfg.buffer.max_staleness)
 
-    procs = ProcessGroup(tmp_path)
-    try:
-        start_run(procs, config, buffer_env={"TURNSTREAM_AUDIT": "1"})
-        run_until(procs, lambda: beyond(jsonl_lines(run_dir / "learner.jsonl")) >= 20,
-                  lambda: f"{beyond(jsonl_lines(run_dir / 'learner.jsonl'))} critic turns past the policy's bound", 240)
-        metrics = scrape(f"http://127.0.0.1:{cfg.buffer.metrics_port}/metrics")
-    finally:
-        procs.stop_all()
-        restore_served_weights(vllm_url, tiny_model, tmp_path)
-
-    steps = jsonl_lines(run_dir / "learner.jsonl")
-    audit = jsonl_lines(run_dir / "audit" / "buffer.jsonl")
+    metrics, steps, audit = run_audited(cfg, tmp_path, vllm_url, tiny_model, lambda steps: beyond(steps) >= 20,
+                                        lambda steps: f"{beyond(steps)} critic turns past the policy's bound")
     served, dropped = assert_every_episode_left_once(audit)
     for_critic = [(e, s) for r in audit if "critic_replayed" in r for e, s in zip(r["critic_replayed"], r["staleness"])]
     print(f"critic replay: {len(steps)} steps, {sum(s['episodes'] for s in steps)} episodes trained, "

@@ -9,43 +9,27 @@ import json
 
 import pytest
 
-from tests.helpers import (assert_every_episode_left_once, jsonl_lines, restore_served_weights, run_until, scrape,
-                           session_server_config, start_run)
+from tests.helpers import assert_every_episode_left_once, run_audited, session_server_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
 
 def test_successes_are_replayed_marked_within_the_bound_and_accounted_for(vllm_url, tiny_model, tmp_path):
-    from turnstream.processes import ProcessGroup, free_port
-
     cfg = session_server_config(vllm_url, tiny_model, tmp_path)
     cfg.env.name = "goal_walk"
     cfg.buffer.batch_episodes = 16
     cfg.buffer.positive_replay.share, cfg.buffer.positive_replay.hard_below = 0.25, 1.0
     cfg.actor.concurrent_episodes = 16
-    cfg.buffer.metrics_port = free_port()
-    config = tmp_path / "run.toml"
-    config.write_text(cfg.dumps())
-    run_dir = tmp_path / "run"
 
-    def replayed() -> int:
-        return sum(s.get("replayed", 0) for s in jsonl_lines(run_dir / "learner.jsonl"))
+    def replayed(steps) -> int:
+        return sum(s.get("replayed", 0) for s in steps)
 
-    procs = ProcessGroup(tmp_path)
-    try:
-        start_run(procs, config, buffer_env={"TURNSTREAM_AUDIT": "1"})
-        run_until(procs, lambda: replayed() >= 8, lambda: f"{replayed()} replays trained", 240)
-        metrics = scrape(f"http://127.0.0.1:{cfg.buffer.metrics_port}/metrics")
-    finally:
-        procs.stop_all()
-        restore_served_weights(vllm_url, tiny_model, tmp_path)
-
-    steps = jsonl_lines(run_dir / "learner.jsonl")
-    audit = jsonl_lines(run_dir / "audit" / "buffer.jsonl")
+    metrics, steps, audit = run_audited(cfg, tmp_path, vllm_url, tiny_model, lambda steps: replayed(steps) >= 8,
+                                        lambda steps: f"{replayed(steps)} replays trained")
     served, dropped = assert_every_episode_left_once(audit)
     replays = [e for r in audit if "replayed" in r for e in r["replayed"]]
     kept = [e for r in audit if "replayed" in r for e in r["kept_for_replay"]]
-    print(f"positive replay: {len(steps)} steps, {sum(s['episodes'] for s in steps)} episodes and {replayed()} "
+    print(f"positive replay: {len(steps)} steps, {sum(s['episodes'] for s in steps)} episodes and {replayed(steps)} "
           f"replays trained; buffer served {len(served)}, kept {len(kept)}, replayed {len(replays)}")
     assert set(replays) <= set(kept) <= set(served)  # a replay is a success served fresh once, and kept then
     assert max(replays.count(e) for e in set(replays)) <= cfg.buffer.positive_replay.max_replays
@@ -55,7 +39,7 @@ def test_successes_are_replayed_marked_within_the_bound_and_accounted_for(vllm_u
     # the learner counts fresh episodes only: its episode count is what the buffer served fresh
     assert sum(s["episodes"] for s in steps) <= len(served)
     assert all(s["replayed"] <= cfg.buffer.positive_replay.share * cfg.buffer.batch_episodes for s in steps)
-    table = json.loads((run_dir / "pass_rates.json").read_text())
+    table = json.loads((tmp_path / "run" / "pass_rates.json").read_text())
     assert table["tasks"] and all(0 <= t["pass_rate"] <= 1 for t in table["tasks"])
     rates = [t["pass_rate"] for t in table["tasks"]]
     assert rates == sorted(rates)  # hardest first
