@@ -29,6 +29,17 @@ def ingest_logged(store, journal, c):
     return status, reason
 
 
+def restarted(path, store, journal, **kw):
+    """The store a buffer restarted on `path` rebuilds (its journal closed), after checking it holds the state
+    `store` had when its journal closed."""
+    before = state(store)
+    journal.close()
+    again, journal2 = open_store(path, **kw)
+    journal2.close()
+    assert state(again) == before
+    return again
+
+
 def state(store):
     return (sorted(store.ready), sorted(store.in_progress), store.admission.accepted, store.learner_version,
             store.limiter.inserts, store.limiter.samples,

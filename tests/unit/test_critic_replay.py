@@ -15,7 +15,7 @@ from turnstream.buffer.store.critic_replay import CriticReplayPool
 from turnstream.buffer.store.episodes import CriticReplay, Episode, flatten
 from turnstream.core.audit import AuditLog
 from turnstream.core.config import ConfigError, load_config
-from tests.unit.test_buffer_wal import ingest_logged, open_store, state
+from tests.unit.test_buffer_wal import ingest_logged, open_store, restarted
 from tests.unit.test_store import ID, chunk, ingest, make_store, metric
 
 
@@ -97,12 +97,9 @@ def test_the_write_ahead_log_never_consumes_a_critic_replay_and_a_restart_emptie
     store.take_batch(0, 1)
     got, _ = store.take_batch(0, 1)
     assert ids(got) == [("b", False), ("a", True)]
-    before = state(store)
-    journal.close()
-    again, journal2 = open_store(path, batch_episodes=1, eta=4, max_staleness=4, critic=pool())
-    assert state(again) == before and list(again.ready) == ["c"]
+    again = restarted(path, store, journal, batch_episodes=1, eta=4, max_staleness=4, critic=pool())
+    assert list(again.ready) == ["c"]
     assert not again.critic.episodes  # memory only (documented): it refills from what is served next
-    journal2.close()
 
 
 def test_the_audit_trail_notes_critic_replays_apart_from_what_was_served(tmp_path):

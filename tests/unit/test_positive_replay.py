@@ -15,7 +15,7 @@ from turnstream.buffer.store.positive_replay import PassRates, PositiveReplay
 from turnstream.core.audit import AuditLog
 from turnstream.core.config import ConfigError, load_config
 from turnstream.learner.step.step_stats import replayed_episodes
-from tests.unit.test_buffer_wal import ingest_logged, open_store, state
+from tests.unit.test_buffer_wal import ingest_logged, open_store, restarted
 from tests.unit.test_store import ID, chunk, ingest, make_store, metric
 
 
@@ -115,12 +115,9 @@ def test_the_write_ahead_log_never_consumes_a_replay_twice_and_a_restart_forgets
     store.take_batch(0, 2)
     got, _ = store.take_batch(0, 2)
     assert ids(got) == [("x", False), ("win", True)]
-    before = state(store)
-    journal.close()
-    again, journal2 = open_store(path, batch_episodes=2, eta=4, max_staleness=4, positive=positive())
-    assert state(again) == before and list(again.ready) == ["y"]
+    again = restarted(path, store, journal, batch_episodes=2, eta=4, max_staleness=4, positive=positive())
+    assert list(again.ready) == ["y"]
     assert not again.positive.kept  # memory only (documented): a restart refills it from new successes
-    journal2.close()
 
 
 def test_the_audit_trail_notes_replays_apart_from_what_was_served(tmp_path):
