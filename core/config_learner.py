@@ -144,7 +144,10 @@ class LearnerSection(Section):
         0, ge=0, description="token budget of one batch (observation + generated tokens): the buffer fills a batch "
         "up to it, with at most buffer.batch_episodes episodes; 0: exactly buffer.batch_episodes episodes")
     cpus: CpuIds = Field(default_factory=list, description="CPU ids this role is pinned to; empty: any")
-    torch_threads: int = Field(1, ge=1, description="torch.set_num_threads")
+    torch_threads: int = Field(
+        0, ge=0, description="torch.set_num_threads; 0: torch's default (a thread per core the process may run on, "
+        "or OMP_NUM_THREADS, which torchrun sets to 1 for several ranks on a node). The count used is recorded "
+        "(learner.record), because it sets the order of the sums and a bit-exact replay needs the same")
     weights_dir: str = Field("", description="where pushed weights are written; empty: <run_dir>/weights")
     keep_weight_versions: int = Field(2, ge=1, description="pushed versions kept on disk")
     push_bucket_mb: int = Field(

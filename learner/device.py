@@ -17,11 +17,23 @@ from pathlib import Path
 
 import torch
 
+from turnstream.core.config_learner import LearnerSection
+
 log = logging.getLogger("turnstream.learner")
 
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "half": torch.float16, "fp16": torch.float16}
+
+
+def set_torch_threads(lc: LearnerSection) -> int:
+    """learner.torch_threads applied to this process; 0 keeps torch's default and writes the count it is back
+    into `lc`, so that the configuration the run records names the count its arithmetic depended on."""
+    if lc.torch_threads:
+        torch.set_num_threads(lc.torch_threads)
+    else:
+        lc.torch_threads = torch.get_num_threads()
+    return lc.torch_threads
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from turnstream.core.configtools import ConfigError
 from turnstream.learner import lora
 from turnstream.learner.checkpoint import sharded, store
 from turnstream.learner.checkpoint.layout import latest
-from turnstream.learner.device import attn_implementation, placement
+from turnstream.learner.device import attn_implementation, placement, set_torch_threads
 from turnstream.learner.parallel.ranks import broadcast, init_from_env, shutdown
 from turnstream.learner.rank_commands import follow
 from turnstream.learner.serve import serve
@@ -70,7 +70,7 @@ def build_trainer(cfg: Config, rank: int = 0, world: int = 1, checkpoint: Path |
 
 def start_rank(cfg: Config) -> tuple[int, int]:
     """This process's threads, seed (the critic's initial weights draw from it) and place among the ranks."""
-    torch.set_num_threads(cfg.learner.torch_threads)
+    set_torch_threads(cfg.learner)
     torch.manual_seed(cfg.run.seed)
     return init_from_env(cfg.learner.device)
 

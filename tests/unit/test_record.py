@@ -8,6 +8,7 @@ import torch
 
 from tests.learner_batches import synthetic_batch
 from turnstream.core.config import Config
+from turnstream.learner.device import set_torch_threads
 from turnstream.learner.record.format import incarnation_dir, lost_file, step_file
 from turnstream.learner.record.reader import RecordError, open_record
 from turnstream.learner.record.writer import StepRecorder, generator_state
@@ -105,3 +106,20 @@ def test_a_learner_started_afresh_supersedes_everything(tmp_path):
 def test_a_run_without_a_record_says_so(tmp_path):
     with pytest.raises(RecordError, match="learner.record = true"):
         open_record(tmp_path)
+
+
+def test_the_record_names_the_thread_count_torch_chose(tmp_path):
+    """learner.torch_threads = 0 leaves the count to torch, and the recorded config names the count used: a replay
+    on a machine of another size must sum in the same order."""
+    cfg = _config(tmp_path)
+    cfg.learner.torch_threads = 0
+    before = torch.get_num_threads()
+    try:
+        assert set_torch_threads(cfg.learner) == before == cfg.learner.torch_threads
+        StepRecorder.start(cfg, 0, world=1, resumed_from=None)
+        assert open_record(cfg.run_dir).first().config().learner.torch_threads == before
+        cfg.learner.torch_threads = 1
+        set_torch_threads(cfg.learner)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

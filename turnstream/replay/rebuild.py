@@ -15,6 +15,7 @@ import torch
 from turnstream.core.config import Config
 from turnstream.core.configtools import ConfigError
 from turnstream.learner.checkpoint.layout import version_of
+from turnstream.learner.device import set_torch_threads
 from turnstream.learner.main import build_trainer
 from turnstream.learner.record.reader import Record, RecordedStep, RecordError, open_record
 from turnstream.learner.record.writer import generator_state
@@ -106,7 +107,7 @@ def trainer_at(run_dir: str | Path, version: int, overrides: list[str] | None = 
     first = record.steps(start.version + 1, version)
     cfg = (record.incarnation_of(version) if version > record.first().start_version else record.first()).config(
         overrides)
-    torch.set_num_threads(cfg.learner.torch_threads)
+    set_torch_threads(cfg.learner)
     stepper = Stepper(build(cfg, start))
     for recorded in first:
         stepper.step(recorded)

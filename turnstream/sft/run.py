@@ -74,14 +74,13 @@ def render_all(transcripts: Iterable[str | dict], renderer: TranscriptRenderer) 
 def warm_start(transcripts: Iterable[str | dict], cfg: Config, output_dir: str | Path | None = None) -> SftReport:
     """Train cfg.model.path on `transcripts` (JSON lines or parsed {"messages": [...]} objects) as `cfg.sft` and
     `cfg.learner` say; write the result to `output_dir` (default: sft.output_dir, or <run_dir>/sft)."""
-    import torch
-
     from turnstream.actors.inference.chat_tokens import ChatTokens
+    from turnstream.learner.device import set_torch_threads
     from turnstream.sft.train import SftTrainer, require_empty
 
     out = Path(output_dir or cfg.sft.output_dir or cfg.run_dir / "sft")
     require_empty(out)
-    torch.set_num_threads(cfg.learner.torch_threads)
+    set_torch_threads(cfg.learner)
     renderer = TranscriptRenderer(ChatTokens(cfg.model.path), context_limit(cfg))
     items, refused = render_all(transcripts, renderer)
     reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(refused.items())) or "none"
