@@ -25,11 +25,11 @@ class CpuClock:
 
     def _read(self) -> tuple:
         pid = self.receiver_pid
-        return (_cpu_seconds(f"/proc/{os.getpid()}/stat"), _cpu_seconds(f"/proc/{pid}/stat"),
-                _cpu_seconds(f"/proc/{pid}/task/{pid}/stat"))
+        return (cpu_seconds(f"/proc/{os.getpid()}/stat"), cpu_seconds(f"/proc/{pid}/stat"),
+                cpu_seconds(f"/proc/{pid}/task/{pid}/stat"))
 
 
-def _cpu_seconds(stat_path: str) -> float | None:
+def cpu_seconds(stat_path: str) -> float | None:
     """utime + stime from a /proc stat file (the process's threads together, or one thread's)."""
     try:
         fields = Path(stat_path).read_text().rsplit(")", 1)[1].split()
