@@ -37,10 +37,10 @@ def group_cpu_seconds(pgid: int) -> float:
     total = 0.0
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            in_group = int(stat.read_text().rsplit(")", 1)[1].split()[2]) == pgid
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                total += cpu_seconds(str(stat)) or 0.0
         except (OSError, IndexError, ValueError):  # gone while read
             continue
-        total += (cpu_seconds(str(stat)) or 0.0) if in_group else 0.0
     return total
 
 
