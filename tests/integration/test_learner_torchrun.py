@@ -67,6 +67,8 @@ def _train(tmp_path: Path, tiny_model, vllm_url: str, ranks: int, parallel: str 
     cfg.learner.max_tokens_per_microbatch = 6  # one episode per micro-batch: each rank gets its share
     cfg.learner.max_steps = STEPS
     cfg.learner.checkpoint_every = STEPS
+    # torchrun's ranks run a thread each; one rank with more would sum in another order than the ranks' compare
+    cfg.learner.torch_threads = 1
     cfg.learner.lora = lora
     tmp_path.mkdir(parents=True)
     path = tmp_path / "config.toml"
