@@ -29,13 +29,19 @@ class CpuClock:
                 cpu_seconds(f"/proc/{pid}/task/{pid}/stat"))
 
 
-def cpu_seconds(stat_path: str) -> float | None:
-    """utime + stime from a /proc stat file (the process's threads together, or one thread's)."""
+def stat_fields(stat_path: str) -> list[str] | None:
+    """The fields of a /proc stat file after the command name (state first, then ppid, pgrp, ...)."""
     try:
-        fields = Path(stat_path).read_text().rsplit(")", 1)[1].split()
+        return Path(stat_path).read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(stat_path: str, fields: list[str] | None = None) -> float | None:
+    """utime + stime from a /proc stat file (the process's threads together, or one thread's), or from its
+    fields already read."""
+    fields = fields or stat_fields(stat_path)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 RECEIVER = r"""
 import sys, zmq

@@ -17,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-from turnstream.bench.dataplane_receivers import cpu_seconds
+from turnstream.bench.dataplane_receivers import cpu_seconds, stat_fields
 
 log = logging.getLogger("turnstream.bench.executor")
 EXECUTORS = ("mp", "uni")
@@ -36,11 +36,9 @@ def group_cpu_seconds(pgid: int) -> float:
     """CPU seconds of every live process in a process group (a started child leads its own)."""
     total = 0.0
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == pgid:
-                total += cpu_seconds(str(stat)) or 0.0
-        except (OSError, IndexError, ValueError):  # gone while read
-            continue
+        fields = stat_fields(str(stat))  # None: gone while read
+        if fields is not None and int(fields[2]) == pgid:
+            total += cpu_seconds(str(stat), fields) or 0.0
     return total
 
 
@@ -59,7 +57,8 @@ def run_one(executor: str, index: int, args) -> dict:
             stack.check_alive()
             if time.monotonic() - started > args.cap:
                 raise SystemExit(f"bench executor: {args.steps} steps not reached within {args.cap} s")
-            cpu.setdefault(seen, group_cpu_seconds(server.proc.pid))
+            if seen not in cpu:  # a /proc scan per new step, not per poll
+                cpu[seen] = group_cpu_seconds(server.proc.pid)
             time.sleep(0.1)
         cpu[seen] = group_cpu_seconds(server.proc.pid)
     steps = read_steps(cfg.run.run_dir)[: args.steps]
