@@ -7,8 +7,11 @@ shared machine's drift falls on both alike. Per run: wall seconds from the launc
 learner's mean step period (seconds between consecutive steps); for the recorded runs the record's bytes per 1,000
 episodes, the seconds each step's write took (it overlaps the weights' save for the push) and the seconds the
 step's publication waited for it, the share of the critical path recording costs. Then replays each
-recorded run (`turnstream replay`, with each of `--replay-jobs`) and compares its seconds with the run's. Prints a
-table, then one JSON line.
+recorded run (`turnstream replay`, with each of `--replay-jobs`) and compares its seconds with the run's two ways:
+against the learner's seconds from its start to the last replayed step (`replay_speedup`: the learner alone, as
+the replay retrains it), and against the whole run end to end (`replay_speedup_end_to_end`: the vLLM server's
+start, measured once on the shared server, plus the launcher's start to that step: what running the same steps
+again costs a user). Prints a table, then one JSON line.
 """
 from __future__ import annotations
 
@@ -62,7 +65,7 @@ def run_one(record: bool, index: int, url: str, args) -> dict:
     times = [s["time"] for s in steps]
     episodes = sum(s["episodes"] for s in steps)
     out = {"record": record, "run_dir": cfg.run.run_dir, "steps": len(steps), "episodes": episodes,
-           "wall_s": round(times[-1] - t0, 2),
+           "launched_at": t0, "wall_s": round(times[-1] - t0, 2),
            "step_period_s": round((times[-1] - times[0]) / max(1, len(times) - 1), 3),
            "step_s": round(statistics.mean(s["step_s"] for s in steps), 3)}
     if record:
@@ -75,13 +78,24 @@ def run_one(record: bool, index: int, url: str, args) -> dict:
     return out
 
 
-def replay(run_dir: str, jobs: int) -> dict:
+def replay(run: dict, jobs: int, server_start_s: float | None) -> dict:
+    """`turnstream replay` of a recorded run, and its seconds against the run's end to end (null without the
+    server's start: a server given by --url)."""
+    from turnstream.report import steps_by_version
+
+    run_dir = run["run_dir"]
     done = subprocess.run([sys.executable, "-m", "turnstream.cli", "replay", run_dir, "--jobs", str(jobs)],
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"bench record: replay of {run_dir} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    return {k: summary[k] for k in ("equal", "checkpoints_compared", "steps", "replay_s", "run_s", "speedup")}
+    out = {k: summary[k] for k in ("equal", "checkpoints_compared", "steps", "replay_s", "run_s", "speedup")}
+    last_step_at = steps_by_version(run_dir)[summary["to"]]["time"]
+    out["run_end_to_end_s"] = None if server_start_s is None else round(
+        server_start_s + last_step_at - run["launched_at"], 2)
+    out["speedup_end_to_end"] = None if server_start_s is None else round(
+        out["run_end_to_end_s"] / summary["replay_s"], 2)
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -97,9 +111,15 @@ def main(argv: list[str]) -> int:
     ensure_model(args.model)
     procs = ProcessGroup(out)
     runs: list[dict] = []
+    server_start_s = None
     try:
-        url = args.url or start_vllm_server(procs, str(Path(args.model).resolve()),
-                                            VllmSection(max_model_len=MAX_MODEL_LEN), name="vllm-bench")
+        if args.url:
+            url = args.url
+        else:
+            began = time.monotonic()
+            url = start_vllm_server(procs, str(Path(args.model).resolve()), VllmSection(max_model_len=MAX_MODEL_LEN),
+                                    name="vllm-bench")
+            server_start_s = round(time.monotonic() - began, 2)
         for pair in range(args.pairs):
             for record in ((False, True) if pair % 2 == 0 else (True, False)):  # ABBA
                 runs.append(run_one(record, len(runs), url, args))
@@ -108,7 +128,7 @@ def main(argv: list[str]) -> int:
         procs.stop_all()
     for r in runs:
         if r["record"]:
-            r["replay"] = {jobs: replay(r["run_dir"], jobs) for jobs in args.replay_jobs}
+            r["replay"] = {jobs: replay(r, jobs, server_start_s) for jobs in args.replay_jobs}
     (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
     off = [r for r in runs if not r["record"]]
     on = [r for r in runs if r["record"]]
@@ -132,7 +152,10 @@ def main(argv: list[str]) -> int:
         "record_wait_share_pct": round(100 * statistics.mean(r["record_wait_s"] / r["step_period_s"] for r in on), 2),
         "record_bytes_per_1000_episodes": round(statistics.mean(r["record_bytes_per_1000_episodes"] for r in on)),
         "replay_equal": all(x["equal"] for r in on for x in r["replay"].values()),
-        "replay_speedup": {f"jobs_{j}": [r["replay"][j]["speedup"] for r in on] for j in args.replay_jobs}}
+        "replay_speedup": {f"jobs_{j}": [r["replay"][j]["speedup"] for r in on] for j in args.replay_jobs},
+        "server_start_s": server_start_s,
+        "replay_speedup_end_to_end": {f"jobs_{j}": [r["replay"][j]["speedup_end_to_end"] for r in on]
+                                      for j in args.replay_jobs}}
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -15,6 +15,7 @@ from turnstream.learner.main import build_trainer, start_rank
 from turnstream.learner.rank_commands import save_checkpoint
 from turnstream.learner.record.reader import open_record
 from turnstream.learner.record.writer import StepRecorder, generator_state
+from turnstream.replay.compare import part_of
 from turnstream.replay.rebuild import trainer_at
 
 
@@ -62,6 +63,8 @@ def test_a_replay_equals_every_checkpoint_across_a_learner_restart(tmp_path, cap
     assert code == 0, lines
     assert [c["version"] for c in summary["checkpoints"]] == [2, 4, 6]
     assert summary["equal"] and summary["max_abs_diff"] == 0.0 and summary["rng_mismatches"] == 0
+    # the process's numpy and python generators differ from version 0 on (nothing seeds them): not a difference
+    assert all(c["differing"] == 0 and c["first_difference"] == "" for c in summary["checkpoints"])
     assert (summary["from"], summary["to"], summary["steps"], summary["superseded"]) == (0, 7, 7, 1)
     assert sum(line.startswith("step ") and ": equal" in line for line in lines) == 3
     assert summary["stats"]["policy_loss"]["run"] == summary["stats"]["policy_loss"]["replay"]
@@ -74,6 +77,7 @@ def test_a_replay_from_a_checkpoint_and_an_ab_on_the_same_batches(tmp_path, caps
     assert code == 0 and summary["equal"] and (summary["from"], summary["to"]) == (4, 6)
     code, lines, summary = _replay(capsys, str(cfg.run_dir), "--set", "learner.lr=0.05")
     assert code == 0 and not summary["equal"] and summary["max_abs_diff"] > 0
+    assert part_of(summary["checkpoints"][-1]["first_difference"]) == "weights"
     assert "differs" in lines[-2] and summary["overrides"] == ["learner.lr=0.05"]
 
 

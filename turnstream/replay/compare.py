@@ -36,10 +36,15 @@ class Comparison:
         """Bit for bit, everything a step changes (the process RNG aside: no step draws from it)."""
         return all(ok for part, ok in self.parts.items() if part != "process_rng")
 
+    @property
+    def counted_differences(self) -> list[str]:
+        """The differing leaves that `equal` counts (the process RNG's are not)."""
+        return [n for n in self.differing if part_of(n) != "process_rng"]
+
     def summary(self) -> str:
         if self.equal:
             return f"equal ({self.compared} leaves: {', '.join(sorted(self.parts))}){self._process_rng_note()}"
-        first = next(n for n in self.differing if part_of(n) != "process_rng")
+        first = self.counted_differences[0]
         return (f"differs: {len(self.differing)} of {self.compared} leaves, first {first}, "
                 f"max |diff| {self.max_abs_diff:.3g} (parts differing: "
                 f"{', '.join(p for p, ok in sorted(self.parts.items()) if not ok)})")

@@ -154,8 +154,8 @@ def _replay(args, record, start, steps, cfg, started: float) -> int:
                     result = compare(checkpoints[recorded.version], mine)
                     shutil.rmtree(mine, ignore_errors=True)
                     results.append({"version": recorded.version, "equal": result.equal,
-                                    "max_abs_diff": result.max_abs_diff, "differing": len(result.differing),
-                                    "first_difference": next(iter(result.differing), "")})
+                                    "max_abs_diff": result.max_abs_diff, "differing": len(result.counted_differences),
+                                    "first_difference": next(iter(result.counted_differences), "")})
                     emit(f"step {recorded.version}: {result.summary()}", flush=True)
         if stats_file is not None:
             stats_file.close()
