@@ -70,6 +70,31 @@ def dp_worker(rank: int, world: int, init_file: str, cfg, out_dir: str, critic_p
         dist.destroy_process_group()
 
 
+def recorded_learner_life(cfg, batches: dict[int, int], stop_after: int) -> None:
+    """One learner process's life with learner.record on: resume, record and train `batches` (version -> batch
+    seed), checkpoint every `checkpoint_every` steps, and stop after step `stop_after` (a kill, where that step
+    is not a checkpoint's)."""
+    import json
+
+    from turnstream.learner.main import build_trainer, start_rank
+    from turnstream.learner.rank_commands import save_checkpoint
+    from turnstream.learner.record.writer import StepRecorder, generator_state
+
+    start_rank(cfg)  # threads and seed, as a learner process
+    _, trainer, resumed_from = build_trainer(cfg)
+    recorder = StepRecorder.start(cfg, trainer.version, 1, resumed_from)
+    while trainer.version < stop_after:
+        version = trainer.version + 1
+        batch = synthetic_batch(12, group=4, seed=batches[version], learner_version=trainer.version)
+        before = generator_state(trainer.generator)
+        stats = trainer.step(batch)
+        recorder.write_step(trainer.version, batch, before, stats["step_s"])
+        with (cfg.run_dir / "learner.jsonl").open("a") as f:
+            f.write(json.dumps(stats) + "\n")
+        if trainer.version % cfg.learner.checkpoint_every == 0:
+            save_checkpoint(cfg, trainer)
+
+
 def init_from_counts(tracker, key: str, successes: int, n: int) -> None:
     """An SPO tracker's offline initialisation from counts (docs/estimators.md, "SPO"):
     v0 = (s + 0.5)/(n + 1) with N_init = 1/(1 - rho_min) pseudo-counts; n = 0: the Jeffreys prior."""

@@ -8,33 +8,13 @@ import json
 
 import torch
 
-from tests.learner_batches import synthetic_batch, tiny_causal_lm
+from tests.learner_batches import recorded_learner_life, tiny_causal_lm
 from turnstream.cli import main as cli_main
 from turnstream.core.config import Config, LearnerSection
-from turnstream.learner.main import build_trainer, start_rank
-from turnstream.learner.rank_commands import save_checkpoint
+from turnstream.learner.main import build_trainer
 from turnstream.learner.record.reader import open_record
-from turnstream.learner.record.writer import StepRecorder, generator_state
 from turnstream.replay.compare import part_of
 from turnstream.replay.rebuild import trainer_at
-
-
-def _learner(cfg: Config, batches: dict[int, int], stop_after: int) -> None:
-    """One learner process's life: resume, record and train `batches` (version -> batch seed), checkpoint every
-    2 steps, and die after step `stop_after` without a checkpoint of it."""
-    start_rank(cfg)  # threads and seed, as a learner process
-    _, trainer, resumed_from = build_trainer(cfg)
-    recorder = StepRecorder.start(cfg, trainer.version, 1, resumed_from)
-    while trainer.version < stop_after:
-        version = trainer.version + 1
-        batch = synthetic_batch(12, group=4, seed=batches[version], learner_version=trainer.version)
-        before = generator_state(trainer.generator)
-        stats = trainer.step(batch)
-        recorder.write_step(trainer.version, batch, before, stats["step_s"])
-        with (cfg.run_dir / "learner.jsonl").open("a") as f:
-            f.write(json.dumps(stats) + "\n")
-        if trainer.version % cfg.learner.checkpoint_every == 0:
-            save_checkpoint(cfg, trainer)
 
 
 def _run(tmp_path, estimator: str = "spo") -> Config:
@@ -44,8 +24,8 @@ def _run(tmp_path, estimator: str = "spo") -> Config:
     cfg.learner = LearnerSection(estimator=estimator, lr=1e-2, max_tokens_per_microbatch=40, device="cpu",
                                  attn_implementation="eager", minibatches=2, checkpoint_every=2, keep_checkpoints=10,
                                  record=True)
-    _learner(cfg, {v: 100 + v for v in range(1, 6)}, stop_after=5)  # killed after step 5: checkpoint 4 is its last
-    _learner(cfg, {v: 200 + v for v in range(5, 8)}, stop_after=7)  # step 5 again, on another batch
+    recorded_learner_life(cfg, {v: 100 + v for v in range(1, 6)}, stop_after=5)  # killed after step 5: checkpoint 4 is its last
+    recorded_learner_life(cfg, {v: 200 + v for v in range(5, 8)}, stop_after=7)  # step 5 again, on another batch
     return cfg
 
 
