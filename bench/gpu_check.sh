@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One short GPU check of the learner (about 3-4 minutes on an H100/H200; every stage has its own timeout,
-# 7 minutes in all at most): the GPU tests, then the 1.5B learner benchmark at 4096-token packed
-# micro-batches, without and with activation checkpointing, and (optional) with flex attention.
+# 7.5 minutes in all at most): the GPU tests (with how close a replay of a recorded CUDA run comes to its
+# checkpoints), then the 1.5B learner benchmark at 4096-token packed micro-batches, without and with
+# activation checkpointing, and (optional) with flex attention.
 # Needs no network, no vLLM, no pip.
 #
 #   bash bench/gpu_check.sh            # results in $OUT (default: runs/gpu_check)
@@ -60,7 +61,7 @@ EOF
 
 status=0
 echo "== GPU tests (tests/gpu, marker gpu) =="
-timeout 120 "$PY" -m pytest tests/gpu -m gpu -rs -q -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" \
+timeout 150 "$PY" -m pytest tests/gpu -m gpu -rs -q -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" \
     | tee "$OUT/gpu_tests.txt"
 tests_rc=${PIPESTATUS[0]}
 [ "$tests_rc" -eq 0 ] || status=1
@@ -82,8 +83,15 @@ bench 1.5b_flex 90 0 --attn flex_attention
 
 "$PY" - "$OUT" "$tests_rc" "$(( $(date +%s) - started ))" <<'EOF' | tee "$OUT/summary.json"
 import json, sys
+import xml.etree.ElementTree as ET
 out, tests_rc, wall = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 summary = {"gpu_check": "done", "tests_rc": tests_rc, "wall_s": wall}
+try:  # the replay test's figures (record_property), by case: default kernels and deterministic
+    cases = ET.parse(f"{out}/gpu_tests.xml").iter("testcase")
+    summary["replay"] = {c.get("name"): {p.get("name"): p.get("value") for p in c.iter("property")}
+                         for c in cases if "cuda_replay" in c.get("name", "")}
+except (OSError, ET.ParseError) as exc:
+    summary["replay"] = f"no result: {exc!r}"
 for name in ("1.5b", "1.5b_checkpointing", "1.5b_flex"):
     try:
         r = json.load(open(f"{out}/bench_{name}.json"))

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from tests.learner_batches import recorded_learner_life, tiny_causal_lm
-from turnstream.cli import main as cli_main
 from turnstream.core.config import Config, LearnerSection
 
 pytestmark = [pytest.mark.gpu,
@@ -36,10 +37,13 @@ def recorded_cuda_run(tmp_path, device: str = "cuda") -> Config:
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["default-kernels", "deterministic"])
-def test_a_cuda_replay_says_how_close_it_comes(tmp_path, capsys, record_property, deterministic):
+def test_a_cuda_replay_says_how_close_it_comes(tmp_path, record_property, deterministic):
     cfg = recorded_cuda_run(tmp_path)
-    code = cli_main(["replay", str(cfg.run_dir), *(["--deterministic"] if deterministic else [])])
-    lines = capsys.readouterr().out.strip().splitlines()
+    # a process of its own, as a user runs it: --deterministic configures cuBLAS before CUDA starts
+    done = subprocess.run([sys.executable, "-m", "turnstream.cli", "replay", str(cfg.run_dir),
+                           *(["--deterministic"] if deterministic else [])], capture_output=True, text=True)
+    code, lines = done.returncode, done.stdout.strip().splitlines()
+    assert lines, done.stderr[-2000:]
     summary = json.loads(lines[-1])
     record_property("replay_equal", summary["equal"])
     record_property("replay_max_abs_diff", summary["max_abs_diff"])
