@@ -81,7 +81,7 @@ def run_one(record: bool, index: int, url: str, args) -> dict:
 def replay(run: dict, jobs: int, server_start_s: float | None) -> dict:
     """`turnstream replay` of a recorded run, and its seconds against the run's end to end (null without the
     server's start: a server given by --url)."""
-    from turnstream.report import steps_by_version
+    from turnstream.learner.record.reader import open_record
 
     run_dir = run["run_dir"]
     done = subprocess.run([sys.executable, "-m", "turnstream.cli", "replay", run_dir, "--jobs", str(jobs)],
@@ -90,7 +90,7 @@ def replay(run: dict, jobs: int, server_start_s: float | None) -> dict:
         raise SystemExit(f"bench record: replay of {run_dir} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     out = {k: summary[k] for k in ("equal", "checkpoints_compared", "steps", "replay_s", "run_s", "speedup")}
-    last_step_at = steps_by_version(run_dir)[summary["to"]]["time"]
+    last_step_at = open_record(run_dir).step(summary["to"]).time
     out["run_end_to_end_s"] = None if server_start_s is None else round(
         server_start_s + last_step_at - run["launched_at"], 2)
     out["speedup_end_to_end"] = None if server_start_s is None else round(
