@@ -24,8 +24,9 @@ def _run(tmp_path, estimator: str = "spo") -> Config:
     cfg.learner = LearnerSection(estimator=estimator, lr=1e-2, max_tokens_per_microbatch=40, device="cpu",
                                  attn_implementation="eager", minibatches=2, checkpoint_every=2, keep_checkpoints=10,
                                  record=True)
-    recorded_learner_life(cfg, {v: 100 + v for v in range(1, 6)}, stop_after=5)  # killed after step 5: checkpoint 4 is its last
-    recorded_learner_life(cfg, {v: 200 + v for v in range(5, 8)}, stop_after=7)  # step 5 again, on another batch
+    # killed after step 5: checkpoint 4 is its last; then step 5 again, on another batch
+    recorded_learner_life(cfg, {v: 100 + v for v in range(1, 6)}, stop_after=5)
+    recorded_learner_life(cfg, {v: 200 + v for v in range(5, 8)}, stop_after=7)
     return cfg
 
 

@@ -45,7 +45,7 @@ class Comparison:
         if self.equal:
             return f"equal ({self.compared} leaves: {', '.join(sorted(self.parts))}){self._process_rng_note()}"
         first = self.counted_differences[0]
-        return (f"differs: {len(self.differing)} of {self.compared} leaves, first {first}, "
+        return (f"differs: {len(self.counted_differences)} of {self.compared} leaves, first {first}, "
                 f"max |diff| {self.max_abs_diff:.3g} (parts differing: "
                 f"{', '.join(p for p, ok in sorted(self.parts.items()) if not ok)})")
 
