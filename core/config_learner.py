@@ -106,6 +106,12 @@ class LearnerSection(Section):
         "vocabulary), counted in units of its maximum (log of the number of choices). Keeps multi-turn tasks out of "
         "observation-blind attractors such as \"always one side\" (BENCHMARKS.md, \"The learner learns\", "
         "compares coefficients)")
+    entropy_weight: Literal["uniform", "outcome_variance"] = Field(
+        "uniform", description="how the entropy bonus is weighted per episode: uniform, or outcome_variance, "
+        "4 v (1 - v) with v SPO's estimate of the episode's task success (estimator spo): full where a task's outcome "
+        "is a coin toss (the attractor), little where it is already settled, so the bonus stops holding a policy near "
+        "uniform before its first successes and stops fighting the last steps to a sure answer (BENCHMARKS.md, "
+        "\"The entropy bonus\")")
     kl_coef: float = Field(0.0, ge=0, description="k3 KL to the frozen initial model in the loss; 0: no reference "
                            "model is loaded")
     agent_norm: bool = Field(False, description="Dr. MAS: normalise advantages per agent id (when batches carry "
@@ -190,4 +196,6 @@ class LearnerSection(Section):
         require(self.critic.whiten != "microbatch" or self.epochs * self.minibatches == 1, "critic.whiten",
                 "microbatch reads the critic in the training forward, which needs one optimizer step per batch "
                 "(epochs = minibatches = 1)")
+        require(self.entropy_weight != "outcome_variance" or self.estimator == "spo", "entropy_weight",
+                "outcome_variance weighs by SPO's per-task success estimate, which needs estimator = \"spo\"")
         return self

@@ -66,10 +66,11 @@ def microbatch_loss(cfg: LearnerSection, x: StepInputs, mb: MicroBatch, logp: to
         mask_low=cfg.is_mask_low, mask_high=cfg.is_mask_high, seq_index=here(x.tb.act_episode),
         ratio_group=None if x.ratio_group is None else here(x.ratio_group), token_weights=w)
     stats["entropy"] = weighted_mean(w, entropy)
-    if cfg.entropy_coef:
+    if x.entropy_scale is not None:
         # in units of the largest entropy the token could have (log of its allowed set's size, or of the
-        # vocabulary), so one coefficient means the same for two actions as for a free-text vocabulary
-        loss = loss - cfg.entropy_coef * (w * entropy / here(x.max_entropy)).sum()
+        # vocabulary), so one coefficient means the same for two actions as for a free-text vocabulary, times
+        # the episode's weight (learner.entropy_weight)
+        loss = loss - cfg.entropy_coef * (w * entropy * here(x.entropy_scale)).sum()
     if x.ref_logp is not None:
         kl = kl_k3(logp, here(x.ref_logp))
         stats["ref_kl"] = weighted_mean(w, kl)

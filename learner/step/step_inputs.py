@@ -37,7 +37,7 @@ class StepInputs:
     values_from_forward: bool
     ref_logp: torch.Tensor | None  # log pi_ref, the frozen initial policy (kl_coef > 0)
     ratio_group: torch.Tensor | None  # a turn id: turn-level ratio (critic.turn_ratio)
-    max_entropy: torch.Tensor | None  # the entropy bonus's unit, log of the choice count (entropy_coef > 0)
+    entropy_scale: torch.Tensor | None  # the entropy bonus's weight over its unit (entropy_bonus.py; entropy_coef > 0)
     agent_ids: np.ndarray | None  # Dr. MAS agent-wise normalisation (agent_norm)
 
 

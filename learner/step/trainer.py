@@ -16,7 +16,8 @@ import torch
 
 from turnstream.core.config import LearnerSection
 from turnstream.learner.step import forward
-from turnstream.learner.step.batching import TensorBatch, logprobs_from_action_logits, max_entropy, to_tensors
+from turnstream.learner.step.batching import TensorBatch, logprobs_from_action_logits, to_tensors
+from turnstream.learner.step.entropy_bonus import entropy_scale
 from turnstream.learner.device import Placement, enable_checkpointing, keep_checkpointing_active, placement
 from turnstream.learner.estimators import compute as estimators
 from turnstream.learner.estimators.critic import PolicyAndValue
@@ -124,7 +125,7 @@ class Trainer:
         return StepInputs(batch, tb, allowed, advantages, prox_logp, prox_from_forward, old_values,
                           values_from_forward, ref_logp,
                           ratio_group=estimators.turn_groups(tb) if value_based and cfg.critic.turn_ratio else None,
-                          max_entropy=max_entropy(tb, self.vocab_size) if cfg.entropy_coef else None,
+                          entropy_scale=entropy_scale(cfg, batch, tb, self.tracker, self.vocab_size),
                           agent_ids=agent_ids)
 
     def _update(self, x: StepInputs, rows: torch.Tensor) -> dict[str, float]:

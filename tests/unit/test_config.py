@@ -115,6 +115,7 @@ BAD = [
     (["learner.spo.nope=1"], "learner.spo.nope"),
     (["learner.estimator=ppo"], "learner.estimator"),
     (["learner.critic.whiten=microbatch", "learner.epochs=2"], "learner.critic.whiten"),
+    (['learner.entropy_weight="outcome_variance"', 'learner.estimator="grpo"'], "learner.entropy_weight"),
     (["network.buffer_ingest_port=70000"], "network.buffer_ingest_port"),
     (["actor.temperature=0"], "actor.temperature"),
     (["vllm.urls=[1]"], "vllm.urls[0]"),

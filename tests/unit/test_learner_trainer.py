@@ -235,3 +235,40 @@ def test_entropy_bonus_counts_entropy_in_units_of_its_maximum():
     assert torch.allclose(max_entropy(tb, 64), torch.full((tb.act_tokens.numel(),), float(np.log(3))))
     tb.mask_id[:] = -1  # unrestricted: the whole vocabulary
     assert torch.allclose(max_entropy(tb, 64), torch.full((tb.act_tokens.numel(),), float(np.log(64))))
+
+
+def test_outcome_variance_weighs_the_bonus_by_how_uncertain_a_tasks_outcome_is():
+    """entropy_weight outcome_variance: 4 v (1 - v) of SPO's estimate v for the episode's task, over the unit; uniform
+    1 over the unit; no bonus, no scale. (Only with spo: tests/unit/test_config.py.)"""
+    from turnstream.learner.step.batching import max_entropy, to_tensors
+    from turnstream.learner.step.entropy_bonus import entropy_scale
+
+    batch = synthetic_batch(4, seed=9, allowed=(5, 6, 7))
+    tb = to_tensors(batch, 64)
+    tracker = SpoTracker()
+    tracker.state[batch.prompt_keys[0]] = (9.0, 1.0)  # v = 0.9: nearly settled
+    tracker.state[batch.prompt_keys[1]] = (1.0, 9.0)  # v = 0.1: failing so far
+    v = np.array([tracker.value(k) for k in batch.prompt_keys])  # unseen tasks: 0.5, a coin toss
+    expected = torch.from_numpy((4 * v * (1 - v)).astype(np.float32))[tb.act_episode] / max_entropy(tb, 64)
+    weighted = entropy_scale(cfg_for("spo", entropy_weight="outcome_variance"), batch, tb, tracker, 64)
+    assert torch.allclose(weighted, expected)
+    assert sorted(set(np.round(4 * v * (1 - v), 6))) == [0.36, 1.0]
+    assert torch.allclose(entropy_scale(cfg_for("spo"), batch, tb, tracker, 64), 1 / max_entropy(tb, 64))
+    assert entropy_scale(cfg_for("spo", entropy_coef=0.0), batch, tb, tracker, 64) is None
+
+
+def test_a_step_under_outcome_variance_trains_less_bonus_on_settled_tasks():
+    """The same batch, the bonus weighted uniformly and by outcome variance: a task the tracker holds as settled
+    (v near 1) gets almost no bonus, so the two steps differ, and with every task a coin toss (v = 1/2) they agree."""
+    batch = synthetic_batch(8, seed=3, allowed=(5, 6))
+
+    def params_after(weight: str, settled: bool) -> torch.Tensor:
+        trainer = Trainer(tiny_causal_lm(seed=0), cfg_for("spo", entropy_coef=0.5, entropy_weight=weight), seed=0)
+        if settled:
+            for k in batch.prompt_keys:
+                trainer.tracker.state[k] = (99.0, 1.0)
+        trainer.step(batch)
+        return torch.cat([p.detach().reshape(-1) for p in trainer._params()])
+
+    assert torch.equal(params_after("uniform", settled=False), params_after("outcome_variance", settled=False))
+    assert not torch.equal(params_after("uniform", settled=True), params_after("outcome_variance", settled=True))
