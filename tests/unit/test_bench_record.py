@@ -19,8 +19,7 @@ def test_the_replay_is_set_against_the_learner_and_the_run_end_to_end(tmp_path):
     launched_at = record.first().started - 3.0  # the launcher started the roles 3 s before the learner began
 
     out = replay({"run_dir": str(cfg.run_dir), "launched_at": launched_at}, jobs=1, server_start_s=10.0)
-    assert out["equal"] and out["steps"] == 4
-    assert out["speedup"] == round(out["run_s"] / out["replay_s"], 2)
+    assert out["equal"] and out["steps"] == 4 and out["speedup"] > 0  # the replay's own figure, passed on
     assert out["run_end_to_end_s"] == round(10.0 + record.step(4).time - launched_at, 2)
     assert out["run_end_to_end_s"] > out["run_s"] + 13.0 - 0.01
     assert out["speedup_end_to_end"] == round(out["run_end_to_end_s"] / out["replay_s"], 2)
