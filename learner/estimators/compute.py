@@ -143,7 +143,7 @@ def _from_outcomes(estimator: str, batch: Batch, tb: TensorBatch, tracker: SpoTr
     returns = np.asarray(batch.returns, np.float64)
     n_eps = tb.num_episodes
     if estimator == "spo":
-        baselines = np.array([tracker.value(k) for k in batch.prompt_keys])  # read before the update
+        baselines = tracker.values(batch.prompt_keys)  # read before the update
         episode_adv = normalize_advantages(returns - baselines, tb.tokens_per_episode, spo_normalize)
         baseline_mean = float(baselines.mean()) if n_eps else 0.0
     else:

@@ -26,6 +26,10 @@ class SpoTracker:
         alpha, beta = self.state.get(key, (0.5, 0.5))  # Jeffreys prior for an unseen prompt
         return alpha / (alpha + beta)
 
+    def values(self, keys: list[str]) -> np.ndarray:
+        """value() of each key, in order."""
+        return np.array([self.value(k) for k in keys], dtype=np.float64)
+
     def rho(self, divergence: float) -> float:
         raw = 2.0 ** (-divergence / self.d_half)
         return min(max(raw, self.rho_min), self.rho_max)

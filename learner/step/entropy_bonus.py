@@ -27,7 +27,7 @@ def _uniform(batch: Batch, tracker: SpoTracker) -> np.ndarray:
 
 
 def _outcome_variance(batch: Batch, tracker: SpoTracker) -> np.ndarray:
-    v = np.array([tracker.value(k) for k in batch.prompt_keys], dtype=np.float64)
+    v = tracker.values(batch.prompt_keys)
     return 4.0 * v * (1.0 - v)
 
 
