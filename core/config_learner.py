@@ -109,8 +109,9 @@ class LearnerSection(Section):
     entropy_weight: Literal["uniform", "outcome_variance"] = Field(
         "uniform", description="how the entropy bonus is weighted per episode: uniform, or outcome_variance, "
         "4 v (1 - v) with v SPO's estimate of the episode's task success (estimator spo): full where a task's outcome "
-        "is a coin toss (the attractor), little where it is already settled, so the bonus stops holding a policy near "
-        "uniform before its first successes and stops fighting the last steps to a sure answer (BENCHMARKS.md, "
+        "is a coin toss, little where it is already settled, so the bonus stops holding a policy near uniform before "
+        "its first successes and stops fighting the last steps to a sure answer; but it lets a policy into an "
+        "observation-blind trap whose tasks it always wins or always loses (goal_walk) (BENCHMARKS.md, "
         "\"The entropy bonus\")")
     kl_coef: float = Field(0.0, ge=0, description="k3 KL to the frozen initial model in the loss; 0: no reference "
                            "model is loaded")

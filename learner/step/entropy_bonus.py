@@ -4,10 +4,12 @@ token could have, so that the loss's bonus is entropy_coef * sum_t w_t * H_t * s
 Weights by episode (docs/estimators.md, "The entropy bonus"):
 - uniform: 1 for every episode;
 - outcome_variance: 4 v (1 - v), v SPO's success estimate of the episode's task read before the update (the
-  Bernoulli variance of its outcome, 1 at v = 1/2): the bonus stays where a task is a coin toss, which is where
-  an observation-blind policy settles ("always one side" succeeds half the time), and fades where the outcome is
-  settled, failing (before the first successes, where it would hold the policy at uniform) or succeeding (where
-  it would fight the last steps to a sure answer).
+  Bernoulli variance of its outcome, 1 at v = 1/2): the bonus stays where a task is a coin toss and fades where
+  the outcome is settled, failing (before the first successes, where it would hold the policy at uniform) or
+  succeeding (where it would fight the last steps to a sure answer). A settled outcome is not a learned one where
+  the task key tells apart the tasks an observation-blind policy always wins from those it always loses (goal_walk's
+  names the direction): there the weights fall to zero in the trap and leave the policy in it, which is why
+  uniform is the default.
 """
 from __future__ import annotations
 
