@@ -27,7 +27,7 @@ def test_default_learner_reads_the_observation(tiny_model):
 
 
 @pytest.mark.parametrize("learner", [{"entropy_coef": 0.0}, {"entropy_weight": "outcome_variance"}],
-                         ids=["no bonus", "bonus weighted by outcome variance"])
+                         ids=["no_bonus", "outcome_variance"])
 def test_without_the_uniform_entropy_bonus_the_policy_walks_one_way(tiny_model, learner):
     """The task has the trap the default avoids: without the bonus the policy turns near-deterministic and
     observation-blind within a few steps, and sits near the one-way success of one half. Weighted by each task's
