@@ -248,7 +248,7 @@ def test_outcome_variance_weighs_the_bonus_by_how_uncertain_a_tasks_outcome_is()
     tracker = SpoTracker()
     tracker.state[batch.prompt_keys[0]] = (9.0, 1.0)  # v = 0.9: nearly settled
     tracker.state[batch.prompt_keys[1]] = (1.0, 9.0)  # v = 0.1: failing so far
-    v = np.array([tracker.value(k) for k in batch.prompt_keys])  # unseen tasks: 0.5, a coin toss
+    v = tracker.values(batch.prompt_keys)  # unseen tasks: 0.5, a coin toss
     expected = torch.from_numpy((4 * v * (1 - v)).astype(np.float32))[tb.act_episode] / max_entropy(tb, 64)
     weighted = entropy_scale(cfg_for("spo", entropy_weight="outcome_variance"), batch, tb, tracker, 64)
     assert torch.allclose(weighted, expected)

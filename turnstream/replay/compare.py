@@ -44,8 +44,8 @@ class Comparison:
     def summary(self) -> str:
         if self.equal:
             return f"equal ({self.compared} leaves: {', '.join(sorted(self.parts))}){self._process_rng_note()}"
-        first = self.counted_differences[0]
-        return (f"differs: {len(self.counted_differences)} of {self.compared} leaves, first {first}, "
+        counted = self.counted_differences
+        return (f"differs: {len(counted)} of {self.compared} leaves, first {counted[0]}, "
                 f"max |diff| {self.max_abs_diff:.3g} (parts differing: "
                 f"{', '.join(p for p, ok in sorted(self.parts.items()) if not ok)})")
 
