@@ -298,11 +298,12 @@ def jsonl_lines(path: Path) -> list[dict]:
 
 
 def run_audited(cfg: Config, tmp_path: Path, vllm_url: str, tiny_model, done, progress,
-                timeout_s: float = 240.0) -> tuple[dict[str, float], list[dict], list[dict]]:
+                timeout_s: float = 240.0) -> tuple[dict[str, float], list[dict], list[dict], list[dict]]:
     """Run a buffer (audit trail on, metrics on a free port), a learner and an actor on the session's vLLM server
     until `done(learner steps)`, scrape the buffer's metrics, stop every role and put the served weights back.
-    Returns the metrics (scraped before the stop: the audit trail may hold a batch more), learner.jsonl's steps and
-    the buffer's audit trail. `progress(steps)` says how far it got when it times out."""
+    Returns the metrics (scraped before the stop: the audit trail may hold a batch more), learner.jsonl's steps
+    read just before the scrape (every one trained on batches the scraped counters already count), its steps at
+    the end, and the buffer's audit trail. `progress(steps)` says how far it got when it times out."""
     cfg.buffer.metrics_port = free_port()
     config = tmp_path / "run.toml"
     config.write_text(cfg.dumps())
@@ -311,11 +312,13 @@ def run_audited(cfg: Config, tmp_path: Path, vllm_url: str, tiny_model, done, pr
     try:
         start_run(procs, config, buffer_env={"TURNSTREAM_AUDIT": "1"})
         run_until(procs, lambda: done(jsonl_lines(steps_file)), lambda: progress(jsonl_lines(steps_file)), timeout_s)
+        steps_at_scrape = jsonl_lines(steps_file)
         metrics = scrape(f"http://127.0.0.1:{cfg.buffer.metrics_port}/metrics")
     finally:
         procs.stop_all()
         restore_served_weights(vllm_url, tiny_model, tmp_path)
-    return metrics, jsonl_lines(steps_file), jsonl_lines(Path(cfg.run.run_dir) / "audit" / "buffer.jsonl")
+    return (metrics, steps_at_scrape, jsonl_lines(steps_file),
+            jsonl_lines(Path(cfg.run.run_dir) / "audit" / "buffer.jsonl"))
 
 
 def assert_every_episode_left_once(audit: list[dict]) -> tuple[list[str], list[str]]:

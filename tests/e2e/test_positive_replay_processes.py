@@ -24,8 +24,8 @@ def test_successes_are_replayed_marked_within_the_bound_and_accounted_for(vllm_u
     def replayed(steps) -> int:
         return sum(s.get("replayed", 0) for s in steps)
 
-    metrics, steps, audit = run_audited(cfg, tmp_path, vllm_url, tiny_model, lambda steps: replayed(steps) >= 8,
-                                        lambda steps: f"{replayed(steps)} replays trained")
+    metrics, _, steps, audit = run_audited(cfg, tmp_path, vllm_url, tiny_model, lambda steps: replayed(steps) >= 8,
+                                           lambda steps: f"{replayed(steps)} replays trained")
     served, dropped = assert_every_episode_left_once(audit)
     replays = [e for r in audit if "replayed" in r for e in r["replayed"]]
     kept = [e for r in audit if "replayed" in r for e in r["kept_for_replay"]]
