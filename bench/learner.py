@@ -184,8 +184,8 @@ def main(argv: list[str]) -> int:
         if name.endswith("_microbatch"):  # no value pass: advantages whitened per micro-batch
             cfg.critic.whiten = "microbatch"
         trainer = Trainer(fresh(), cfg, seed=args.seed, critic_path=str(model_dir))
-        bare = BareLoop(fresh(), batch, args.max_tokens_per_microbatch, cfg.lr, placement(args.device, args.precision),
-                        packed=trainer.packed)
+        bare = BareLoop(fresh(), batch, args.max_tokens_per_microbatch, trainer.cfg.lr,
+                        placement(args.device, args.precision), packed=trainer.packed)
         bare.step(), trainer.step(batch)  # warm-up (allocator, kernels)
         # Interleave the two sides so both see the same machine load; the median pair ratio is reported.
         pairs = []

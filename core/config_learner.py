@@ -1,7 +1,7 @@
 """The [learner] table and its [learner.spo], [learner.critic], [learner.gigpo] and [learner.mars] subtables."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -11,6 +11,13 @@ from turnstream.core.configtools import require
 
 
 CRITIC_ESTIMATORS = ("turn_gae", "token_gae", "archer")  # the estimators that read a value function
+
+# "auto": the learner chooses the value from the size of the policy it trains (learner/scale_defaults.py)
+PositiveOrAuto = Annotated[float, Field(gt=0)] | Literal["auto"]
+NonNegativeOrAuto = Annotated[float, Field(ge=0)] | Literal["auto"]
+StepsOrAuto = Annotated[int, Field(ge=0)] | Literal["auto"]
+SCALE_AUTO = ("auto: from the size of the policy (learner/scale_defaults.py): {tiny} under 10M parameters (the tiny "
+              "model's, measured), {pretrained} from 10M up (a pretrained LLM's, the peer systems' recipes)")
 
 
 class SpoSection(Section):
@@ -40,8 +47,9 @@ class CriticSection(Section):
     mode: Literal["shared", "separate"] = Field(
         "shared", description="value head on the policy backbone, or a model of its own")
     path: str = Field("", description="separate critic's backbone checkpoint; empty: model.path")
-    lr: float = Field(1e-3, gt=0, description="the critic needs a higher learning rate than the actor (Turn-PPO "
-                      "ablations)")
+    lr: PositiveOrAuto = Field(
+        "auto", description="the critic's learning rate, higher than the actor's (Turn-PPO ablations). "
+        + SCALE_AUTO.format(tiny="1e-3", pretrained="1e-5"))
     value_coef: float = Field(0.5, ge=0, description="weight of the value loss next to the policy loss (shared mode)")
     value_clip: float = Field(0.2, ge=0, description="c_v of the pessimistic value clip; 0 disables clipping")
     gamma: float = Field(0.99, ge=0, le=1, description="discount")
@@ -86,8 +94,12 @@ class LearnerSection(Section):
         "(gigpo needs them served together: buffer.sampling = group, tasks.group_size >= 2); mars compares each "
         "turn with the same agent's turns in the batch (self-play); archer is a turn-level critic with one-step "
         "temporal-difference targets, which may also learn from older episodes (buffer.critic_replay)")
-    lr: float = Field(1e-3, gt=0, description="learning rate; 1e-3 serves both a model that cannot read yet (the random tiny model) and one that can (a warm-started one learns 2-2.5 times faster than at 3e-4: BENCHMARKS.md, \"From a model that can read\")")
-    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear learning-rate warm-up")
+    lr: PositiveOrAuto = Field(
+        "auto", description="learning rate. " + SCALE_AUTO.format(
+            tiny="1e-3", pretrained="1e-6 (1e-5 with learner.lora)"))
+    warmup_steps: StepsOrAuto = Field(
+        "auto", description="optimizer steps of linear learning-rate warm-up. " + SCALE_AUTO.format(
+            tiny="0", pretrained="10"))
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
     clip_low: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip below 1")
@@ -101,11 +113,12 @@ class LearnerSection(Section):
     is_mask_high: float = Field(5.0, ge=1, description="upper edge of the mask_* window")
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = Field(
         "token-mean", description="how token losses are averaged")
-    entropy_coef: float = Field(
-        0.2, ge=0, description="bonus on the sampling distribution's entropy (over the allowed-token set, else the "
-        "vocabulary), counted in units of its maximum (log of the number of choices). Keeps multi-turn tasks out of "
-        "observation-blind attractors such as \"always one side\" (BENCHMARKS.md, \"The learner learns\", "
-        "compares coefficients)")
+    entropy_coef: NonNegativeOrAuto = Field(
+        "auto", description="bonus on the sampling distribution's entropy (over the allowed-token set, else the "
+        "vocabulary), counted in units of its maximum (log of the number of choices). Keeps a model that cannot read "
+        "yet out of observation-blind attractors such as \"always one side\" (BENCHMARKS.md, \"The learner learns\", "
+        "compares coefficients); a pretrained model generating free text would be paid for rambling. "
+        + SCALE_AUTO.format(tiny="0.2", pretrained="0"))
     entropy_weight: Literal["uniform", "outcome_variance"] = Field(
         "uniform", description="how the entropy bonus is weighted per episode: uniform, or outcome_variance, "
         "4 v (1 - v) with v SPO's estimate of the episode's task success (estimator spo): full where a task's outcome "

@@ -61,14 +61,15 @@ def _one_line(error: dict, data: Any, path: str) -> str:
 
 def _dotted(loc: tuple, data: Any, path: str, missing: bool) -> str:
     """`vllm.urls[0]` for ('vllm', 'urls', 0). A tagged union adds its tag to pydantic's location
-    (('vllm', 'weight_sync', 'nccl', 'master_port')); a tag is no key of the input, so it is skipped. Only a
-    missing field is named that the input lacks."""
+    (('vllm', 'weight_sync', 'nccl', 'master_port')), and a union of a number and "auto" the name of the member
+    after the value (('learner', 'lr', 'constrained-float')); neither is a key of the input, so both are skipped.
+    Only a missing field is named that the input lacks."""
     where = path
     for i, part in enumerate(loc):
         if isinstance(part, int):
             where += f"[{part}]"
             data = data[part] if isinstance(data, list) and part < len(data) else None
-        elif not isinstance(data, dict) or part in data or (missing and i == len(loc) - 1):
+        elif data is None or isinstance(data, dict) and (part in data or (missing and i == len(loc) - 1)):
             where = _join(where, part)
             data = data.get(part) if isinstance(data, dict) else None
     return where

@@ -21,6 +21,7 @@ from turnstream.learner.checkpoint.layout import latest
 from turnstream.learner.device import attn_implementation, placement, set_torch_threads
 from turnstream.learner.parallel.ranks import broadcast, init_from_env, shutdown
 from turnstream.learner.rank_commands import follow
+from turnstream.learner.scale_defaults import resolved_settings
 from turnstream.learner.serve import serve
 from turnstream.learner.step.trainer import Trainer
 
@@ -62,6 +63,8 @@ def build_trainer(cfg: Config, rank: int = 0, world: int = 1, checkpoint: Path |
                       where=where)
     log.info("learner on %s, %s, attention %s, activation checkpointing %s", where.device, where.precision,
              model.config._attn_implementation, lc.activation_checkpointing)
+    if chosen := resolved_settings(lc, trainer.cfg):
+        log.info("for a policy of %d parameters, auto settings: %s", trainer.policy_parameters, chosen)
     if resume_from:
         store.restore(resume_from, trainer)
         log.info("resumed from %s at version %d", resume_from, trainer.version)

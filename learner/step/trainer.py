@@ -26,6 +26,7 @@ from turnstream.learner.step.loss import explained_variance, step_kl
 from turnstream.learner.step.objective import UpdateWeights, microbatch_loss, update_weights
 from turnstream.learner.step.packing import NothingToTrain, drop_untrainable, microbatches, shard
 from turnstream.learner.parallel.choose import strategy_for
+from turnstream.learner.scale_defaults import parameter_count, resolve
 from turnstream.learner.step.step_inputs import (StepInputs, fill_values, prox_from_training_forward, proximal_logp,
                                             values_from_training_forward)
 from turnstream.learner.step.step_stats import MeanMax, batch_stats, replayed_episodes
@@ -40,6 +41,8 @@ STEP_KL_EPISODES = 32  # episodes step_kl is measured on (all of a smaller batch
 class Trainer:
     def __init__(self, model, cfg: LearnerSection, seed: int = 0, *, critic_path: str = "", ref_model=None,
                  where: Placement | None = None):
+        self.policy_parameters = parameter_count(model)  # before fsdp2 shards the model
+        cfg = resolve(cfg, self.policy_parameters)
         self.where = where or placement(cfg.device, cfg.precision)
         self.device = self.where.device
         self.parallel = strategy_for(cfg.parallel, self.where)

@@ -1,0 +1,74 @@
+"""The learner settings left at "auto" follow the size of the policy: the tiny model's rates below ten million
+parameters, a pretrained LLM's from there up; a number in the config always wins."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from tests.learner_batches import tiny_causal_lm
+from turnstream.core.config import Config, LearnerSection, load_config
+from turnstream.learner.scale_defaults import (PRETRAINED, PRETRAINED_LORA, PRETRAINED_SCALE, TINY,
+                                               checkpoint_parameters, parameter_count, resolve)
+from turnstream.learner.step.trainer import Trainer
+
+
+def llm_sized_checkpoint(path) -> int:
+    """A random Qwen2 just past the pretrained scale (4 layers, 512 wide), saved; returns its parameter count."""
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+                         num_attention_heads=8, num_key_value_heads=8, head_dim=64, max_position_embeddings=256,
+                         pad_token_id=0, tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(config).to(torch.float32)
+    model.save_pretrained(path)
+    return parameter_count(model)
+
+
+def optimizer_rates(trainer: Trainer) -> list[float]:
+    return [group["lr"] for group in trainer.optimizer.param_groups]
+
+
+def test_the_defaults_are_auto_and_a_number_stays_as_given():
+    cfg = LearnerSection()
+    assert (cfg.lr, cfg.warmup_steps, cfg.entropy_coef, cfg.critic.lr) == ("auto",) * 4
+    given = LearnerSection(lr=3e-4, warmup_steps=5, entropy_coef=0.05)
+    assert resolve(given, 10 * PRETRAINED_SCALE).model_dump() == \
+        given.model_copy(update={"critic": given.critic.model_copy(update={"lr": PRETRAINED.critic_lr})}).model_dump()
+    cfg = load_config(None, ['learner.lr="auto"', "learner.entropy_coef=0.1"])
+    assert (cfg.learner.lr, cfg.learner.entropy_coef) == ("auto", 0.1)
+
+
+@pytest.mark.parametrize("parameters,lora,expected", [
+    (PRETRAINED_SCALE - 1, False, TINY), (PRETRAINED_SCALE - 1, True, TINY),
+    (PRETRAINED_SCALE, False, PRETRAINED), (PRETRAINED_SCALE, True, PRETRAINED_LORA)])
+def test_the_size_picks_the_rates(parameters, lora, expected):
+    lora_section = {"lora": {"rank": 8}} if lora else {}
+    cfg = resolve(LearnerSection.model_validate(lora_section), parameters)
+    assert (cfg.lr, cfg.warmup_steps, cfg.entropy_coef, cfg.critic.lr) == \
+        (expected.lr, expected.warmup_steps, expected.entropy_coef, expected.critic_lr)
+
+
+def test_the_trainer_of_the_tiny_model_keeps_the_tiny_rates():
+    trainer = Trainer(tiny_causal_lm(), LearnerSection(device="cpu"), seed=0)
+    assert optimizer_rates(trainer) == [TINY.lr]  # no warm-up: the first step at the full rate
+    assert trainer.cfg.entropy_coef == TINY.entropy_coef
+
+
+def test_the_learner_of_an_llm_sized_checkpoint_trains_at_a_pretrained_models_rates(tmp_path, caplog):
+    """The learner process's own builder (learner/main.py) on a checkpoint read from disk, with a value head."""
+    from turnstream.learner.main import build_trainer
+
+    parameters = llm_sized_checkpoint(tmp_path / "model")
+    assert parameters >= PRETRAINED_SCALE and checkpoint_parameters(tmp_path / "model") == parameters
+    cfg = Config()
+    cfg.model.path, cfg.run.run_dir = str(tmp_path / "model"), str(tmp_path / "run")
+    cfg.learner = LearnerSection(estimator="turn_gae", device="cpu", attn_implementation="eager")
+    with caplog.at_level(logging.INFO, logger="turnstream.learner"):
+        _, trainer, _ = build_trainer(cfg)
+    # the warm-up's first step runs at a tenth of the rate
+    assert optimizer_rates(trainer) == pytest.approx([PRETRAINED.lr / 10, PRETRAINED.critic_lr / 10])
+    assert trainer.cfg.entropy_coef == 0 and trainer.cfg.warmup_steps == PRETRAINED.warmup_steps
+    assert f"for a policy of {parameters} parameters, auto settings: lr 1e-06, warmup_steps 10, entropy_coef 0, " \
+           "critic.lr 1e-05" in caplog.text
