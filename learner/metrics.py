@@ -12,7 +12,7 @@ class LearnerMetrics:
     # batch (epochs = minibatches = 1), where the ratio is 1 by construction
     GAUGES = ("policy_loss", "step_kl", "approx_kl", "clip_fraction", "entropy", "is_weight_mean", "is_weight_max",
               "is_weight_truncated_fraction", "is_weight_masked_fraction", "return_mean", "grad_norm",
-              "value_loss", "value_clip_fraction", "explained_variance", "ref_kl", "tokens_per_s")
+              "value_loss", "value_clip_fraction", "explained_variance", "ref_kl", "tokens_per_s", "learning_rate")
 
     def __init__(self, registry: CollectorRegistry | None = None):
         r = self.registry = registry or CollectorRegistry()

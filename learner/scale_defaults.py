@@ -11,12 +11,13 @@ included (docs/learning.md, "Starting from a pretrained model").
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from turnstream.core.config import LearnerSection
 
 PRETRAINED_SCALE = 10_000_000  # parameters from which a policy is taken to be a pretrained language model
+AUTO_SETTINGS = ("lr", "warmup_steps", "entropy_coef", "critic.lr")  # [learner] keys that may be "auto"
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class ScaleDefaults:
     warmup_steps: int
     entropy_coef: float
     critic_lr: float
+
+    def value(self, setting: str) -> float:
+        return getattr(self, setting.replace(".", "_"))
 
 
 TINY = ScaleDefaults(lr=1e-3, warmup_steps=0, entropy_coef=0.2, critic_lr=1e-3)
@@ -54,21 +58,25 @@ def checkpoint_parameters(model_dir: str | Path) -> int:
     return total
 
 
+def _table_and_key(cfg: LearnerSection, setting: str):
+    *tables, key = setting.split(".")
+    for table in tables:
+        cfg = getattr(cfg, table)
+    return cfg, key
+
+
+def auto_settings(cfg: LearnerSection) -> list[str]:
+    return [setting for setting in AUTO_SETTINGS if getattr(*_table_and_key(cfg, setting)) == "auto"]
+
+
 def resolve(cfg: LearnerSection, parameters: int) -> LearnerSection:
-    """`cfg` with each "auto" among lr, warmup_steps, entropy_coef and critic.lr replaced by its value for a policy
-    of `parameters`; the settings given as numbers stay as given."""
-    chosen = asdict(defaults_for(parameters, cfg.lora is not None))
-    critic_lr = chosen.pop("critic_lr")
-    update = {name: value for name, value in chosen.items() if getattr(cfg, name) == "auto"}
-    if cfg.critic.lr == "auto":
-        update["critic"] = cfg.critic.model_copy(update={"lr": critic_lr})
-    return cfg.model_copy(update=update)
+    """A copy of `cfg` with each setting left at "auto" given its value for a policy of `parameters`."""
+    chosen, resolved = defaults_for(parameters, cfg.lora is not None), cfg.model_copy(deep=True)
+    for setting in auto_settings(cfg):
+        setattr(*_table_and_key(resolved, setting), chosen.value(setting))
+    return resolved
 
 
 def resolved_settings(before: LearnerSection, after: LearnerSection) -> str:
     """"lr 0.001, entropy_coef 0.2" for the settings that were "auto" in `before`; empty when none was."""
-    pairs = [(name, getattr(after, name)) for name in ("lr", "warmup_steps", "entropy_coef")
-             if getattr(before, name) == "auto"]
-    if before.critic.lr == "auto":
-        pairs.append(("critic.lr", after.critic.lr))
-    return ", ".join(f"{name} {value:g}" for name, value in pairs)
+    return ", ".join(f"{setting} {getattr(*_table_and_key(after, setting)):g}" for setting in auto_settings(before))

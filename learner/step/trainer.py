@@ -79,6 +79,7 @@ class Trainer:
 
     def step(self, batch: Batch) -> dict:
         started, cfg = time.monotonic(), self.cfg
+        lr = self.optimizer.param_groups[0]["lr"]  # the policy's rate for this step's first update (warm-up)
         batch, dropped = drop_untrainable(batch, cfg.max_tokens_per_microbatch, self.vocab_size)
         tb = to_tensors(batch, self.vocab_size, self.pad_id)
         self._set_eval()
@@ -100,7 +101,7 @@ class Trainer:
         self.parallel.end_step(self.net)
         step_s = time.monotonic() - started
         out.update(batch_stats(batch, tb, dropped), version=self.version, baseline_mean=x.advantages.baseline_mean,
-                   spo_rho_mean=rho_mean, step_s=step_s,
+                   spo_rho_mean=rho_mean, step_s=step_s, learning_rate=lr,
                    tokens_per_s=float(tb.attention_mask.sum()) * cfg.epochs / max(step_s, 1e-9))
         if x.old_values is not None:
             out.update(self._critic_stats(x))

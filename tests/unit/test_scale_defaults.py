@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from tests.learner_batches import tiny_causal_lm
+from tests.learner_batches import synthetic_batch, tiny_causal_lm
 from turnstream.core.config import Config, LearnerSection, load_config
 from turnstream.learner.scale_defaults import (PRETRAINED, PRETRAINED_LORA, PRETRAINED_SCALE, TINY,
                                                checkpoint_parameters, parameter_count, resolve)
@@ -34,8 +34,10 @@ def test_the_defaults_are_auto_and_a_number_stays_as_given():
     cfg = LearnerSection()
     assert (cfg.lr, cfg.warmup_steps, cfg.entropy_coef, cfg.critic.lr) == ("auto",) * 4
     given = LearnerSection(lr=3e-4, warmup_steps=5, entropy_coef=0.05)
-    assert resolve(given, 10 * PRETRAINED_SCALE).model_dump() == \
-        given.model_copy(update={"critic": given.critic.model_copy(update={"lr": PRETRAINED.critic_lr})}).model_dump()
+    resolved = resolve(given, 10 * PRETRAINED_SCALE)
+    assert (resolved.lr, resolved.warmup_steps, resolved.entropy_coef, resolved.critic.lr) == \
+        (3e-4, 5, 0.05, PRETRAINED.critic_lr)
+    assert given.critic.lr == "auto"  # resolved in a copy
     cfg = load_config(None, ['learner.lr="auto"', "learner.entropy_coef=0.1"])
     assert (cfg.learner.lr, cfg.learner.entropy_coef) == ("auto", 0.1)
 
@@ -54,6 +56,12 @@ def test_the_trainer_of_the_tiny_model_keeps_the_tiny_rates():
     trainer = Trainer(tiny_causal_lm(), LearnerSection(device="cpu"), seed=0)
     assert optimizer_rates(trainer) == [TINY.lr]  # no warm-up: the first step at the full rate
     assert trainer.cfg.entropy_coef == TINY.entropy_coef
+
+
+def test_each_step_reports_the_rate_it_trained_at_through_the_warm_up():
+    trainer = Trainer(tiny_causal_lm(), LearnerSection(device="cpu", warmup_steps=4), seed=0)
+    rates = [trainer.step(synthetic_batch(8, seed=i))["learning_rate"] for i in range(5)]
+    assert rates == pytest.approx([TINY.lr * k / 4 for k in (1, 2, 3, 4, 4)])
 
 
 def test_the_learner_of_an_llm_sized_checkpoint_trains_at_a_pretrained_models_rates(tmp_path, caplog):
