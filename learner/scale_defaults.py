@@ -51,8 +51,11 @@ def checkpoint_parameters(model_dir: str | Path) -> int:
     """The parameters of a Hugging Face checkpoint, read from its safetensors headers without loading a weight."""
     from safetensors import safe_open
 
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:  # a count of 0 would pass for the tiny model
+        raise FileNotFoundError(f"{model_dir}: no safetensors files to count the parameters of")
     total = 0
-    for path in Path(model_dir).glob("*.safetensors"):
+    for path in files:
         with safe_open(path, "pt") as tensors:
             total += sum(math.prod(tensors.get_slice(name).get_shape()) for name in tensors.keys())
     return total

@@ -52,6 +52,11 @@ def test_the_size_picks_the_rates(parameters, lora, expected):
         (expected.lr, expected.warmup_steps, expected.entropy_coef, expected.critic_lr)
 
 
+def test_a_checkpoint_without_weights_is_not_counted_as_tiny(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no safetensors files"):
+        checkpoint_parameters(tmp_path)
+
+
 def test_the_trainer_of_the_tiny_model_keeps_the_tiny_rates():
     trainer = Trainer(tiny_causal_lm(), LearnerSection(device="cpu"), seed=0)
     assert optimizer_rates(trainer) == [TINY.lr]  # no warm-up: the first step at the full rate
