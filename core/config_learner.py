@@ -1,6 +1,7 @@
 """The [learner] table and its [learner.spo], [learner.critic], [learner.gigpo] and [learner.mars] subtables."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -16,8 +17,37 @@ CRITIC_ESTIMATORS = ("turn_gae", "token_gae", "archer")  # the estimators that r
 PositiveOrAuto = Annotated[float, Field(gt=0)] | Literal["auto"]
 NonNegativeOrAuto = Annotated[float, Field(ge=0)] | Literal["auto"]
 StepsOrAuto = Annotated[int, Field(ge=0)] | Literal["auto"]
-SCALE_AUTO = ("auto: from the size of the policy (learner/scale_defaults.py): {tiny} under 10M parameters (the tiny "
-              "model's, measured), {pretrained} from 10M up (a pretrained LLM's, the peer systems' recipes)")
+PRETRAINED_SCALE = 10_000_000  # parameters from which a policy is taken to be a pretrained language model
+AUTO_SETTINGS = ("lr", "warmup_steps", "entropy_coef", "critic.lr")  # the [learner] keys that may be "auto"
+
+
+@dataclass(frozen=True)
+class ScaleDefaults:
+    """The values of AUTO_SETTINGS for one kind of policy."""
+
+    lr: float
+    warmup_steps: int
+    entropy_coef: float
+    critic_lr: float
+
+    def value(self, setting: str) -> float:
+        return getattr(self, setting.replace(".", "_"))
+
+
+# measured on the tiny model (BENCHMARKS.md, "The learner learns", "From a model that can read")
+TINY = ScaleDefaults(lr=1e-3, warmup_steps=0, entropy_coef=0.2, critic_lr=1e-3)
+# the peer systems' recipes for a pretrained LLM (TRL's GRPOConfig, veRL's actor and critic); not measured here
+PRETRAINED = ScaleDefaults(lr=1e-6, warmup_steps=10, entropy_coef=0.0, critic_lr=1e-5)
+PRETRAINED_LORA = ScaleDefaults(lr=1e-5, warmup_steps=10, entropy_coef=0.0, critic_lr=1e-5)
+
+
+def _scale_auto(setting: str) -> str:
+    """What "auto" means for `setting`, for its description."""
+    tiny, full, lora = (f"{d.value(setting):g}".replace("e-0", "e-") for d in (TINY, PRETRAINED, PRETRAINED_LORA))
+    pretrained = full if full == lora else f"{full} ({lora} with learner.lora)"
+    return (f"auto: from the size of the policy (learner/scale_defaults.py): {tiny} under {PRETRAINED_SCALE:,} "
+            f"parameters (the tiny model's, measured), {pretrained} from there up (a pretrained LLM's, the peer "
+            "systems' recipes)")
 
 
 class SpoSection(Section):
@@ -49,7 +79,7 @@ class CriticSection(Section):
     path: str = Field("", description="separate critic's backbone checkpoint; empty: model.path")
     lr: PositiveOrAuto = Field(
         "auto", description="the critic's learning rate, higher than the actor's (Turn-PPO ablations). "
-        + SCALE_AUTO.format(tiny="1e-3", pretrained="1e-5"))
+        + _scale_auto("critic.lr"))
     value_coef: float = Field(0.5, ge=0, description="weight of the value loss next to the policy loss (shared mode)")
     value_clip: float = Field(0.2, ge=0, description="c_v of the pessimistic value clip; 0 disables clipping")
     gamma: float = Field(0.99, ge=0, le=1, description="discount")
@@ -95,11 +125,9 @@ class LearnerSection(Section):
         "turn with the same agent's turns in the batch (self-play); archer is a turn-level critic with one-step "
         "temporal-difference targets, which may also learn from older episodes (buffer.critic_replay)")
     lr: PositiveOrAuto = Field(
-        "auto", description="learning rate. " + SCALE_AUTO.format(
-            tiny="1e-3", pretrained="1e-6 (1e-5 with learner.lora)"))
+        "auto", description="learning rate. " + _scale_auto("lr"))
     warmup_steps: StepsOrAuto = Field(
-        "auto", description="optimizer steps of linear learning-rate warm-up. " + SCALE_AUTO.format(
-            tiny="0", pretrained="10"))
+        "auto", description="optimizer steps of linear learning-rate warm-up. " + _scale_auto("warmup_steps"))
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
     clip_low: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip below 1")
@@ -118,7 +146,7 @@ class LearnerSection(Section):
         "vocabulary), counted in units of its maximum (log of the number of choices). Keeps a model that cannot read "
         "yet out of observation-blind attractors such as \"always one side\" (BENCHMARKS.md, \"The learner learns\", "
         "compares coefficients); a pretrained model generating free text would be paid for rambling. "
-        + SCALE_AUTO.format(tiny="0.2", pretrained="0"))
+        + _scale_auto("entropy_coef"))
     entropy_weight: Literal["uniform", "outcome_variance"] = Field(
         "uniform", description="how the entropy bonus is weighted per episode: uniform, or outcome_variance, "
         "4 v (1 - v) with v SPO's estimate of the episode's task success (estimator spo): full where a task's outcome "

@@ -1,39 +1,19 @@
-"""The learner settings left at "auto", chosen from the size of the policy being trained.
+"""The learner settings left at "auto" (core/config_learner.py, AUTO_SETTINGS), chosen from the size of the policy.
 
-The rates that teach a model of half a million parameters from random weights (the tiny model) would wreck a
-pretrained LLM in a few steps, and the entropy bonus that keeps the tiny model from collapsing onto one answer
-rewards a pretrained model for rambling. The size of the policy tells the two cases apart: nobody trains a
-pretrained LLM of under ten million parameters, and nobody here trains one of more from random weights. Below
-the line are the rates measured on the tiny model (BENCHMARKS.md, "The learner learns" and "From a model that
-can read"); above it are those the peer systems' recipes use for full fine-tuning and for LoRA, a critic's
-included (docs/learning.md, "Starting from a pretrained model").
+The rates that teach a model of half a million parameters from random weights (the tiny model) would move a
+pretrained LLM's weights a thousand times as far a step as the rates its recipes use, and the entropy bonus that
+keeps the tiny model from collapsing onto one answer would pay a pretrained model for rambling. The size of the
+policy tells the two apart: no pretrained language model in use has under ten million parameters, and this system
+does not train a larger one from random weights (docs/learning.md, "Starting from a pretrained model").
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 from turnstream.core.config import LearnerSection
-
-PRETRAINED_SCALE = 10_000_000  # parameters from which a policy is taken to be a pretrained language model
-AUTO_SETTINGS = ("lr", "warmup_steps", "entropy_coef", "critic.lr")  # [learner] keys that may be "auto"
-
-
-@dataclass(frozen=True)
-class ScaleDefaults:
-    lr: float
-    warmup_steps: int
-    entropy_coef: float
-    critic_lr: float
-
-    def value(self, setting: str) -> float:
-        return getattr(self, setting.replace(".", "_"))
-
-
-TINY = ScaleDefaults(lr=1e-3, warmup_steps=0, entropy_coef=0.2, critic_lr=1e-3)
-PRETRAINED = ScaleDefaults(lr=1e-6, warmup_steps=10, entropy_coef=0.0, critic_lr=1e-5)
-PRETRAINED_LORA = ScaleDefaults(lr=1e-5, warmup_steps=10, entropy_coef=0.0, critic_lr=1e-5)
+from turnstream.core.config_learner import (AUTO_SETTINGS, PRETRAINED, PRETRAINED_LORA, PRETRAINED_SCALE, TINY,
+                                            ScaleDefaults)
 
 
 def defaults_for(parameters: int, lora: bool) -> ScaleDefaults:

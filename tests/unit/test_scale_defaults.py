@@ -10,8 +10,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tests.learner_batches import synthetic_batch, tiny_causal_lm
 from turnstream.core.config import Config, LearnerSection, load_config
-from turnstream.learner.scale_defaults import (PRETRAINED, PRETRAINED_LORA, PRETRAINED_SCALE, TINY,
-                                               checkpoint_parameters, parameter_count, resolve)
+from turnstream.core.config_learner import PRETRAINED, PRETRAINED_LORA, PRETRAINED_SCALE, TINY
+from turnstream.learner.scale_defaults import checkpoint_parameters, parameter_count, resolve
 from turnstream.learner.step.trainer import Trainer
 
 
