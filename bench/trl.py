@@ -79,18 +79,17 @@ def trl_spec(task: str, seed: int, run_dir: Path, args):
     """TRL's run of a task: the caps and sampling settings are turnstream's config values, so both match."""
     from turnstream.bench.learning import run_config
     from turnstream.bench.trl_runner import TrlRunSpec
-
     from turnstream.learner.scale_defaults import checkpoint_parameters, resolve
 
     cfg = run_config(task, "spo", seed, "http://unused", _with_overrides(args, shared_settings(args)))
-    learner = resolve(cfg.learner, checkpoint_parameters(args.model))  # TRL is handed turnstream's rate as a number
+    learner = resolve(cfg.learner, checkpoint_parameters(args.model))  # TRL is handed turnstream's rates as numbers
     if cfg.actor.context_turns:
         raise SystemExit(f"bench trl: {task} restarts its context every {cfg.actor.context_turns} turns "
                          "(actor.context_turns), which the TRL runner does not")
     return TrlRunSpec(
         model=str(Path(args.model).resolve()), out=str(run_dir), env=cfg.env.name, env_args=cfg.env.args,
         seed=seed, batch_episodes=cfg.buffer.batch_episodes, group_size=args.group_size, lr=learner.lr,
-        max_grad_norm=learner.max_grad_norm, temperature=cfg.actor.temperature,
+        warmup_steps=learner.warmup_steps, max_grad_norm=learner.max_grad_norm, temperature=cfg.actor.temperature,
         max_new_tokens=cfg.actor.max_new_tokens, max_turns=cfg.actor.max_turns,
         max_context_tokens=cfg.vllm.max_model_len, window=args.window, target=args.target)
 

@@ -37,6 +37,7 @@ class TrlRunSpec:
     batch_episodes: int = 128  # buffer.batch_episodes: episodes per optimizer step
     group_size: int = 8  # TRL's num_generations (tasks.group_size of turnstream's group estimators)
     lr: float = 3e-4  # learner.lr
+    warmup_steps: int = 0  # learner.warmup_steps: linear warm-up to lr
     max_grad_norm: float = 1.0  # learner.max_grad_norm
     temperature: float = 1.0  # actor.temperature
     max_new_tokens: int = 16  # actor.max_new_tokens (capped per turn by the environment's max_action_tokens)
@@ -232,8 +233,8 @@ def run(spec: TrlRunSpec) -> Path:
     config = GRPOConfig(
         output_dir=str(out / "trl"), use_cpu=True, seed=spec.seed, bf16=False,
         per_device_train_batch_size=spec.batch_episodes, gradient_accumulation_steps=1,
-        num_generations=spec.group_size, learning_rate=spec.lr, lr_scheduler_type="constant",
-        warmup_steps=0, max_grad_norm=spec.max_grad_norm, temperature=spec.temperature,
+        num_generations=spec.group_size, learning_rate=spec.lr, lr_scheduler_type="constant_with_warmup",
+        warmup_steps=spec.warmup_steps, max_grad_norm=spec.max_grad_norm, temperature=spec.temperature,
         max_steps=spec.max_steps, logging_steps=1, save_strategy="no", report_to="none",
         dataloader_num_workers=0, disable_tqdm=True)
     model = AutoModelForCausalLM.from_pretrained(spec.model, dtype=torch.float32)

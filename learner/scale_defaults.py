@@ -48,8 +48,13 @@ def _table_and_key(cfg: LearnerSection, setting: str):
     return cfg, key
 
 
+def value_of(cfg: LearnerSection, setting: str):
+    """The value of a dotted [learner] key, e.g. "critic.lr"."""
+    return getattr(*_table_and_key(cfg, setting))
+
+
 def auto_settings(cfg: LearnerSection) -> list[str]:
-    return [setting for setting in AUTO_SETTINGS if getattr(*_table_and_key(cfg, setting)) == "auto"]
+    return [setting for setting in AUTO_SETTINGS if value_of(cfg, setting) == "auto"]
 
 
 def resolve(cfg: LearnerSection, parameters: int) -> LearnerSection:
@@ -62,4 +67,4 @@ def resolve(cfg: LearnerSection, parameters: int) -> LearnerSection:
 
 def resolved_settings(before: LearnerSection, after: LearnerSection) -> str:
     """"lr 0.001, entropy_coef 0.2" for the settings that were "auto" in `before`; empty when none was."""
-    return ", ".join(f"{setting} {getattr(*_table_and_key(after, setting)):g}" for setting in auto_settings(before))
+    return ", ".join(f"{setting} {value_of(after, setting):g}" for setting in auto_settings(before))

@@ -10,8 +10,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tests.learner_batches import synthetic_batch, tiny_causal_lm
 from turnstream.core.config import Config, LearnerSection, load_config
-from turnstream.core.config_learner import PRETRAINED, PRETRAINED_LORA, PRETRAINED_SCALE, TINY
-from turnstream.learner.scale_defaults import checkpoint_parameters, parameter_count, resolve
+from turnstream.core.config_learner import AUTO_SETTINGS, PRETRAINED, PRETRAINED_LORA, PRETRAINED_SCALE, TINY
+from turnstream.learner.scale_defaults import checkpoint_parameters, parameter_count, resolve, value_of
 from turnstream.learner.step.trainer import Trainer
 
 
@@ -26,17 +26,18 @@ def llm_sized_checkpoint(path) -> int:
     return parameter_count(model)
 
 
+def auto_values(cfg: LearnerSection) -> list:
+    return [value_of(cfg, setting) for setting in AUTO_SETTINGS]
+
+
 def optimizer_rates(trainer: Trainer) -> list[float]:
     return [group["lr"] for group in trainer.optimizer.param_groups]
 
 
 def test_the_defaults_are_auto_and_a_number_stays_as_given():
-    cfg = LearnerSection()
-    assert (cfg.lr, cfg.warmup_steps, cfg.entropy_coef, cfg.critic.lr) == ("auto",) * 4
+    assert auto_values(LearnerSection()) == ["auto"] * 4
     given = LearnerSection(lr=3e-4, warmup_steps=5, entropy_coef=0.05)
-    resolved = resolve(given, 10 * PRETRAINED_SCALE)
-    assert (resolved.lr, resolved.warmup_steps, resolved.entropy_coef, resolved.critic.lr) == \
-        (3e-4, 5, 0.05, PRETRAINED.critic_lr)
+    assert auto_values(resolve(given, 10 * PRETRAINED_SCALE)) == [3e-4, 5, 0.05, PRETRAINED.critic_lr]
     assert given.critic.lr == "auto"  # resolved in a copy
     cfg = load_config(None, ['learner.lr="auto"', "learner.entropy_coef=0.1"])
     assert (cfg.learner.lr, cfg.learner.entropy_coef) == ("auto", 0.1)
@@ -48,8 +49,7 @@ def test_the_defaults_are_auto_and_a_number_stays_as_given():
 def test_the_size_picks_the_rates(parameters, lora, expected):
     lora_section = {"lora": {"rank": 8}} if lora else {}
     cfg = resolve(LearnerSection.model_validate(lora_section), parameters)
-    assert (cfg.lr, cfg.warmup_steps, cfg.entropy_coef, cfg.critic.lr) == \
-        (expected.lr, expected.warmup_steps, expected.entropy_coef, expected.critic_lr)
+    assert auto_values(cfg) == [expected.value(setting) for setting in AUTO_SETTINGS]
 
 
 def test_a_checkpoint_without_weights_is_not_counted_as_tiny(tmp_path):
