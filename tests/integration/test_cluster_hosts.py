@@ -37,13 +37,15 @@ ACTOR_CLIENT = textwrap.dedent("""
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(address)
 
-    def reply():
-        if not sock.poll(wait_s * 1000):
-            return "timeout"
-        msg = decode(sock.recv_multipart())
-        if isinstance(msg, CreditGrant):
-            return {"credits": msg.credits}
-        return {"acks": [[s, AckBatch.STATUSES[c]] for s, c in zip(msg.seq.tolist(), msg.status.tolist())]}
+    def reply(acks_only=False):
+        # a buffer may grant credits in more than one message: after a chunk, only its ack is the reply
+        while sock.poll(wait_s * 1000):
+            msg = decode(sock.recv_multipart())
+            if not isinstance(msg, CreditGrant):
+                return {"acks": [[s, AckBatch.STATUSES[c]] for s, c in zip(msg.seq.tolist(), msg.status.tolist())]}
+            if not acks_only:
+                return {"credits": msg.credits}
+        return "timeout"
 
     sock.send_multipart(encode(CreditRequest("actor-far", 1, slots=4)))
     print(json.dumps(reply()), flush=True)
@@ -56,7 +58,7 @@ ACTOR_CLIENT = textwrap.dedent("""
                               gen_tokens=np.asarray([7], np.int32), gen_logprobs=np.full(1, -0.5, np.float32),
                               gen_versions=np.zeros(1, np.int32), reward=1.0, done=True)
             sock.send_multipart(encode(pack([chunk])))
-        print(json.dumps(reply()), flush=True)   # "wait": only read what arrives
+        print(json.dumps(reply(acks_only=command == "send")), flush=True)   # "wait": only read what arrives
 """)
 
 
