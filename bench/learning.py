@@ -173,6 +173,7 @@ def summarize_run(task: str, estimator: str, seed: int, steps: list[dict], windo
     span = upto[-1]["time"] - t0 if upto else 0.0
     return {"task": task, "estimator": estimator, "seed": seed,
             "episodes_to_target": reached[0] if reached else None, "wall_s_to_target": reached[1] if reached else None,
+            "floor_s": round(_learner_ready(steps[0]) - t0 + sum(s["step_s"] for s in upto), 1) if reached else None,
             "first_step_s": round(steps[0].get("step_started", steps[0]["time"]) - t0, 1) if steps else None,
             "learner_busy": round(sum(s.get("step_s", 0.0) for s in upto) / span, 3) if span > 0 else None,
             "dropped_stale": sum(s.get("dropped_stale", 0) for s in upto),  # episodes, in the same span
@@ -188,6 +189,13 @@ def summarize_run(task: str, estimator: str, seed: int, steps: list[dict], windo
             "entropy_end": round(steps[-1]["entropy"], 3) if steps else None,
             "step_kl_max": round(max((s.get("step_kl", 0.0) for s in steps), default=0.0), 4),
             "curve": curve(steps, window)}
+
+
+def _learner_ready(first: dict) -> float:
+    """When the learner began to wait for its first batch (a peer's runner that does not wait: its first rollout).
+    From there to the target, a run whose sampling cost nothing would spend only its steps' own seconds: the
+    floor no sampling path can take a run below, where step_s is the learner's alone (a synchronous run's)."""
+    return first["step_started"] - first.get("wait_s", 0.0)
 
 
 def curve(steps: list[dict], window: int) -> list[list[float]]:
@@ -236,6 +244,7 @@ def aggregate(records: list[dict]) -> dict:
             "reached": len(hit), "seeds": len(rs),
             "episodes_median": statistics.median(r["episodes_to_target"] for r in hit) if hit else None,
             "wall_s_median": statistics.median(r["wall_s_to_target"] for r in hit) if hit else None,
+            "floor_s_median": _median_of(r.get("floor_s") for r in hit),
             "success_end_mean": round(statistics.mean(r["success_end"] for r in rs), 3),
             "first_step_s_median": _median_of(r.get("first_step_s") for r in rs),
             "learner_busy_median": _median_of(r.get("learner_busy") for r in rs),

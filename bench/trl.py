@@ -14,11 +14,14 @@ server turnstream shares between its runs starts (its start-up is not timed, as 
 Per run: seconds (from the start of the run's first process) and episodes to the rolling success `--target`
 over `--window` episodes, or null within `--cap` seconds; generation tokens/s (sampled tokens over the
 seconds spent generating: TRL's rollouts, turnstream's servers with a request in flight) and learner
-tokens/s (trained tokens, prompt and completion, over the seconds of optimizer steps). Per task and system:
-seeds that reached the target, medians. One JSON line last:
+tokens/s (trained tokens, prompt and completion, over the seconds of optimizer steps), and the floor: the
+seconds to the target had sampling cost nothing (the start-up to the first wait for samples, plus the optimizer
+steps' own seconds; bench/learning.py). Per task and system: seeds that reached the target, medians. One JSON
+line last:
 {"results": {"<task>/<system>": {"reached", "seeds", "wall_s_median", "episodes_median", "gen_tokens_per_s",
 "train_tokens_per_s"}}, "ratio_wall": x, ...} where ratio_wall is turnstream-async's median wall time over
-TRL's on the first task (null unless both reached it).
+TRL's on the first task (null unless both reached it), and ratio_wall_floor is turnstream-sync's median floor
+over the same: what no way of sampling could take turnstream below on these cores at the episodes it needed.
 """
 from __future__ import annotations
 
@@ -163,11 +166,12 @@ def summarize(records: list[dict]) -> dict:
     return summary
 
 
-def ratio(summary: dict, task: str, system: str) -> float | None:
+def ratio(summary: dict, task: str, system: str, figure: str = "wall_s_median") -> float | None:
+    """A system's median `figure` over TRL's median wall time on the task."""
     mine, trl = summary.get(f"{task}/{system}", {}), summary.get(f"{task}/trl", {})
-    if mine.get("wall_s_median") is None or not trl.get("wall_s_median"):
+    if mine.get(figure) is None or not trl.get("wall_s_median"):
         return None
-    return round(mine["wall_s_median"] / trl["wall_s_median"], 3)
+    return round(mine[figure] / trl["wall_s_median"], 3)
 
 
 def main(argv: list[str]) -> int:
@@ -214,12 +218,16 @@ def main(argv: list[str]) -> int:
     summary = summarize(records)
     for key, s in summary.items():
         print(f"{key:<32} reached {s['reached']}/{s['seeds']}  wall s {s['wall_s_median']}  episodes "
-              f"{s['episodes_median']}  gen tok/s {s['gen_tokens_per_s']}  train tok/s {s['train_tokens_per_s']}",
-              flush=True)
-    keys = ("reached", "seeds", "wall_s_median", "episodes_median", "gen_tokens_per_s", "train_tokens_per_s")
+              f"{s['episodes_median']}  gen tok/s {s['gen_tokens_per_s']}  train tok/s {s['train_tokens_per_s']}  "
+              f"floor s {s['floor_s_median']}", flush=True)
+    keys = ("reached", "seeds", "wall_s_median", "episodes_median", "gen_tokens_per_s", "train_tokens_per_s",
+            "floor_s_median")
     results = {key: {k: s[k] for k in keys} for key, s in summary.items()}
     print(json.dumps({"results": results, "ratio_wall": ratio(summary, tasks[0], "turnstream-async"),
                       "ratio_wall_sync": ratio(summary, tasks[0], "turnstream-sync"),
+                      # the synchronous run's learner alone (its steps have the cores to themselves): the ratio
+                      # no sampling path could take turnstream below on these cores, at the episodes it needed
+                      "ratio_wall_floor": ratio(summary, tasks[0], "turnstream-sync", "floor_s_median"),
                       "ratio_wall_by_task": {t: ratio(summary, t, "turnstream-async") for t in tasks},
                       "target": args.target, "window": args.window, "cap_s": args.cap, "seeds": args.seeds,
                       "cpus": args.cpus, "versions": versions()}), flush=True)

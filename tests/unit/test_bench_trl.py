@@ -79,3 +79,15 @@ def test_bench_arguments_are_checked():
         _parse(["--systems", "trl,verl"])
     with pytest.raises(SystemExit, match="multiple of --group-size"):
         _parse(["--batch", "10", "--group-size", "4"])
+
+
+def test_ratios_set_each_figure_against_trls_wall_time():
+    from turnstream.bench.trl import ratio
+
+    summary = {"follow_signs/trl": {"wall_s_median": 20.0, "floor_s_median": 12.0},
+               "follow_signs/turnstream-sync": {"wall_s_median": 16.0, "floor_s_median": 9.0},
+               "follow_signs/turnstream-async": {"wall_s_median": None, "floor_s_median": None}}
+    assert ratio(summary, "follow_signs", "turnstream-sync") == 0.8
+    assert ratio(summary, "follow_signs", "turnstream-sync", "floor_s_median") == 0.45
+    assert ratio(summary, "follow_signs", "turnstream-async") is None  # it missed the target
+    assert ratio(summary, "goal_walk", "turnstream-sync") is None  # not run

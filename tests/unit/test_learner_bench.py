@@ -44,20 +44,24 @@ def test_bench_learning_summaries(tmp_path):
               "step_s": 7.0, "step_started": 992.0 + 10 * i, "dropped_stale": i,
               "critic_turns_by_staleness": {"2": 3, str(4 + i): 2}}  # as JSON has them: keys are strings
              for i, r in enumerate([0.1, 0.5, 0.95, 0.95, 1.0])]
+    steps[0]["wait_s"] = 1.5  # the learner was ready 0.5 s in and waited for the first batch
     run = learning.summarize_run("goal_walk", "spo", 0, steps, window=200, target=0.9, t0=990.0, max_staleness=4)
     assert (run["episodes_to_target"], run["wall_s_to_target"]) == (400, 40.0)  # (0.95 + 0.95) / 2 at step 4
     # the first step started 2 s in; 4 steps of 7 s in the 40 s to the target
     assert run["first_step_s"] == 2.0 and run["learner_busy"] == pytest.approx(28.0 / 40.0)
+    # had sampling cost nothing: ready at 0.5 s, then the 4 steps' own 7 s each
+    assert run["floor_s"] == 0.5 + 4 * 7.0
     assert run["dropped_stale"] == 0 + 1 + 2 + 3  # episodes the buffer dropped as stale, to the target
     assert run["critic_turns_beyond_bound"] == 0 + 2 + 2 + 2  # critic-only turns past max_staleness 4, to the target
     assert run["success_start"] == 0.1 and run["success_end"] == pytest.approx(0.975)
     missed = learning.summarize_run("goal_walk", "spo", 1, steps[:2], window=200, target=0.9, t0=990.0,
                                     max_staleness=4)
-    assert missed["episodes_to_target"] is None and missed["wall_s_to_target"] is None
+    assert missed["episodes_to_target"] is None and missed["wall_s_to_target"] is None and missed["floor_s"] is None
     assert missed["learner_busy"] == pytest.approx(14.0 / 20.0)  # a run that missed: busy over all of it
     run.update(turn_to_train_s=2.5, turn_to_train_versions=0.5)  # the buffer's latency, scraped by run_one
     summary = learning.aggregate([run, missed])
     assert summary == {"goal_walk/spo": {"reached": 1, "seeds": 2, "episodes_median": 400, "wall_s_median": 40.0,
+                                         "floor_s_median": 28.5,
                                          "success_end_mean": round((0.975 + 0.3) / 2, 3), "first_step_s_median": 2.0,
                                          "learner_busy_median": pytest.approx((0.7 + 0.7) / 2),
                                          "dropped_stale_median": (6 + 1) / 2, "critic_turns_beyond_bound_median": (6 + 2) / 2,
