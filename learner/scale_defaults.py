@@ -9,6 +9,7 @@ does not train a larger one from random weights (docs/learning.md, "Starting fro
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from pathlib import Path
 
 from turnstream.core.config import LearnerSection
@@ -41,16 +42,9 @@ def checkpoint_parameters(model_dir: str | Path) -> int:
     return total
 
 
-def _table_and_key(cfg: LearnerSection, setting: str):
-    *tables, key = setting.split(".")
-    for table in tables:
-        cfg = getattr(cfg, table)
-    return cfg, key
-
-
 def value_of(cfg: LearnerSection, setting: str):
     """The value of a dotted [learner] key, e.g. "critic.lr"."""
-    return getattr(*_table_and_key(cfg, setting))
+    return attrgetter(setting)(cfg)
 
 
 def auto_settings(cfg: LearnerSection) -> list[str]:
@@ -61,7 +55,8 @@ def resolve(cfg: LearnerSection, parameters: int) -> LearnerSection:
     """A copy of `cfg` with each setting left at "auto" given its value for a policy of `parameters`."""
     chosen, resolved = defaults_for(parameters, cfg.lora is not None), cfg.model_copy(deep=True)
     for setting in auto_settings(cfg):
-        setattr(*_table_and_key(resolved, setting), chosen.value(setting))
+        table, _, key = setting.rpartition(".")
+        setattr(value_of(resolved, table) if table else resolved, key, chosen.value(setting))
     return resolved
 
 
