@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -33,4 +33,5 @@ def _on_this_machine(cpus: list[int]) -> list[int]:
 
 
 Port = Annotated[int, Field(ge=0, le=65535)]
+PositiveOrAuto = Annotated[float, Field(gt=0)] | Literal["auto"]
 CpuIds = Annotated[list[int], AfterValidator(_on_this_machine)]

@@ -1,11 +1,11 @@
 """The [vllm] and [actor] tables: the inference servers, how weights reach them, and the actors using them."""
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, model_validator
 
-from turnstream.core.config_fields import CpuIds, Port, Section
+from turnstream.core.config_fields import CpuIds, Port, PositiveOrAuto, Section
 from turnstream.core.config_network import NetworkSection, is_wildcard
 from turnstream.core.configtools import ConfigError, require
 
@@ -19,13 +19,32 @@ def auto_max_in_flight(concurrent_episodes: int) -> int:
     return IN_FLIGHT_PER_GENERATING * concurrent_episodes
 
 
-class DiskWeightSyncConfig(Section):
+class WeightSyncBase(Section):
+    """What every backend's table holds: its name, then whether each server serves what was pushed, checked
+    after pushes (learner/sync/verify.py)."""
+
+    backend: str  # each backend's table narrows it to its own name
+    verify_every: int = Field(
+        1, ge=0, description="after every N-th push (and every push while a server is unverified) each server "
+        "scores a fixed probe and must match the learner's log-probs of the pushed weights; a server that does not "
+        "is relabelled outside the staleness bound, so actors skip it, until a later push verifies. 1: every push "
+        "(a 16-token forward on the learner and one request per server); 0: off")
+    verify_tolerance: PositiveOrAuto = Field(
+        "auto", description="the largest mean |log-prob difference| over the probe's tokens that still counts as "
+        "the same weights. auto: 1e-3 for float32 servers, 5e-2 for bfloat16 and float16 ones (learner/WEIGHT_SYNC.md)")
+
+    def transfer_args(self) -> dict:
+        """The backend's own arguments (learner/sync/factory.py): every field but the backend's name and these."""
+        return self.model_dump(exclude=set(WeightSyncBase.model_fields))
+
+
+class DiskWeightSyncConfig(WeightSyncBase):
     """safetensors into a shared directory, then reload_weights on every server (learner/sync/disk.py)."""
 
     backend: Literal["disk"] = "disk"
 
 
-class NcclWeightSyncConfig(Section):
+class NcclWeightSyncConfig(WeightSyncBase):
     """vLLM's weight-transfer engine: a broadcast from the learner (rank 0) to every server's workers
     (learner/sync/nccl.py)."""
 
@@ -74,6 +93,16 @@ class VllmSection(Section):
     weight_sync: WeightSyncConfig = Field(
         default_factory=DiskWeightSyncConfig, description="how the learner pushes weights (learner/sync/factory.py): "
         'backend = "disk" (default), or "nccl" with master_address and master_port')
+
+    @model_validator(mode="before")
+    @classmethod
+    def _disk_unless_named(cls, data: Any) -> Any:
+        # a [vllm.weight_sync] table of verification settings alone keeps the default backend (a backend's own
+        # setting without its name still asks for the name)
+        sync = data.get("weight_sync") if isinstance(data, dict) else None
+        if isinstance(sync, dict) and sync and set(sync) <= set(WeightSyncBase.model_fields) - {"backend"}:
+            data = {**data, "weight_sync": {"backend": "disk", **sync}}
+        return data
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> VllmSection:

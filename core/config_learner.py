@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from turnstream.core.config_fields import CpuIds, Port, Section
+from turnstream.core.config_fields import CpuIds, Port, PositiveOrAuto, Section
 from turnstream.core.config_lora import LoraSection
 from turnstream.core.configtools import require
 
@@ -14,7 +14,6 @@ from turnstream.core.configtools import require
 CRITIC_ESTIMATORS = ("turn_gae", "token_gae", "archer")  # the estimators that read a value function
 
 # "auto": the learner chooses the value from the size of the policy it trains (learner/scale_defaults.py)
-PositiveOrAuto = Annotated[float, Field(gt=0)] | Literal["auto"]
 NonNegativeOrAuto = Annotated[float, Field(ge=0)] | Literal["auto"]
 StepsOrAuto = Annotated[int, Field(ge=0)] | Literal["auto"]
 PRETRAINED_SCALE = 10_000_000  # parameters from which a policy is taken to be a pretrained language model

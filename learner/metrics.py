@@ -27,6 +27,13 @@ class LearnerMetrics:
                                       "Pause-to-resume time of a weight push over all servers", registry=r)
         self.push_failures = Counter("turnstream_learner_weight_push_failures_total", "Failed weight pushes",
                                      registry=r)
+        # pushes checked against the learner's log-probs of a probe (learner/sync/verify.py); servers are bounded
+        # by vllm.urls, so the server label is
+        self.verify_failures = Counter("turnstream_learner_weight_verify_failures_total",
+                                       "Pushes a server took but does not serve (probe log-probs off the learner's, "
+                                       "or the probe unanswered), by server", ["server"], registry=r)
+        self.verified_version = Gauge("turnstream_learner_weight_verified_version",
+                                      "Last policy version a server was verified to serve", ["server"], registry=r)
         self.auth_failures = Counter("turnstream_learner_auth_failures_total",
                                      "Subscribers refused by CURVE on the version PUB socket: reason auth = key not "
                                      "on the allow-list, protocol or no_detail = bad handshake (e.g. plaintext)",

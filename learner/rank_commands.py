@@ -1,5 +1,5 @@
-"""What rank 0 asks of the other ranks, in its order: a step (the Batch itself), a push's gathers, a sharded
-checkpoint, stop (None). Each arrives through learner/parallel/ranks.py's broadcast, so every rank runs the
+"""What rank 0 asks of the other ranks, in its order: a step (the Batch itself), a push's gathers, the forward of a
+push's verification probe, a sharded checkpoint, stop (None). Each arrives through learner/parallel/ranks.py's broadcast, so every rank runs the
 same collectives in the same order, whether rank 0 gathers a push before the next step (disk backend) or during
 the push itself (nccl: the servers receive each bucket as it is gathered).
 """
@@ -18,6 +18,7 @@ from turnstream.learner.checkpoint.layout import tmp_name
 from turnstream.learner.parallel.ranks import broadcast
 from turnstream.learner.sync.buckets import WeightBuckets
 from turnstream.learner.sync.disk import write_source_rows
+from turnstream.learner.sync.probe import model_logprobs
 
 log = logging.getLogger("turnstream.learner")
 
@@ -27,6 +28,12 @@ class Push:
     dtype: torch.dtype
     bucket_bytes: int
     directory: Path | None = None  # disk: every rank writes its rows of the bucket files there; None: gathers
+
+
+@dataclass(frozen=True)
+class Probe:
+    tokens: tuple[int, ...]  # the verification probe (learner/sync/probe.py): a forward of it on every rank
+    dtype: torch.dtype
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,14 @@ def push_source(cfg: Config, trainer, dtype: torch.dtype) -> WeightBuckets:
         broadcast(Push(dtype, size, directory), 0, trainer.world)
 
     return trainer.weight_buckets(dtype, size, announce)
+
+
+def probe_logprobs(trainer, tokens: tuple[int, ...], dtype: torch.dtype) -> list[float]:
+    """Rank 0: the policy's log-probs of a push's verification probe, from the weights just pushed (called before
+    the next step changes them). Sharded, the forward gathers layers: the other ranks are told to join."""
+    if trainer.parallel.collective_push:
+        broadcast(Probe(tokens, dtype), 0, trainer.world)
+    return model_logprobs(trainer.net.model, tokens, dtype, trainer.device)
 
 
 def checkpoints_dir(cfg: Config) -> Path:
@@ -70,6 +85,8 @@ def follow(cfg: Config, trainer) -> None:
             write_source_rows(order.directory, trainer.weight_buckets(order.dtype, order.bucket_bytes))
         elif isinstance(order, Push):
             trainer.weight_buckets(order.dtype, order.bucket_bytes).finish()
+        elif isinstance(order, Probe):
+            model_logprobs(trainer.net.model, order.tokens, order.dtype, trainer.device)
         elif isinstance(order, Checkpoint):
             store.save(checkpoints_dir(cfg), trainer, cfg.model.path, cfg.learner.keep_checkpoints, order.tmp)
         else:

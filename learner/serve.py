@@ -22,9 +22,10 @@ from turnstream.learner.device import served_dtype
 from turnstream.learner.metrics import LearnerMetrics
 from turnstream.learner.parallel.ranks import broadcast
 from turnstream.learner.record.writer import StepRecorder, generator_state
-from turnstream.learner.rank_commands import push_source, save_checkpoint as write_checkpoint
+from turnstream.learner.rank_commands import probe_logprobs, push_source, save_checkpoint as write_checkpoint
 from turnstream.learner.sync.base import WeightSync, WeightSyncError
-from turnstream.learner.sync.factory import weight_sync_from_config
+from turnstream.learner.sync.factory import verifier_from_config, weight_sync_from_config
+from turnstream.learner.sync.verify import Expected
 from turnstream.learner.trackers import Trackers, open_trackers
 from turnstream.learner.step.trainer import NothingToTrain, Trainer
 from turnstream.protocol.auth import (count_refusals, keys_for, make_server, refusal_counter, refusal_monitor,
@@ -84,10 +85,12 @@ class Publisher:
     trackers: Trackers  # [logging] trackers: TensorBoard, W&B
     publishing: asyncio.Task | None = None
 
-    async def submit(self, path, version: int, stats: dict, values: dict[str, float]) -> None:
-        """`values`: the SPO tracker values this step changed, announced with the version."""
+    async def submit(self, path, version: int, stats: dict, values: dict[str, float],
+                     expected: Expected | None = None) -> None:
+        """`values`: the SPO tracker values this step changed, announced with the version; `expected`: what the
+        servers must serve once the push verifies (None: not verified)."""
         await self.drain()
-        self.publishing = asyncio.create_task(self._publish(path, version, stats, values))
+        self.publishing = asyncio.create_task(self._publish(path, version, stats, values, expected))
         if not self.overlap:
             await self.publishing
 
@@ -95,10 +98,11 @@ class Publisher:
         if self.publishing is not None:
             await self.publishing
 
-    async def _publish(self, path, version: int, stats: dict, values: dict[str, float]) -> None:
+    async def _publish(self, path, version: int, stats: dict, values: dict[str, float],
+                       expected: Expected | None) -> None:
         push_started = time.time()
         try:
-            push_s = await self.sync.push(path, version)
+            push_s = await self.sync.push(path, version, expected)
         except WeightSyncError as exc:
             # Servers keep generating with older weights; their tokens carry the older version, so the
             # staleness bound still holds. The next push carries everything learned so far.
@@ -143,13 +147,14 @@ async def serve(cfg: Config, trainer: Trainer, world: int, resumed_from: Path | 
     run_dir.mkdir(parents=True, exist_ok=True)
     trackers = open_trackers(cfg)  # first: a missing tracker package exits before any push
     metrics = LearnerMetrics()
-    sync = weight_sync_from_config(cfg, run_dir / "weights")
     push_dtype = served_dtype(cfg.vllm.dtype, cfg.model.path)  # master weights stay fp32; pushes are cast
+    sync = weight_sync_from_config(cfg, run_dir / "weights",
+                                   verifier_from_config(cfg, trainer.vocab_size, push_dtype, metrics))
     # The servers may hold other weights (a checkpoint we resumed past, an earlier run on a shared server):
     # give them ours before announcing, so version labels always name the weights that sampled.
     try:
-        await sync.push(await asyncio.to_thread(sync.save, push_source(cfg, trainer, push_dtype), trainer.version),
-                        trainer.version)
+        path = await asyncio.to_thread(sync.save, push_source(cfg, trainer, push_dtype), trainer.version)
+        await sync.push(path, trainer.version, await expected_of(sync, trainer, push_dtype))
     except WeightSyncError as exc:
         metrics.push_failures.inc()
         log.error("initial push of version %d failed: %s", trainer.version, exc)
@@ -201,6 +206,7 @@ async def train_and_publish(cfg: Config, trainer: Trainer, world: int, sync, pus
                              "staleness_max": stats["staleness_max"]})
             # disk: the weights are gathered and written here; nccl: gathered as the push broadcasts them
             path = await asyncio.to_thread(sync.save, push_source(cfg, trainer, push_dtype), trainer.version)
+            expected = await expected_of(sync, trainer, push_dtype)  # before the next step changes the weights
             if recording is not None:  # record_wait_s: what recording adds to the step's critical path
                 waited_record = time.monotonic()
                 written = await recording
@@ -209,7 +215,7 @@ async def train_and_publish(cfg: Config, trainer: Trainer, world: int, sync, pus
             if lc.checkpoint_every and trainer.version % lc.checkpoint_every == 0:
                 stats["checkpoint_s"] = await save_checkpoint(cfg, trainer)
             stats.update(wait_s=wait_s, step_started=step_started)
-            await publisher.submit(path, trainer.version, stats, changed_values(trainer, batch))
+            await publisher.submit(path, trainer.version, stats, changed_values(trainer, batch), expected)
         await publisher.drain()
         await checkpoint_on_stop(cfg, trainer)  # before the other ranks are released: they write their shards
     finally:
@@ -222,6 +228,16 @@ async def train_and_publish(cfg: Config, trainer: Trainer, world: int, sync, pus
         if audit is not None:
             audit.close()
         await endpoints.close()
+
+
+async def expected_of(sync: WeightSync, trainer: Trainer, dtype) -> Expected | None:
+    """What the servers must serve after the push of the trainer's current weights, where that push is verified
+    (vllm.weight_sync.verify_every): the policy's log-probs of the verification probe."""
+    verifier = sync.verifier
+    if verifier is None or not verifier.due(trainer.version):
+        return None
+    return verifier.expect(trainer.version,
+                           await asyncio.to_thread(probe_logprobs, trainer, verifier.tokens, dtype))
 
 
 def changed_values(trainer: Trainer, batch: Batch) -> dict[str, float]:

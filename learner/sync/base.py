@@ -7,11 +7,15 @@ import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from turnstream.protocol.http_links import silent_peer_connector
+
+if TYPE_CHECKING:
+    from turnstream.learner.sync.verify import Expected, PushVerifier
 
 log = logging.getLogger("turnstream.learner")
 
@@ -20,16 +24,28 @@ class WeightSyncError(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class Latest:
+    """The newest push, which `resync()` repeats: what save() returned, its version, and what a verified push's
+    servers must serve (None: not verified)."""
+    payload: Any
+    version: int
+    expected: Expected | None = None
+
+
 class WeightSync(ABC):
-    """The shared control flow; a backend implements `save` and `_transfer` (and may override `_push_all`)."""
+    """The shared control flow; a backend implements `save` and `_transfer` (and may override `_push_all`).
+    `verifier` checks that servers serve what a push carried (learner/sync/verify.py); None: never checked."""
 
     backend = ""
 
-    def __init__(self, urls: list[str], timeout_s: float = 120.0):
+    def __init__(self, urls: list[str], timeout_s: float = 120.0, verifier: PushVerifier | None = None):
         self.urls = [u.rstrip("/") for u in urls]
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.versions: dict[str, int | None] = {u: None for u in self.urls}  # last version pushed to each
-        self.latest: tuple[Any, int] | None = None  # (what save() returned, version) of the newest push
+        self.verifier = verifier
+        # last version pushed to each server (and, where verified, that it serves); None: behind, to resync
+        self.versions: dict[str, int | None] = {u: None for u in self.urls}
+        self.latest: Latest | None = None
         self.aborted_pauses = 0  # pauses that did not finish with a resume (should stay 0)
         self._one_push = asyncio.Lock()  # a resync never runs inside a push (nccl: one collective at a time)
 
@@ -57,6 +73,8 @@ class WeightSync(ABC):
         if url in self.versions:
             self.urls.remove(url)
             del self.versions[url]
+            if self.verifier is not None:
+                self.verifier.forget(url)
 
     def set_urls(self, urls: list[str]) -> None:
         """Follow a changed server list (core/urls_file.py): newcomers are behind until resynced."""
@@ -69,7 +87,7 @@ class WeightSync(ABC):
     def behind(self) -> list[str]:
         if self.latest is None:
             return []
-        return [u for u in self.urls if self.versions.get(u) != self.latest[1]]
+        return [u for u in self.urls if self.versions.get(u) != self.latest.version]
 
     def _session(self) -> aiohttp.ClientSession:
         """`timeout_s` bounds a whole push; a server whose link goes silent fails it within seconds
@@ -78,12 +96,15 @@ class WeightSync(ABC):
 
     # ---- pushing -----------------------------------------------------------------------------------
 
-    async def push(self, payload: Any, version: int) -> float:
-        """Push to every server in parallel; raise WeightSyncError naming the servers that failed."""
+    async def push(self, payload: Any, version: int, expected: Expected | None = None) -> float:
+        """Push to every server in parallel, then, with `expected` (`verifier.expect`), verify that each serves
+        it; raise WeightSyncError naming the servers that failed either."""
         started = time.monotonic()
         async with self._one_push, self._session() as session:
-            self.latest = (payload, version)
-            failed = await self._push_all(session, list(self.urls), payload, version)
+            self.latest = Latest(payload, version, expected)
+            urls = list(self.urls)
+            failed = await self._push_all(session, urls, payload, version)
+            failed.update(await self._verify(session, [u for u in urls if u not in failed], expected))
         if failed:
             raise WeightSyncError(f"push of version {version} failed on {len(failed)} of {len(self.urls)} "
                                   f"server(s): " + "; ".join(f"{u}: {e}" for u, e in failed.items()))
@@ -102,6 +123,18 @@ class WeightSync(ABC):
                 log.warning("weight sync: %s missed version %d: %s", url, version, result)
             elif url in self.versions:
                 self.versions[url] = version
+        return failed
+
+    async def _verify(self, session, urls: list[str], expected: Expected | None) -> dict[str, str]:
+        """The servers in `urls` that do not serve `expected` are behind again: resync() pushes to them anew, and
+        each push verifies them until one passes."""
+        if expected is None or not urls:
+            return {}
+        assert self.verifier is not None, "an expected push needs the verifier that made it"
+        failed = await self.verifier.verify(session, urls, expected)
+        for url in failed:
+            if url in self.versions:
+                self.versions[url] = None
         return failed
 
     async def _push_one(self, session, url: str, payload: Any, version: int) -> None:
@@ -139,11 +172,13 @@ class WeightSync(ABC):
             stale = self.behind()
             if not stale or self.latest is None:
                 return []
-            payload, version = self.latest
+            latest = self.latest
             alive = [u for u, ok in zip(stale, await asyncio.gather(*(healthy(session, u) for u in stale))) if ok]
             if not alive:
                 return []
-            failed = await self._push_all(session, alive, payload, version)
+            failed = await self._push_all(session, alive, latest.payload, latest.version)
+            failed.update(await self._verify(session, [u for u in alive if u not in failed], latest.expected))
+        version = latest.version
         synced = [u for u in alive if u not in failed]
         if synced:
             log.info("weight sync: re-synced %s to version %d", ", ".join(synced), version)

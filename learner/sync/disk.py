@@ -22,6 +22,7 @@ import torch
 from turnstream.learner.parallel.ranks import broadcast
 from turnstream.learner.sync.base import WeightSync, post
 from turnstream.learner.sync.buckets import Bucket, TensorSpec, WeightBuckets
+from turnstream.learner.sync.verify import PushVerifier
 
 MODEL_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                     "chat_template.jinja", "special_tokens_map.json")
@@ -31,8 +32,8 @@ class DiskWeightSync(WeightSync):
     backend = "disk"
 
     def __init__(self, urls: list[str], weights_dir: str | Path, model_dir: str | Path, keep: int = 2,
-                 timeout_s: float = 120.0):
-        super().__init__(urls, timeout_s)
+                 timeout_s: float = 120.0, verifier: PushVerifier | None = None):
+        super().__init__(urls, timeout_s, verifier)
         self.dir = Path(weights_dir).resolve()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.model_dir = Path(model_dir)

@@ -26,6 +26,7 @@ from turnstream.learner.lora import ADAPTER_FILE, adapter_tensors, is_adapter, p
 from turnstream.learner.sync.base import WeightSyncError, post
 from turnstream.learner.sync.buckets import WeightBuckets
 from turnstream.learner.sync.disk import DiskWeightSync
+from turnstream.learner.sync.verify import PushVerifier
 
 HINT = ("the server does not load LoRA adapters at run time (start vLLM with --enable-lora --max-lora-rank R and "
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1, or set learner.lora.push = \"merged\")")
@@ -37,8 +38,8 @@ class LoraAdapterSync(DiskWeightSync):
     backend = "lora"
 
     def __init__(self, urls: list[str], weights_dir: str | Path, lora: LoraSection, base_model: str | Path,
-                 keep: int = 2, timeout_s: float = 120.0):
-        super().__init__(urls, weights_dir, base_model, keep=keep, timeout_s=timeout_s)
+                 keep: int = 2, timeout_s: float = 120.0, verifier: PushVerifier | None = None):
+        super().__init__(urls, weights_dir, base_model, keep=keep, timeout_s=timeout_s, verifier=verifier)
         self.lora = lora
         self.last_bytes = 0  # bytes of tensors in the last adapter saved (bench/lora_push.py reads it)
 

@@ -25,6 +25,7 @@ import aiohttp
 
 from turnstream.learner.sync.base import WeightSync, WeightSyncError, get, healthy, post
 from turnstream.learner.sync.buckets import WeightBuckets
+from turnstream.learner.sync.verify import PushVerifier
 
 log = logging.getLogger("turnstream.learner")
 
@@ -89,8 +90,9 @@ class NcclWeightSync(WeightSync):
     backend = "nccl"
 
     def __init__(self, urls: list[str], *, master_address: str, master_port: int,
-                 transport: NcclTransport | None = None, packed: bool = True, timeout_s: float = 300.0):
-        super().__init__(urls, timeout_s)
+                 transport: NcclTransport | None = None, packed: bool = True, timeout_s: float = 300.0,
+                 verifier: PushVerifier | None = None):
+        super().__init__(urls, timeout_s, verifier)
         self.master_address, self.master_port, self.packed = master_address, master_port, packed
         self.transport: NcclTransport = transport or VllmNcclTransport(packed=packed)
         self.members: list[str] | None = None  # servers in the current group; None: no group

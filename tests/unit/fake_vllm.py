@@ -14,6 +14,7 @@ class FakeVllm:
         self.world = 1  # workers in this server (TP x PP x DP)
         self.fail_status = 0  # answer generate with this status when set
         self.garbage = False
+        self.prompt_logprob = -1.0  # what it scores every prompt token with where asked (prompt_logprobs)
         self.adapters: set[str] = set()  # LoRA adapters it serves; a request for another one is a 404, as vLLM's
         self.models: list[str | None] = []  # the `model` of each generate request
         self.sampling_params: list[dict] = []  # the `sampling_params` of each generate request
@@ -115,7 +116,10 @@ class FakeVllm:
             allowed = body["sampling_params"].get("allowed_token_ids") or [7]
             tokens = [allowed[0]] * n
             self.served += 1
-            return web.json_response({"choices": [{
+            prompt = body["token_ids"]
+            scored = ([None] + [{str(t): {"logprob": self.prompt_logprob, "rank": 1}} for t in prompt[1:]]
+                      if body["sampling_params"].get("prompt_logprobs") is not None else None)
+            return web.json_response({"prompt_logprobs": scored, "choices": [{
                 "token_ids": tokens, "finish_reason": "length",
                 "logprobs": {"content": [{"token_id": t, "logprob": -0.25} for t in tokens]},
                 "weight_versions": [{"version": self.version, "start": 0, "end": n}]}]})
