@@ -13,11 +13,15 @@ The backends differ only in the transfer, and one is chosen once, from the confi
 What a push carries is source.py's (the policy's tensors, LoRA's adapters or merged weights), read bucket by
 bucket by buckets.py (`learner.push_bucket_mb`). learner/WEIGHT_SYNC.md describes the whole.
 
+After a push, verify.py checks that each server serves the pushed weights (probe.py: a fixed probe's log-probs,
+the server's against the learner's); one that does not is relabelled outside the staleness bound, so actors skip
+it, and re-synced until a push verifies it (`[vllm.weight_sync] verify_every`, `verify_tolerance`).
+
 A server that fails during a push (down, restarting) is remembered as behind. Every push goes to every
 server, so the next push brings it back; between pushes `resync()` (run by `watch()` in the background)
 brings it to the latest version as soon as it answers `/health` again. Actors do not send it requests
 while its version is outside the staleness bound (actors/inference/fleet.py).
 
-Used by learner/serve.py: `save(weights, version) -> path`, `await push(path, version)`,
+Used by learner/serve.py: `save(weights, version) -> path`, `await push(path, version, expected)`,
 `await set_version(version)`; `weights` is a state dict or, from the learner, a WeightBuckets source.
 """
