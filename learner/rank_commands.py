@@ -61,7 +61,7 @@ def probe_logprobs(trainer, tokens: tuple[int, ...], dtype: torch.dtype) -> list
     the next step changes them). Sharded, the forward gathers layers: the other ranks are told to join."""
     if trainer.parallel.collective_push:
         broadcast(Probe(tokens, dtype), 0, trainer.world)
-    return model_logprobs(trainer.net.model, tokens, dtype, trainer.device)
+    return model_logprobs(trainer.net, tokens, dtype, trainer.device)
 
 
 def checkpoints_dir(cfg: Config) -> Path:
@@ -86,7 +86,7 @@ def follow(cfg: Config, trainer) -> None:
         elif isinstance(order, Push):
             trainer.weight_buckets(order.dtype, order.bucket_bytes).finish()
         elif isinstance(order, Probe):
-            model_logprobs(trainer.net.model, order.tokens, order.dtype, trainer.device)
+            model_logprobs(trainer.net, order.tokens, order.dtype, trainer.device)
         elif isinstance(order, Checkpoint):
             store.save(checkpoints_dir(cfg), trainer, cfg.model.path, cfg.learner.keep_checkpoints, order.tmp)
         else:

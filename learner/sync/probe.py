@@ -13,6 +13,7 @@ import asyncio
 import aiohttp
 import torch
 
+from turnstream.learner.step.forward import MicroBatch
 from turnstream.learner.sync.base import WeightSyncError
 
 PROBE_LENGTH = 16
@@ -27,23 +28,36 @@ def probe_tokens(vocab_size: int) -> tuple[int, ...]:
     return tuple((3 + 7919 * i) % n for i in range(PROBE_LENGTH))
 
 
+def probe_batch(tokens: tuple[int, ...], device: torch.device | str = "cpu") -> MicroBatch:
+    """The probe as the learner's forward takes it (learner/step/forward.py): one padded row, every token after
+    the first an "action", scored by the logits at the position before it."""
+    n = len(tokens)
+    at = torch.arange(n - 1)
+    return MicroBatch(rows=torch.zeros(1, dtype=torch.long), select=torch.ones(n - 1, dtype=torch.bool),
+                      input_ids=torch.tensor([tokens], dtype=torch.long, device=device),
+                      position_ids=torch.arange(n, device=device)[None],
+                      act_index=torch.stack([torch.zeros_like(at), at]).to(device), tokens=n, packed=False)
+
+
 @torch.no_grad()
-def model_logprobs(model: torch.nn.Module, tokens: tuple[int, ...], dtype: torch.dtype,
+def model_logprobs(net: torch.nn.Module, tokens: tuple[int, ...], dtype: torch.dtype,
                    device: torch.device | str = "cpu") -> list[float]:
-    """log p(tokens[i] | tokens[:i]) for i >= 1 under `model`, a causal LM (under fsdp2 a collective: every rank
-    calls it). Below float32 the forward runs under autocast to `dtype`, the served arithmetic; the log-softmax
-    is taken in float32, as vLLM takes it."""
+    """log p(tokens[i] | tokens[:i]) for i >= 1 under the policy of `net`, the learner's network
+    (learner/estimators/critic.py: a MicroBatch in, logits at its actions out). Under fsdp2 it is the root
+    module, through which every forward must go, and the forward is a collective: every rank calls this.
+    Below float32 the forward runs under autocast to `dtype`, the served arithmetic; the log-softmax is taken
+    in float32, as vLLM takes it."""
     device = torch.device(device)
-    ids = torch.tensor([tokens], dtype=torch.long, device=device)
-    was_training = model.training
-    model.eval()
+    mb = probe_batch(tokens, device)
+    was_training = net.training
+    net.eval()
     try:
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            logits = model(input_ids=ids).logits
+            logits, _ = net(mb)
     finally:
-        model.train(was_training)
-    logp = torch.log_softmax(logits[0, :-1].float(), dim=-1)
-    return logp.gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()
+        net.train(was_training)
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp.gather(-1, mb.input_ids[0, 1:, None]).squeeze(-1).tolist()
 
 
 async def served_logprobs(session: aiohttp.ClientSession, url: str, tokens: tuple[int, ...], model: str | None,

@@ -16,6 +16,7 @@ from tests.helpers import http_json
 from turnstream.actors.inference.client import InferenceError
 from turnstream.actors.inference.fleet import InferenceFleet
 from turnstream.core.config import VllmSection
+from turnstream.learner.estimators.critic import PolicyAndValue
 from turnstream.learner.metrics import LearnerMetrics
 from turnstream.learner.sync.base import WeightSync, WeightSyncError, post
 from turnstream.learner.sync.disk import DiskWeightSync
@@ -74,8 +75,10 @@ def _verifier(metrics: LearnerMetrics, vocab_size: int, model: str | None = None
 
 
 def _push(sync: WeightSync, weights: dict, model, version: int) -> None:
-    """What the learner does (learner/serve.py): save, the probe's log-probs of the same weights, push."""
-    expected = sync.verifier.expect(version, model_logprobs(model, sync.verifier.tokens, torch.float32))
+    """What the learner does (learner/serve.py): save, the probe's log-probs of the same weights through the
+    learner's network, push."""
+    net = PolicyAndValue(model, None)
+    expected = sync.verifier.expect(version, model_logprobs(net, sync.verifier.tokens, torch.float32))
     asyncio.run(sync.push(sync.save(weights, version), version, expected))
 
 

@@ -79,21 +79,24 @@ def test_prompt_logprobs_are_read_per_probe_token():
 
 
 def test_model_logprobs_are_the_causal_log_probs_of_the_next_token():
+    """Through the learner's network (a MicroBatch in, logits at its actions out), as the learner calls it."""
+    from turnstream.learner.estimators.critic import PolicyAndValue
+
     class Bigram(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.table = torch.nn.Embedding(8, 8)
 
-        def forward(self, input_ids):
+        def forward(self, input_ids, position_ids=None, use_cache=False):
             return type("Out", (), {"logits": self.table(input_ids)})()
 
-    model = Bigram()
+    net = PolicyAndValue(Bigram(), None)
     tokens = (1, 4, 6)
-    table = torch.log_softmax(model.table.weight.detach(), -1)
-    got = model_logprobs(model, tokens, torch.float32)
+    table = torch.log_softmax(net.model.table.weight.detach(), -1)
+    got = model_logprobs(net, tokens, torch.float32)
     assert got == pytest.approx([table[1, 4].item(), table[4, 6].item()])
-    assert model.training  # left as it was found
-    assert model_logprobs(model, tokens, torch.bfloat16) == pytest.approx(got, abs=0.05)
+    assert net.training  # left as it was found
+    assert model_logprobs(net, tokens, torch.bfloat16) == pytest.approx(got, abs=0.05)
 
 
 # ---- when a push is verified ----------------------------------------------------------------------------
