@@ -33,6 +33,7 @@ class Reset:
     observation: str
     prompt_key: str  # identifies the task instance for per-prompt baselines (SPO) and grouping
     agent: int = 0  # who acts first
+    system: str | None = None  # the system turn of every agent's conversation; None: the chat template's default
 
 
 @dataclass

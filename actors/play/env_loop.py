@@ -79,7 +79,7 @@ async def _play(ctx: PlayContext, env: Environment, episode: Episode) -> str:
         restart = s.last_gen is not None and 0 < sampling.context_turns <= s.in_context
         if s.last_gen is None or restart:
             s.context, s.in_context = [], 0
-            obs_tokens = chat.first_turn(observation)
+            obs_tokens = chat.first_turn(observation, reset.system)
         else:
             obs_tokens = chat.next_turn(observation, s.last_gen)
         s.context += obs_tokens

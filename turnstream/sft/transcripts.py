@@ -6,9 +6,9 @@ the end-of-turn token it stops on), then `ChatTokens.next_turn(observation, gene
 place of a generation: its content's tokens and the end-of-turn token, exactly what the model must emit for
 the actor to see this conversation. Those are the trained tokens; everything else is context.
 
-A system message may open a transcript: it is rendered as the agent endpoint renders one
-(actors/play/endpoint/chat_format.py), a ChatML system turn before the first user turn. Environment episodes
-have none, so transcripts meant for an environment's task should not carry one. A last user message is left out:
+A system message may open a transcript: it is rendered with the first user turn, through the model's chat
+template, as an environment's `Reset.system` is. Transcripts meant for an environment's task should carry the
+system message that environment sends, or none if it sends none. A last user message is left out:
 no assistant token follows it.
 
 A transcript the actor could not have produced is refused (`Refused`, with a reason among REASONS) rather than
@@ -20,7 +20,6 @@ import json
 from dataclasses import dataclass
 
 from turnstream.actors.inference.chat_tokens import ChatTokens
-from turnstream.actors.play.endpoint.chat_format import Message, render
 
 ROLES = ("system", "user", "assistant")
 REASONS = ("not_json", "no_messages", "unknown_role", "missing_content", "bad_order", "no_assistant",
@@ -76,12 +75,10 @@ class TranscriptRenderer:
                               f"{self.chat.end_of_turn}) in its content")
         pairs, system = _turns(parsed)
         tokens, trained = [], []
-        if system is not None:
-            self._add(tokens, trained, self.chat.encode(render([Message("system", system)], [], first=True)), False)
         generated: list[int] | None = None
         for observation, reply in pairs:
-            obs = self.chat.first_turn(observation) if generated is None else self.chat.next_turn(observation,
-                                                                                                  generated)
+            obs = (self.chat.first_turn(observation, system) if generated is None
+                   else self.chat.next_turn(observation, generated))
             self._add(tokens, trained, obs, False)
             # what the model generates for this reply: its text, then the end-of-turn token it stops on
             generated = self.chat.encode(reply) + [self.chat.end_of_turn_id]

@@ -106,7 +106,8 @@ class EnvAttributes:
 
 
 def reset_to_wire(reset: Reset) -> dict:
-    return {"observation": str(reset.observation), "prompt_key": str(reset.prompt_key), "agent": int(reset.agent)}
+    return {"observation": str(reset.observation), "prompt_key": str(reset.prompt_key), "agent": int(reset.agent),
+            "system": None if reset.system is None else str(reset.system)}
 
 
 def step_to_wire(step: Step) -> dict:

@@ -82,7 +82,7 @@ class HttpEnvironment(Environment):
             self.num_agents = _field(info, "num_agents", int, 1)
         body = await self._call("POST", f"/envs/{self.env_id}/reset", {"seed": int(seed)})
         return Reset(_field(body, "observation", str), _field(body, "prompt_key", str),
-                     agent=_field(body, "agent", int, 0))
+                     agent=_field(body, "agent", int, 0), system=_field(body, "system", str, None))
 
     async def step(self, action: str) -> Step:
         if self.env_id is None:
