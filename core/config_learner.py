@@ -17,6 +17,7 @@ CRITIC_ESTIMATORS = ("turn_gae", "token_gae", "archer")  # the estimators that r
 NonNegativeOrAuto = Annotated[float, Field(ge=0)] | Literal["auto"]
 StepsOrAuto = Annotated[int, Field(ge=0)] | Literal["auto"]
 PRETRAINED_SCALE = 10_000_000  # parameters from which a policy is taken to be a pretrained language model
+LARGE_SCALE = 1_000_000_000  # parameters from which the peer systems' recipes for billion-scale LLMs apply
 AUTO_SETTINGS = ("lr", "warmup_steps", "entropy_coef", "critic.lr")  # the [learner] keys that may be "auto"
 
 
@@ -35,18 +36,28 @@ class ScaleDefaults:
 
 # measured on the tiny model (BENCHMARKS.md, "The learner learns", "From a model that can read")
 TINY = ScaleDefaults(lr=1e-3, warmup_steps=0, entropy_coef=0.2, critic_lr=1e-3)
-# the peer systems' recipes for a pretrained LLM (TRL's GRPOConfig, veRL's actor and critic); not measured here
+# a small pretrained chat model (SmolLM2-135M-Instruct), measured on its tasks (BENCHMARKS.md, "A real language
+# model"): the billion-scale recipes' 1e-6 did not move its success in 25 steps
+SMALL_PRETRAINED = ScaleDefaults(lr=2e-5, warmup_steps=0, entropy_coef=0.0, critic_lr=2e-5)
+SMALL_PRETRAINED_LORA = ScaleDefaults(lr=2e-4, warmup_steps=0, entropy_coef=0.0, critic_lr=2e-5)
+# the peer systems' recipes for a billion-scale pretrained LLM (TRL's GRPOConfig, veRL's actor and critic); not
+# measured here
 PRETRAINED = ScaleDefaults(lr=1e-6, warmup_steps=10, entropy_coef=0.0, critic_lr=1e-5)
 PRETRAINED_LORA = ScaleDefaults(lr=1e-5, warmup_steps=10, entropy_coef=0.0, critic_lr=1e-5)
 
 
 def _scale_auto(setting: str) -> str:
     """What "auto" means for `setting`, for its description."""
-    tiny, full, lora = (f"{d.value(setting):g}".replace("e-0", "e-") for d in (TINY, PRETRAINED, PRETRAINED_LORA))
-    pretrained = full if full == lora else f"{full} ({lora} with learner.lora)"
+    def full_and_lora(full: ScaleDefaults, lora: ScaleDefaults) -> str:
+        a, b = (f"{d.value(setting):g}".replace("e-0", "e-") for d in (full, lora))
+        return a if a == b else f"{a} ({b} with learner.lora)"
+
+    tiny = f"{TINY.value(setting):g}".replace("e-0", "e-")
     return (f"auto: from the size of the policy (learner/scale_defaults.py): {tiny} under {PRETRAINED_SCALE:,} "
-            f"parameters (the tiny model's, measured), {pretrained} from there up (a pretrained LLM's, the peer "
-            "systems' recipes)")
+            f"parameters (the tiny model's, measured), {full_and_lora(SMALL_PRETRAINED, SMALL_PRETRAINED_LORA)} "
+            f"under {LARGE_SCALE:,} (a small pretrained chat model's, measured on SmolLM2-135M), "
+            f"{full_and_lora(PRETRAINED, PRETRAINED_LORA)} from there up (the peer systems' recipes for billion-scale "
+            "LLMs)")
 
 
 class SpoSection(Section):

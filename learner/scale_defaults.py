@@ -4,7 +4,9 @@ The rates that teach a model of half a million parameters from random weights (t
 pretrained LLM's weights a thousand times as far a step as the rates its recipes use, and the entropy bonus that
 keeps the tiny model from collapsing onto one answer would pay a pretrained model for rambling. The size of the
 policy tells the two apart: no pretrained language model in use has under ten million parameters, and this system
-does not train a larger one from random weights (docs/learning.md, "Starting from a pretrained model").
+does not train a larger one from random weights (docs/learning.md, "Starting from a pretrained model"). Among
+pretrained models, the rates of the billion-scale recipes barely move a model of a hundred million parameters
+(measured on SmolLM2-135M), so models under a billion get rates of their own.
 """
 from __future__ import annotations
 
@@ -13,13 +15,16 @@ from operator import attrgetter
 from pathlib import Path
 
 from turnstream.core.config import LearnerSection
-from turnstream.core.config_learner import (AUTO_SETTINGS, PRETRAINED, PRETRAINED_LORA, PRETRAINED_SCALE, TINY,
+from turnstream.core.config_learner import (AUTO_SETTINGS, LARGE_SCALE, PRETRAINED, PRETRAINED_LORA,
+                                            PRETRAINED_SCALE, SMALL_PRETRAINED, SMALL_PRETRAINED_LORA, TINY,
                                             ScaleDefaults)
 
 
 def defaults_for(parameters: int, lora: bool) -> ScaleDefaults:
     if parameters < PRETRAINED_SCALE:
         return TINY
+    if parameters < LARGE_SCALE:
+        return SMALL_PRETRAINED_LORA if lora else SMALL_PRETRAINED
     return PRETRAINED_LORA if lora else PRETRAINED
 
 

@@ -8,7 +8,8 @@ import time
 from turnstream.core.config import Config
 from turnstream.launcher import LocalStack
 from turnstream.progress import Progress
-from turnstream.report import plot_learning_curve, read_steps, rolling_success, write_report
+from turnstream.report import (plot_learning_curve, pooled_evals, read_evals, read_steps, rolling_success,
+                               write_report)
 
 
 def run_demo(cfg: Config) -> dict:
@@ -36,6 +37,8 @@ def run_demo(cfg: Config) -> dict:
     steps = read_steps(run_dir)
     png = plot_learning_curve(run_dir, t0=t0)
     report = write_report(run_dir, t0=t0)
+    evals = pooled_evals(read_evals(run_dir))  # (version, success, episodes) per held-out round
+    held_out = {"eval_start": evals[0][1], "eval_end": evals[-1][1], "eval_end_version": evals[-1][0]} if evals else {}
     return {
         "success_start": steps[0]["return_mean"] if steps else None,
         "success_end": rolling_success(steps, cfg.run.rolling_episodes) if steps else None,
@@ -43,6 +46,7 @@ def run_demo(cfg: Config) -> dict:
         "learner_steps": len(steps),
         "weight_version": steps[-1]["version"] if steps else 0,
         "max_staleness_seen": max((s["staleness_max"] for s in steps), default=0),
+        **held_out,
         "wall_s": round(time.monotonic() - started, 1),
         "stop_reason": stop_reason,
         "learning_curve": str(png),

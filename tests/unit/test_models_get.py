@@ -71,7 +71,7 @@ def test_a_current_folder_is_left_as_it_is(fake_model, tmp_path, capsys):
     model, _ = fake_model
     out = tmp_path / "out"
     out.mkdir()
-    (out / convert.STAMP).write_text(json.dumps({"sha256": model.sha256, "dtype": "float32"}))
+    (out / convert.STAMP).write_text(json.dumps({"sha256": model.sha256, "dtype": "float32", "layout": convert.LAYOUT}))
     assert main(["models", "get", "smollm2-135m", "--dir", str(out)]) == 0
     assert "up to date" in capsys.readouterr().out
     assert not convert.is_current(out, model, "bfloat16")

