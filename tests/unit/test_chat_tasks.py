@@ -61,7 +61,7 @@ async def test_math_tool_tells_a_chat_model_the_format_and_enumerates_problems_w
 @pytest.mark.parametrize("reply, parsed", [
     ("92.", ("answer", "92")), ("**92**", ("answer", "92")), ("calc 12*34", ("call", "12*34")),
     ("75+64 = 149", ("call", "75+64")), ("Let me compute (3 + 4) * 5 first", ("call", "(3 + 4) * 5")),
-    ("No idea!", ("invalid", "No idea!")),
+    ("39 is the answer.", ("answer", "39")), ("No idea!", ("invalid", "No idea!")),
 ])
 def test_math_tool_reads_a_chat_models_calls_and_answers(reply, parsed):
     assert parse_action(reply) == parsed

@@ -132,7 +132,7 @@ async def test_math_tool_truncates_after_tool_budget():
     steps = [await env.step("calc 1+1"), await env.step("nonsense!"), await env.step("calc 2")]
     assert [s.done for s in steps] == [False, False, True] and steps[-1].truncated
     assert all(s.reward == pytest.approx(-0.1) for s in steps)
-    assert steps[1].observation.startswith("error")
+    assert steps[1].observation.startswith("Reply with calc")
 
 
 # ---- tic-tac-toe -------------------------------------------------------------------------------------

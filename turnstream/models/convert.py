@@ -78,6 +78,8 @@ def convert(gguf: Path, out: Path, model: PackagedModel, dtype: str) -> None:
         (tmp / STAMP).write_text(json.dumps({"name": model.name, "source": model.requirement,
                                              "sha256": model.sha256, "dtype": dtype, "layout": LAYOUT},
                                             indent=1) + "\n")
+        for written in tmp.iterdir():  # safetensors writes its file private; the servers may run as other users
+            written.chmod(0o644)
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
     except OSError as exc:

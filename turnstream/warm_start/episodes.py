@@ -48,6 +48,7 @@ class Played:
     turns: list[tuple[str, str]]  # (observation, answer) in order, every agent's
     success: bool
     agents: list[int] = field(default_factory=list)  # the agent of each turn
+    system: str | None = None  # the reset's system turn, which opens every context as the actor renders it
 
     def transcripts(self, context_turns: int) -> list[dict]:
         """Each agent's conversation (an agent sees only its own turns, as the actor streams it) as
@@ -56,9 +57,10 @@ class Played:
         for agent in dict.fromkeys(self.agents):
             own = [turn for turn, a in zip(self.turns, self.agents) if a == agent]
             size = context_turns or len(own)
-            out += [{"messages": [m for obs, answer in own[start:start + size]
-                                  for m in ({"role": "user", "content": obs},
-                                            {"role": "assistant", "content": answer})]}
+            opening = [{"role": "system", "content": self.system}] if self.system else []
+            out += [{"messages": opening + [m for obs, answer in own[start:start + size]
+                                            for m in ({"role": "user", "content": obs},
+                                                      {"role": "assistant", "content": answer})]}
                     for start in range(0, len(own), size)]
         return out
 
@@ -77,10 +79,11 @@ async def play(task: WarmTask, seed: int, mistakes: float, max_turns: int = 1000
             agents.append(agent)
             step = await env.step(answer)
             if step.done:
-                return Played(turns, bool((step.info or {}).get("success")) and not step.truncated, agents)
+                return Played(turns, bool((step.info or {}).get("success")) and not step.truncated, agents,
+                              reset.system)
             observation = step.observation
             agent = agent if step.agent is None else int(step.agent)
-        return Played(turns, False, agents)
+        return Played(turns, False, agents, reset.system)
     finally:
         await env.close()
 

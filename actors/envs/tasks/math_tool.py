@@ -21,10 +21,11 @@ from turnstream.actors.environment import Environment, Reset, Step, register
 from turnstream.actors.envs.tasks.sandbox import evaluate
 
 _ANSWER = re.compile(r"answer(?:\s+is)?\s*[:=]?\s*\**\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+_IS_THE_ANSWER = re.compile(r"(-?\d+(?:\.\d+)?)\s+is\s+the\s+(?:final\s+)?answer", re.IGNORECASE)
 _BARE_NUMBER = re.compile(r"\s*\**\s*(-?\d+(?:\.\d+)?)\s*\**\.?\s*")
 _EXPRESSION = re.compile(r"\(*-?\d+(?:\.\d+)?\)*(?:\s*[-+*/]\s*\(*-?\d+(?:\.\d+)?\)*)+")
 SYSTEM = ("You have a calculator. To use it, reply with calc and an expression, for example: calc 12*34. You will "
-          "get the result. When you know the final answer, reply with answer and the number, for example: answer 408.")
+          "get the result. When you know the final answer, reply with answer and the number.")
 _CALL = re.compile(r"^\s*(?:calc|python|tool)\s*:?\s*(.+)$", re.IGNORECASE | re.DOTALL)
 
 
@@ -40,16 +41,17 @@ def parse_action(action: str) -> tuple[str, str]:
     """("answer", number) or ("call", expression) or ("invalid", text), read as a user would: a reply that
     is only a number answers (nothing is left to compute), and one that writes an arithmetic expression anywhere,
     without stating an answer, asks for it to be computed."""
-    m = _ANSWER.search(action) or _BARE_NUMBER.fullmatch(action)
+    m = _ANSWER.search(action) or _BARE_NUMBER.fullmatch(action) or _IS_THE_ANSWER.search(action)
     if m:
         return "answer", m.group(1)
     m = _CALL.match(action)
-    expression = (m.group(1) if m else action).strip()
+    if m:
+        expression = m.group(1).strip()
+    else:  # "75+64 = 149": the sum it wrote is what it wants computed
+        written = _EXPRESSION.search(action)
+        expression = written.group(0) if written else action.strip()
     if expression and re.fullmatch(r"[\d\s+\-*/%().,a-z_]+", expression):
         return "call", expression
-    written = _EXPRESSION.search(action)  # "75+64 = 149": the sum it wrote is what it wants computed
-    if written:
-        return "call", written.group(0)
     return "invalid", action
 
 
@@ -91,5 +93,5 @@ class MathTool(Environment):
             result = await evaluate(payload, cpu_s=self.cpu_s, wall_s=self.wall_s)
             observation = f"result {result.text}" if result.ok else result.text
         else:
-            observation = "error: write calc <expression> or answer <number>"
+            observation = "Reply with calc and an expression to use the calculator, or with answer and a number."
         return Step(observation, -self.tool_penalty, done=False, info={"success": False, "tool_calls": self.calls})
