@@ -38,7 +38,7 @@ def test_site_builds_in_strict_mode_without_warnings(tmp_path):
     assert run.returncode == 0 and "WARNING" not in output, output
     assert (tmp_path / "site" / "configuration" / "index.html").exists()
     home = (tmp_path / "site" / "index.html").read_text()
-    assert 'id="two-commands"' in home and 'id="set-up"' in home  # the README's sections, included
+    assert 'id="three-commands"' in home and 'id="set-up"' in home  # the README's sections, included
 
 
 def test_every_toml_example_is_a_valid_config():
