@@ -103,6 +103,11 @@ def ensure_model(path: str, field: str = "model.path", tiny_seed: int = 0) -> st
 def _model_problem(path: str, field: str) -> str:
     if _holds_checkpoint(path) or Path(path).resolve() == Path(TINY_MODEL_PATH).resolve():
         return ""
+    from turnstream.models.catalog import MODELS
+
+    name = Path(path).name
+    if name in MODELS:  # the folder `turnstream models get NAME` writes by default
+        return f"{field}: {path} holds no checkpoint (config.json); write it with `turnstream models get {name}`"
     return (f"{field}: {path} holds no checkpoint (config.json); point it at a Hugging Face checkpoint directory, "
             f"or build the tiny model there with `turnstream make-tiny-model {path}`")
 

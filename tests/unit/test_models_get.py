@@ -75,3 +75,11 @@ def test_a_current_folder_is_left_as_it_is(fake_model, tmp_path, capsys):
     assert main(["models", "get", "smollm2-135m", "--dir", str(out)]) == 0
     assert "up to date" in capsys.readouterr().out
     assert not convert.is_current(out, model, "bfloat16")
+
+
+def test_a_config_naming_a_model_not_yet_got_says_how_to_get_it(tmp_path):
+    from turnstream.core.configtools import ConfigError
+    from turnstream.preflight import ensure_model
+
+    with pytest.raises(ConfigError, match="write it with `turnstream models get smollm2-135m`"):
+        ensure_model(str(tmp_path / "smollm2-135m"), "model.path")
