@@ -68,7 +68,7 @@ def _model(path):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
-def _play(url, model_dir, n=4, seed_offset=0):
+def _play(url, model_dir, n=4):
     """`n` guessing games, replies of at most 12 tokens; the episodes as the buffer assembles them."""
     chunks = asyncio.run(play_episodes(url, model_dir, n, max_new_tokens=12,
                                        env_factory=lambda: GuessNumber(high=20, max_guesses=3)))
@@ -120,7 +120,7 @@ def test_the_actors_context_is_the_chat_templates_rendering(smollm2_url, smollm2
 
 
 def test_learner_log_probs_of_real_text_match_vllms(smollm2_url, smollm2):
-    _, episodes = _play(smollm2_url, smollm2)
+    _, episodes = _play(smollm2_url, smollm2, n=8)
     err, n = _max_logprob_error(_model(smollm2), flatten(episodes, request_id=0, learner_version=0, dropped_stale=0))
     print(f"SmolLM2-135M, fp32: max |logprob difference| {err:.2e} over {n} sampled tokens")
     assert n >= 20 and err < LOGPROB_TOLERANCE
@@ -128,6 +128,9 @@ def test_learner_log_probs_of_real_text_match_vllms(smollm2_url, smollm2):
 
 def test_one_step_and_a_verified_push_then_the_server_samples_the_new_weights(smollm2_url, smollm2, tmp_path):
     _, episodes = _play(smollm2_url, smollm2)
+    # half the games won, whatever was played: a batch whose outcomes all agree has no advantage to step on
+    for i, episode in enumerate(episodes):
+        episode.turns[max(episode.turns)].reward = float(i % 2)
     batch = flatten(episodes, request_id=0, learner_version=0, dropped_stale=0)
     model = _model(smollm2)
     trainer = Trainer(model.train(), LearnerSection(device="cpu"), seed=0)
