@@ -12,16 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from turnstream.learner.sync.server_calls import WeightSyncError, healthy, post
 from turnstream.protocol.http_links import silent_peer_connector
 
 if TYPE_CHECKING:
     from turnstream.learner.sync.verify import Expected, PushVerifier
 
 log = logging.getLogger("turnstream.learner")
-
-
-class WeightSyncError(RuntimeError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -192,30 +189,3 @@ class WeightSync(ABC):
                 await self.resync()
             except Exception as exc:  # never let the watcher die; the next round tries again
                 log.warning("weight sync: resync failed: %r", exc)
-
-
-async def post(session: aiohttp.ClientSession, url: str, body: dict) -> dict:
-    return await _json_reply(session.post(url, json=body), url)
-
-
-async def get(session: aiohttp.ClientSession, url: str) -> dict:
-    return await _json_reply(session.get(url), url)
-
-
-async def _json_reply(request, url: str) -> dict:
-    """The JSON body of a 200 answer to `request` (an aiohttp request not yet entered); WeightSyncError else."""
-    try:
-        async with request as resp:
-            if resp.status != 200:
-                raise WeightSyncError(f"{url}: HTTP {resp.status}: {(await resp.text())[:300]}")
-            return await resp.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        raise WeightSyncError(f"{url}: {exc!r}") from None
-
-
-async def healthy(session: aiohttp.ClientSession, url: str) -> bool:
-    try:
-        async with session.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=5)) as resp:
-            return resp.status == 200
-    except (aiohttp.ClientError, asyncio.TimeoutError):
-        return False

@@ -20,7 +20,8 @@ import aiohttp
 import torch
 
 from turnstream.learner.parallel.ranks import broadcast
-from turnstream.learner.sync.base import WeightSync, post
+from turnstream.learner.sync.base import WeightSync
+from turnstream.learner.sync.server_calls import post
 from turnstream.learner.sync.buckets import Bucket, TensorSpec, WeightBuckets
 from turnstream.learner.sync.verify import PushVerifier
 

@@ -23,7 +23,8 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from turnstream.learner.sync.base import WeightSync, WeightSyncError, get, healthy, post
+from turnstream.learner.sync.base import WeightSync
+from turnstream.learner.sync.server_calls import WeightSyncError, get, healthy, post
 from turnstream.learner.sync.buckets import WeightBuckets
 from turnstream.learner.sync.verify import PushVerifier
 

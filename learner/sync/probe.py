@@ -14,7 +14,7 @@ import aiohttp
 import torch
 
 from turnstream.learner.step.forward import MicroBatch
-from turnstream.learner.sync.base import WeightSyncError
+from turnstream.learner.sync.server_calls import WeightSyncError
 
 PROBE_LENGTH = 16
 # Ids below this are ordinary tokens in any real tokenizer; above it some reserve special or padding ids that a

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import aiohttp
 import torch
 
-from turnstream.learner.sync.base import WeightSyncError, post
+from turnstream.learner.sync.server_calls import WeightSyncError, post
 from turnstream.learner.sync.probe import probe_tokens, served_logprobs
 
 log = logging.getLogger("turnstream.learner")

@@ -178,7 +178,7 @@ def test_sft_warm_start_of_the_real_model_lowers_its_loss(smollm2, tmp_path):
     config = tmp_path / "sft.toml"
     config.write_text(f'[model]\npath = "{smollm2}"\n[learner]\ndevice = "cpu"\n'
                       f'[sft]\ntranscripts = "{data}"\noutput_dir = "{tmp_path / "sft"}"\nmax_steps = 4\n'
-                      f'batch_transcripts = 8\nlr = 2e-5\n')
+                      f'batch_transcripts = 4\nlr = 2e-5\n')
     done = subprocess.run([sys.executable, "-m", "turnstream.cli", "sft", "--config", str(config)],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
