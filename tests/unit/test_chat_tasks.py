@@ -72,3 +72,21 @@ async def test_math_tool_problems_follow_its_operands_and_operators():
     reset = await env.reset(seed=3)
     a, b = (int(x) for x in reset.observation[len("What is "):-1].split("+"))
     assert 2 <= a <= 9 and 2 <= b <= 9 and env.answer == a + b
+
+
+async def test_arithmetic_with_attempts_says_higher_or_lower_until_they_run_out():
+    env = Arithmetic(digits=1, operators="+", attempts=3)
+    await env.reset(seed=0, task=3)
+    answer = env.answer
+    step = await env.step(f"It is {answer - 2}.")
+    assert (step.observation, step.reward, step.done) == (f"No, the answer is higher than {answer - 2}. Try again.",
+                                                          0.0, False)
+    step = await env.step("I do not know")
+    assert step.observation == "No number there. Try again." and not step.done
+    step = await env.step(f"{answer}")
+    assert step.done and step.reward == 1.0 and step.info == {"success": True, "attempts": 3}
+    await env.reset(seed=0, task=3)
+    for _ in range(2):
+        assert not (await env.step(f"{answer + 1}")).done
+    last = await env.step(f"{answer + 1}")
+    assert last.done and last.reward == 0.0 and not last.info["success"]
