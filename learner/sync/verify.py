@@ -78,6 +78,7 @@ class PushVerifier:
         self.metrics = metrics
         self.unverified: set[str] = set()  # servers whose last check failed: verified at every push until one passes
         self.verified: dict[str, int] = {}  # server -> last version it was verified to serve
+        self.probes = 0  # probes sent: each has a cache salt of its own (below)
 
     def due(self, version: int) -> bool:
         """Whether the push of `version` is verified (the learner then computes `expect`'s log-probs)."""
@@ -110,7 +111,10 @@ class PushVerifier:
 
     async def _check(self, session: aiohttp.ClientSession, url: str, expected: Expected) -> str | None:
         try:
-            served = await served_logprobs(session, url, expected.tokens, self.model, f"verify-v{expected.version}")
+            # a salt per probe, not per version: a retried check must not read the KV cache its failed try left
+            self.probes += 1
+            served = await served_logprobs(session, url, expected.tokens, self.model,
+                                           f"verify-v{expected.version}-{self.probes}")
         except WeightSyncError as exc:
             return f"the probe could not be scored: {exc}"
         c = compare(expected.logprobs, served, self.tolerance)
