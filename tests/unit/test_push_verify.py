@@ -213,5 +213,8 @@ def test_verification_settings_reach_the_verifier_not_the_backend(tmp_path):
     sync = weight_sync_from_config(cfg, tmp_path, verifier)
     assert sync.verifier is verifier
     default = load_config(None, ["vllm.urls=['http://127.0.0.1:9']", "learner.lora.rank=4"])
-    verifier = verifier_from_config(default, 512, torch.float32)
-    assert (verifier.every, verifier.tolerance, verifier.model) == (1, 1e-3, default.learner.lora.served_name)
+    verifier = verifier_from_config(default, 512, torch.float32)  # adapter pushes: checked only where asked
+    assert (verifier.every, verifier.tolerance, verifier.model) == (0, 1e-3, default.learner.lora.served_name)
+    asked = load_config(None, ["vllm.urls=['http://127.0.0.1:9']", "learner.lora.rank=4",
+                               "vllm.weight_sync.verify_every=1"])
+    assert verifier_from_config(asked, 512, torch.float32).every == 1
