@@ -8,12 +8,24 @@ The rate limiter's deadlock rule reads buffer/store/ratelimit.py, so it runs in 
 """
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from turnstream.core.config_fields import CpuIds, Port, Section
 from turnstream.core.configtools import require
+
+
+def episodes_of_batch(share: float, batch_episodes: int) -> int:
+    """The whole episodes `share` of a batch of `batch_episodes` comes to (a share written as a decimal, 0.29 of
+    100, counts as the 29 it means, not the 28 its float product rounds down to)."""
+    return math.floor(share * batch_episodes + 1e-9)
+
+
+def least_share(batch_episodes: int) -> float:
+    """The smallest share, in four decimals, that comes to one episode of a batch."""
+    return math.ceil(10_000 / batch_episodes) / 10_000
 
 
 class PositiveReplaySection(Section):
@@ -103,4 +115,8 @@ class BufferSection(Section):
                 "replays whole episodes: needs segment_turns = 0")
         require(not replaying or self.sampling != "group", "positive_replay.share",
                 "a replay would break a batch's whole groups: needs sampling other than group")
+        require(not replaying or episodes_of_batch(self.positive_replay.share, self.batch_episodes) >= 1,
+                "positive_replay.share", "must give a batch at least one replay (share * batch_episodes >= 1), or "
+                f"be 0 for off: with batch_episodes ({self.batch_episodes}) the least share is 1/{self.batch_episodes} "
+                f"({least_share(self.batch_episodes):g}), got {self.positive_replay.share}")
         return self

@@ -20,6 +20,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from turnstream.buffer.store.episodes import Episode, Replay
+from turnstream.core.config_buffer import episodes_of_batch
 
 
 @dataclass
@@ -80,7 +81,7 @@ class PositiveReplay:
         successes past the staleness bound."""
         for episode_id in [i for i, r in self.kept.items() if learner_version - r.behaviour_version > max_staleness]:
             del self.kept[episode_id]
-        return list(self.kept.values())[:int(self.share * batch_episodes)]
+        return list(self.kept.values())[:episodes_of_batch(self.share, batch_episodes)]
 
     def replayed(self, replays: list[Replay]) -> None:
         """`replays` left in a batch: each has one use fewer."""

@@ -232,7 +232,7 @@ def _from_critic(estimator: str, batch: Batch, tb: TensorBatch, v: np.ndarray, g
             tail = float(v[bootstrap[0]])
         else:  # cut off, not ended: what follows is worth about what the critic saw at the last boundary
             tail = float(v[boundary[-1]]) if truncated[e] else 0.0
-        a, g = gae(_step_rewards(batch, tb, e, boundary), v[boundary], gamma, lam, bootstrap=tail)
+        a, g = gae(_step_rewards(batch, tb, e, boundary, gamma), v[boundary], gamma, lam, bootstrap=tail)
         step_index = np.searchsorted(first, np.arange(idx.size), side="right") - 1
         adv[idx] = a[step_index]  # broadcast each step's advantage to its action tokens
         targets[boundary] = g
@@ -247,15 +247,25 @@ def _from_critic(estimator: str, batch: Batch, tb: TensorBatch, v: np.ndarray, g
                       if value_mask.any() else 0.0)
 
 
-def _step_rewards(batch: Batch, tb: TensorBatch, e: int, boundary: np.ndarray) -> np.ndarray:
-    """Episode e's reward after each of its steps (`boundary`: each step's first action token)."""
+def _step_rewards(batch: Batch, tb: TensorBatch, e: int, boundary: np.ndarray, gamma: float) -> np.ndarray:
+    """Episode e's reward after each of its steps (`boundary`: each step's first action token).
+
+    A turn without any action token (the closing chunk that brings the side that did not move last its outcome,
+    the loser's -1; the chunk that closes a truncated episode) has no step of its own: its reward goes to the last
+    step before it, discounted by the turns between, as MARS's reward-to-go counts it. A segment's bootstrap turn
+    holds a token, so its reward stays with the item that trains it."""
     rewards = np.zeros(len(boundary))
     per_turn = turn_rewards(batch, e)
     turn_of_step = tb.act_turn.numpy()[boundary]
-    if per_turn is not None and len(per_turn) > turn_of_step.max():
-        # each turn's reward lands on that turn's last step (its only step for turn_gae)
-        last_step_of_turn = np.nonzero(np.append(turn_of_step[1:] != turn_of_step[:-1], True))[0]
-        rewards[last_step_of_turn] = per_turn[turn_of_step[last_step_of_turn]]
-    else:
+    if per_turn is None or len(per_turn) <= turn_of_step.max():
         rewards[-1] = float(batch.returns[e])  # only the episode return is known: it arrives after the last turn
+        return rewards
+    # each turn's reward lands on that turn's last step (its only step for turn_gae)
+    last_step_of_turn = np.nonzero(np.append(turn_of_step[1:] != turn_of_step[:-1], True))[0]
+    rewards[last_step_of_turn] = per_turn[turn_of_step[last_step_of_turn]]
+    with_tokens = np.unique(tb.act_turn.numpy()[tb.act_episode.numpy() == e])
+    later = np.arange(int(turn_of_step[0]) + 1, len(per_turn))
+    for t in later[~np.isin(later, with_tokens)]:
+        step = np.searchsorted(turn_of_step, t, side="right") - 1
+        rewards[step] += gamma ** (t - int(turn_of_step[step])) * float(per_turn[t])
     return rewards

@@ -188,6 +188,37 @@ def test_turn_gae_truncated():
     close(adv.value_targets.numpy(), column(rows, "G"))
 
 
+def test_turn_gae_closing():
+    """The table's moves, then the same turns as real chunks (the closing one without tokens) through the buffer's
+    flatten and the learner's `turn_gae`: the closing reward reaches the last move's target."""
+    from turnstream.buffer.store.episodes import Episode, flatten
+    from turnstream.learner.step.batching import to_tensors
+    from tests.unit.test_store import chunk
+
+    p, rows = EXAMPLES["turn_gae_closing"]
+    moves = [r for r in rows if r["V"] != "closing"]
+    closing = [r for r in rows if r["V"] == "closing"]
+    step_r = column(moves, "r")
+    for c in closing:  # each closing turn's reward on the last move before it, discounted by the turns between
+        step_r[-1] += p["gamma"] ** (c["turn"] - moves[-1]["turn"]) * c["r"]
+    close(step_r, column(moves, "r on the step"))
+    v = column(moves, "V")
+    adv, targets = gae(step_r, v, p["gamma"], p["lam"])
+    close(step_r + p["gamma"] * np.append(v[1:], 0.0) - v, column(moves, "δ"))
+    close(adv, column(moves, "A"))
+    close(targets, column(moves, "G"))
+    ep = Episode("g/a1", ("a", 0), "tictactoe/a1")
+    for r in rows:
+        gen = () if r["V"] == "closing" else (5,)
+        ep.add(chunk(seq=int(r["turn"]), ep=ep.episode_id, turn=int(r["turn"]), gen=gen, reward=r["r"],
+                     done=r is rows[-1], prompt=ep.prompt_key))
+    batch = flatten([ep], 1, 0, 0)
+    tb = to_tensors(batch, 64)
+    out = estimators.compute("turn_gae", batch, tb, tracker=SpoTracker(), spo_normalize="token", gamma=p["gamma"],
+                             lam=p["lam"], old_values=torch.tensor(v))
+    close(out.value_targets.numpy(), column(moves, "G"))
+
+
 @pytest.mark.parametrize("rows, fn", [(EXAMPLES["grpo"][1], grpo_advantages), (EXAMPLES["rloo"][1], rloo_advantages)])
 def test_group_baselines(rows, fn):
     close(fn(column(rows, "r"), [r["prompt"] for r in rows]), column(rows, "A"))

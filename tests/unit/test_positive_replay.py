@@ -10,7 +10,7 @@ import pytest
 
 from turnstream.buffer.audit import BufferAudit
 from turnstream.buffer.pass_rate_file import write_pass_rates
-from turnstream.buffer.store.episodes import Replay, flatten
+from turnstream.buffer.store.episodes import Episode, Replay, flatten
 from turnstream.buffer.store.positive_replay import PassRates, PositiveReplay
 from turnstream.core.audit import AuditLog
 from turnstream.core.config import ConfigError, load_config
@@ -169,6 +169,20 @@ def test_the_pass_rate_file_lists_the_hardest_task_first(tmp_path):
 def test_settings_positive_replay_cannot_serve_are_refused_naming_the_setting(override, setting):
     with pytest.raises(ConfigError, match=setting.replace(".", r"\.")):
         load_config(None, override)
+
+
+def test_a_share_that_gives_a_batch_no_replay_slot_is_refused_naming_the_share_and_the_batch_size():
+    """share * batch_episodes rounds down to the replays a batch may hold: under one, positive replay would be on
+    in the config and off in every batch."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["buffer.positive_replay.share=0.1", "buffer.batch_episodes=8"])
+    message = str(info.value)
+    assert message.startswith("buffer.positive_replay.share: ") and "\n" not in message
+    assert "batch_episodes (8)" in message and "0.125" in message
+    cfg = load_config(None, ["buffer.positive_replay.share=0.125", "buffer.batch_episodes=8"])
+    replay = positive(share=cfg.buffer.positive_replay.share)
+    replay.keep([Episode("e0", ("a", 0), "p")])
+    assert len(replay.due(cfg.buffer.batch_episodes, learner_version=0, max_staleness=0)) == 1
 
 
 def test_a_learner_step_trains_on_a_replay_without_folding_or_counting_it():
