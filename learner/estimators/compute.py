@@ -101,21 +101,45 @@ def value_positions(estimator: str, tb: TensorBatch) -> torch.Tensor:
     return mask & tb.act_trained if tb.act_trained is not None else mask
 
 
+def cut_positions(batch: Batch) -> np.ndarray:
+    """[episodes] where the critic reads the value of the observation at a truncated episode's cut: the position,
+    in the episode's row, of the last token of the environment's reply to the last move (V of the state before
+    token p is read at p - 1, so the state after the whole row is read at its last token); -1 where the batch
+    holds no such reply. An episode the actor cut at its turn or context budget closes with a chunk that carries
+    that reply and no action; one the environment truncated ends with the last move's own chunk, and the reply
+    never travels."""
+    offsets = np.asarray(batch.episode_offsets, np.int64)
+    n_eps = len(offsets) - 1
+    out = np.full(n_eps, -1, np.int64)
+    if len(batch.truncated) != n_eps or n_eps == 0:
+        return out
+    lengths = np.diff(offsets)
+    ends_on_reply = np.zeros(n_eps, bool)
+    nonempty = lengths > 0
+    ends_on_reply[nonempty] = np.asarray(batch.action_mask)[offsets[1:][nonempty] - 1] == 0
+    cut = np.asarray(batch.truncated, bool) & ends_on_reply
+    out[cut] = lengths[cut] - 1
+    return out
+
+
 def for_config(cfg: LearnerSection, tracker: SpoTracker, batch: Batch, tb: TensorBatch,
                old_values: torch.Tensor | None, agent_ids: np.ndarray | None,
-               episodes: np.ndarray | None = None) -> Advantages:
+               episodes: np.ndarray | None = None, cut_values: torch.Tensor | None = None) -> Advantages:
     """`compute` with a run's learner settings."""
     return compute(cfg.estimator, batch, tb, tracker=tracker, spo_normalize=cfg.spo.normalize, gamma=cfg.critic.gamma,
                    lam=cfg.critic.lam, old_values=old_values, agent_ids=agent_ids, episodes=episodes,
-                   gigpo=cfg.gigpo, mars=cfg.mars)
+                   gigpo=cfg.gigpo, mars=cfg.mars, cut_values=cut_values)
 
 
 def compute(estimator: str, batch: Batch, tb: TensorBatch, *, tracker: SpoTracker, spo_normalize: str,
             gamma: float, lam: float, old_values: torch.Tensor | None, agent_ids: np.ndarray | None = None,
             episodes: np.ndarray | None = None, gigpo: GigpoSection | None = None,
-            mars: MarsSection | None = None) -> Advantages:
+            mars: MarsSection | None = None, cut_values: torch.Tensor | None = None) -> Advantages:
     """`old_values`: critic values at every action token's position (value-based estimators only). After an
-    episode's last turn V is 0, unless it was truncated: then the critic's value at its last turn boundary.
+    episode's last turn V is 0, unless it was truncated: then `cut_values` (per episode, the critic's value at
+    `cut_positions`; NaN, or None for all, where there is none). A truncated episode without one holds its last
+    turn's critic target at the critic's own value and gives that turn no advantage: its turns before bootstrap
+    from the last turn's value, and what followed the last turn is not known.
     After a segment of an open episode (Batch.bootstrap_turns), V is the critic's value before its bootstrap
     token, which gets no advantage and no critic target.
     `agent_ids`: per action token, for Dr. MAS agent-wise normalisation.
@@ -133,8 +157,9 @@ def compute(estimator: str, batch: Batch, tb: TensorBatch, *, tracker: SpoTracke
     if estimator not in VALUE_BASED:
         raise ValueError(f"unknown estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
     assert old_values is not None, f"{estimator} needs critic values"
-    return _from_critic(estimator, batch, tb, old_values.double().numpy(), gamma, 0.0 if estimator == "archer" else lam,
-                        agent_ids, episodes)
+    cut = np.full(tb.num_episodes, np.nan) if cut_values is None else cut_values.double().numpy()
+    return _from_critic(estimator, batch, tb, old_values.double().numpy(), cut, gamma,
+                        0.0 if estimator == "archer" else lam, agent_ids, episodes)
 
 
 def _from_outcomes(estimator: str, batch: Batch, tb: TensorBatch, tracker: SpoTracker, spo_normalize: str,
@@ -209,8 +234,8 @@ def _rewards_of_turns(batch: Batch, e: int, n_turns: int) -> np.ndarray:
     return rewards
 
 
-def _from_critic(estimator: str, batch: Batch, tb: TensorBatch, v: np.ndarray, gamma: float, lam: float,
-                 agent_ids: np.ndarray | None, episodes: np.ndarray | None) -> Advantages:
+def _from_critic(estimator: str, batch: Batch, tb: TensorBatch, v: np.ndarray, cut: np.ndarray, gamma: float,
+                 lam: float, agent_ids: np.ndarray | None, episodes: np.ndarray | None) -> Advantages:
     """GAE over each episode's steps (turns, or action tokens), each step's advantage on its action tokens. An
     episode served to the critic alone gets its critic targets and no advantage."""
     ep_of = tb.act_episode.numpy()
@@ -218,6 +243,7 @@ def _from_critic(estimator: str, batch: Batch, tb: TensorBatch, v: np.ndarray, g
     truncated = np.asarray(batch.truncated, bool) if len(batch.truncated) == n_eps else np.zeros(n_eps, bool)
     trained = tb.act_trained.numpy() if tb.act_trained is not None else np.ones(len(ep_of), bool)
     adv, targets, value_mask = np.zeros(len(ep_of)), np.zeros(len(ep_of)), np.zeros(len(ep_of), bool)
+    held = np.zeros(len(ep_of), bool)  # the last turn of a truncated episode without a value at its cut
     groups = np.arange(len(ep_of)) if estimator == "token_gae" else turn_groups(tb).numpy()
     for e in range(n_eps) if episodes is None else episodes:
         idx = np.nonzero((ep_of == e) & trained)[0]  # this episode's trained action tokens, in order
@@ -228,18 +254,29 @@ def _from_critic(estimator: str, batch: Batch, tb: TensorBatch, v: np.ndarray, g
         first = np.sort(first)
         boundary = idx[first]
         bootstrap = np.nonzero((ep_of == e) & ~trained)[0]
+        rewards, steps = _step_rewards(batch, tb, e, boundary, gamma), len(boundary)
         if bootstrap.size:  # a segment: the rest of the episode is worth what the critic sees before it
             tail = float(v[bootstrap[0]])
-        else:  # cut off, not ended: what follows is worth about what the critic saw at the last boundary
-            tail = float(v[boundary[-1]]) if truncated[e] else 0.0
-        a, g = gae(_step_rewards(batch, tb, e, boundary, gamma), v[boundary], gamma, lam, bootstrap=tail)
+        elif truncated[e] and np.isfinite(cut[e]):  # cut off, not ended: worth what the critic sees at the cut
+            tail = float(cut[e])
+        elif truncated[e]:  # no value at the cut: the last turn bootstraps the ones before it and teaches nothing
+            turn_of_step = tb.act_turn.numpy()[boundary]
+            steps = int(np.searchsorted(turn_of_step, turn_of_step[-1]))
+            tail = float(v[boundary[steps]])
+            targets[boundary[steps:]] = v[boundary[steps:]]  # the critic's own value: no gradient
+            held[idx[first[steps]:]] = True
+        else:
+            tail = 0.0
+        a, g = gae(rewards[:steps], v[boundary[:steps]], gamma, lam, bootstrap=tail)
         step_index = np.searchsorted(first, np.arange(idx.size), side="right") - 1
-        adv[idx] = a[step_index]  # broadcast each step's advantage to its action tokens
-        targets[boundary] = g
+        kept = step_index < steps
+        adv[idx[kept]] = a[step_index[kept]]  # broadcast each step's advantage to its action tokens
+        targets[boundary[:steps]] = g
         value_mask[boundary] = True
     part = trained if episodes is None else np.isin(ep_of, episodes) & trained
     if tb.act_critic_only is not None:  # not in place: `trained` is a view of the batch's tensor
         part = part & ~tb.act_critic_only.numpy()
+    part = part & ~held
     token = np.zeros(len(ep_of))
     token[part] = agentwise_normalize(adv[part], agent_ids[part]) if agent_ids is not None else whiten(adv[part])
     return Advantages(torch.from_numpy(token.astype(np.float32)), torch.from_numpy(value_mask),

@@ -116,10 +116,10 @@ def test_spo_advantages():
     assert f"{(n * raw).sum() / n.sum():.4f}" in text and f"{raw.mean():.4f}" in text  # the means in the prose
 
 
-def _gae_table(name: str, bootstrap_from_last: bool = False):
+def _gae_table(name: str):
     p, rows = EXAMPLES[name]
     r, v = column(rows, "r"), column(rows, "V")
-    bootstrap = v[-1] if bootstrap_from_last else p["bootstrap"]
+    bootstrap = p["bootstrap"]
     adv, targets = gae(r, v, p["gamma"], p["lam"], bootstrap=bootstrap)
     next_v = np.append(v[1:], bootstrap)
     close(r + p["gamma"] * next_v - v, column(rows, "δ"))
@@ -181,10 +181,26 @@ def test_turn_gae_tokens():
 
 
 def test_turn_gae_truncated():
-    p, rows = _gae_table("turn_gae_truncated", bootstrap_from_last=True)
-    batch, tb = _one_episode(np.arange(len(rows)), returns=0.0, truncated=True)
+    """The table, then the same turns as real chunks, the last of them the actor's closing chunk with the
+    environment's reply and no action: the critic is read at the reply's last token, and its value there is the
+    table's bootstrap."""
+    from turnstream.buffer.store.episodes import Episode, flatten
+    from turnstream.learner.step.batching import to_tensors
+    from tests.unit.test_store import chunk
+
+    p, rows = _gae_table("turn_gae_truncated")
+    ep = Episode("e", ("a", 0), "p")
+    for t, r in enumerate(rows):
+        ep.add(chunk(seq=t, ep="e", turn=t, gen=(5,), reward=r["r"]))
+    closing = chunk(seq=len(rows), ep="e", turn=len(rows), gen=(), obs=(7, 8), done=True)
+    closing.truncated = True
+    ep.add(closing)
+    batch = flatten([ep], 1, 0, 0)
+    tb = to_tensors(batch, 64)
+    assert estimators.cut_positions(batch).tolist() == [int(tb.lengths[0]) - 1]
     adv = estimators.compute("turn_gae", batch, tb, tracker=SpoTracker(), spo_normalize="token", gamma=p["gamma"],
-                             lam=p["lam"], old_values=torch.tensor(column(rows, "V")))
+                             lam=p["lam"], old_values=torch.tensor(column(rows, "V")),
+                             cut_values=torch.tensor([p["bootstrap"]]))
     close(adv.value_targets.numpy(), column(rows, "G"))
 
 
