@@ -37,6 +37,11 @@ class ActorMetrics:
             "turnstream_actor_env_loop_blocked_seconds_total",
             "Seconds environment calls held the actor's event loop in stretches over env.loop_block_warn_s, "
             "by environment", ["env"], registry=r)
+        self.env_loop_stalls = Counter(
+            "turnstream_actor_env_loop_stalls_total",
+            "Environment calls seen by the loop watchdog holding the actor's event loop past their time limit, by "
+            "environment and call (one still holding it after the grace ends the actor)", ["env", "call"],
+            registry=r)
         self.env_close_failures = Counter("turnstream_actor_env_close_failures_total",
                                           "Environment closes that failed or ran out of time, by kind (the slot "
                                           "goes on)", ["kind"], registry=r)

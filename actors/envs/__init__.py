@@ -4,7 +4,7 @@
                tictactoe, math_tool (with its sandbox); arithmetic and guess_number, free-text tasks for a
                pretrained chat model
     probes/    test probes: trivial (throughput), fixed_odds (what a task order or curriculum does), and
-               misbehaving ones (probe_hang, probe_block, probe_crash, probe_slow_tool, probe_memory)
+               misbehaving ones (probe_hang, probe_block, probe_crash, probe_slow_tool, probe_memory, probe_child)
     remote/    environments served over HTTP (HTTP_ENV.md): the `http` client and a reference server
     adapters/  established libraries (TextArena, TextWorld, reasoning-gym, Gymnasium), as entry points
 

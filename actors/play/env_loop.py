@@ -26,6 +26,7 @@ from turnstream.actors.envs.guard.guarded import GuardedEnvironment
 from turnstream.actors.envs.guard.hosts import EnvHost, LoopHost
 from turnstream.actors.envs.guard.settings import GuardSettings
 from turnstream.actors.envs.guard.timed import LoopBlockMeter
+from turnstream.actors.envs.guard.watchdog import LoopWatchdog
 from turnstream.actors.play.context import PlayContext
 from turnstream.actors.play.player import Episode, EpisodePlayer, abandon_on_failure
 from turnstream.actors.play.stream import Stream
@@ -33,14 +34,15 @@ from turnstream.actors.play.stream import Stream
 
 class EnvironmentLoop(EpisodePlayer):
     """Plays each episode on a fresh environment from `host` (default: `make_env` on the actor's loop), under
-    `guard`'s limits. The start-up environment is always made by `make_env`, in the actor's process: it is only
-    asked questions (num_tasks), never reset or stepped."""
+    `guard`'s limits, and `watchdog` (default: the actor exits on a stall, watchdog.py) watching the calls on the
+    loop. The start-up environment is always made by `make_env`, in the actor's process: it is only asked
+    questions (num_tasks), never reset or stepped."""
 
     def __init__(self, make_env: Callable[[], Environment], guard: GuardSettings = GuardSettings(),
-                 host: EnvHost | None = None):
+                 host: EnvHost | None = None, watchdog: LoopWatchdog | None = None):
         self.make_env, self.guard = make_env, guard
         self.host = host or LoopHost(make_env)
-        self.meter = LoopBlockMeter(guard.loop_block_warn_s)
+        self.meter = LoopBlockMeter(guard.loop_block_warn_s, watchdog)
         self._startup_env: Environment | None = None
 
     def startup_env(self) -> Environment:

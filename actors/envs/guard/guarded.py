@@ -7,7 +7,9 @@ worker: creating it there) counts under the run's reset limit, its own limits be
 reset or step past its limit raises `EnvError` of kind `timeout`, which abandons the episode; a close that fails
 or runs out of time is logged and counted (turnstream_actor_env_close_failures_total) and never fails the slot.
 A call is cancelled at its limit: an environment on the loop whose code blocks is cut off only when it next
-yields to the loop; in a worker, one that does not stop gets its worker retired (pool.py).
+yields to the loop (one that returns past its limit without yielding is a timeout all the same), and one that
+holds the loop past its limit is noticed meanwhile by the loop watchdog (watchdog.py); in a worker, one that does
+not stop gets its worker retired (pool.py).
 """
 from __future__ import annotations
 
@@ -80,11 +82,16 @@ class GuardedEnvironment(Environment):
 
     async def _call(self, call: Awaitable[T], what: str, limit_s: float) -> T:
         if self.host.runs_on_loop:  # in a worker, what blocks is the worker's business (and it is isolated)
-            call = self.meter.timed(call, self.name, what, self.metrics)
+            call = self.meter.timed(call, self.name, what, limit_s, self.metrics)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit_s
         try:
-            async with asyncio.timeout(limit_s) as scope:
-                return await call
+            async with asyncio.timeout_at(deadline) as scope:
+                result = await call
         except TimeoutError:
             if not scope.expired():  # the environment's own TimeoutError: a failure like any other
                 raise
             raise EnvError(f"{self.name}: {what} did not return within {limit_s:g}s", "timeout") from None
+        if loop.time() > deadline:  # it blocked the loop past its limit, so the limit never got to cancel it
+            raise EnvError(f"{self.name}: {what} held the actor's event loop past its {limit_s:g}s limit", "timeout")
+        return result

@@ -7,8 +7,10 @@ was serving, each abandoned with a reason on its next call, and is replaced at o
     hung     a call past its time limit did not stop when cancelled (blocking code cannot be interrupted): that
              episode is abandoned as `timeout`; the worker takes no new episodes, is replaced at once, and is
              killed once its other episodes have finished (they are not cut short)
-Workers are the actor's children: they go when the pool closes (the actor's event loop ends, on a graceful stop
-or SIGTERM too), and the kernel kills them when the actor is killed (worker.py).
+Workers are the actor's children, each the leader of a process group of its own, which holds the processes its
+environments start: the pool kills a worker by killing its whole group, so that nothing an environment started
+outlives it. They go when the pool closes (the actor's event loop ends, on a graceful stop or SIGTERM too), and
+when the actor dies (worker.py).
 """
 from __future__ import annotations
 
@@ -193,7 +195,7 @@ class WorkerPool:
             # started on this (the loop's) thread, the one whose end the worker's PDEATHSIG follows. A plain Popen
             # reaped by its own pid: asyncio's child watcher can report a sibling's exit status as unknown (255)
             proc = subprocess.Popen([sys.executable, "-m", WORKER_MODULE, str(theirs.fileno()), str(os.getpid())],
-                                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+                                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, process_group=0)
         except OSError as exc:  # no process could be made (out of memory, pids): try again a little later
             ours.close()
             log.warning("environment worker could not start: %r", exc)
@@ -228,6 +230,7 @@ class WorkerPool:
     async def _gone(self, worker: Worker) -> None:
         # its end closed, so it is exiting; one that lives on (a broken stream, it never said ready) is killed
         code = await exit_status(worker.proc, STOP_GRACE_S)
+        kill_group(worker.proc)  # what its environments started, left behind by a worker that crashed
         reason = worker.kill_reason or "died"
         how = describe_exit(code)
         worker.abandon(EnvError(f"environment worker {worker.pid} {how} ({reason})", EPISODE_KIND[reason]))
@@ -247,7 +250,7 @@ class WorkerPool:
     def _kill(self, worker: Worker, reason: str) -> None:
         if worker.kill_reason is None and worker.proc.returncode is None:
             worker.kill_reason = reason
-            worker.proc.kill()
+            kill_group(worker.proc)
 
     async def _watch_memory(self) -> None:
         limit = self.settings.worker_memory_mb << 20
@@ -281,13 +284,22 @@ class WorkerPool:
 
 
 async def exit_status(proc: subprocess.Popen, grace_s: float) -> int:
-    """`proc`'s exit status, once it exits, or is killed after `grace_s`."""
+    """`proc`'s exit status, once it exits, or is killed with its group after `grace_s`."""
     deadline = time.monotonic() + grace_s
     while (code := proc.poll()) is None:
         if time.monotonic() >= deadline:
-            proc.kill()
+            kill_group(proc)
         await asyncio.sleep(0.01)
     return code
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL to the process group `proc` leads (a worker, and every process its environments started); a
+    group whose last member has gone is left alone."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def describe_exit(code: int) -> str:

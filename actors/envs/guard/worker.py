@@ -6,9 +6,10 @@ sleeps and I/O release the GIL, and CPU-bound Python shares one core per worker 
 crash, a hang or runaway memory takes down only this process's episodes; the actor's pool replaces it.
 
 The worker talks only to the actor, over the socket `FD` (wire.py), and imports only the environment registry:
-no torch, no tokenizer. It goes when the actor goes: at the end of the socket, and by SIGKILL from the kernel
-(PR_SET_PDEATHSIG) if the actor is killed. It ignores SIGINT and SIGTERM, which reach the actor's whole process
-group: the actor decides when its workers stop, after a graceful stop's open episodes have finished.
+no torch, no tokenizer. It leads a process group of its own (the pool starts it so), which holds whatever its
+environments start, and it goes with that whole group: at the end of the socket (the pool closed, or the actor
+exited), and when the actor dies, on the signal the kernel sends it then (PR_SET_PDEATHSIG). The actor decides
+when its workers stop, after a graceful stop's open episodes have finished: SIGINT and SIGTERM are ignored.
 """
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ class EpisodeThread:
         try:
             self.wire.send({"id": rid, **reply})
         except OSError:  # the actor is gone
-            os._exit(0)
+            end()
 
     async def _do(self, request: dict):
         op = request["op"]
@@ -108,14 +109,25 @@ class EpisodeThread:
         raise EnvError(f"unknown request {op!r}", "protocol")
 
 
+def end() -> None:
+    """SIGKILL to this worker's process group: the worker and every process its environments started."""
+    sys.stdout.flush()
+    if os.getpgid(0) == os.getpid():  # never the actor's group, should this run outside its own
+        os.killpg(0, signal.SIGKILL)
+    os._exit(0)
+
+
 def die_with(actor_pid: int) -> None:
-    """SIGKILL from the kernel when the actor dies (Linux); elsewhere the end of the socket ends the worker."""
+    """The worker's group ends when the actor dies: the kernel sends SIGHUP then (Linux; elsewhere the end of
+    the socket ends it). A signal the worker handles, not SIGKILL, so that it takes its group with it; the handler
+    runs on the main thread, whose only work is reading the socket."""
+    signal.signal(signal.SIGHUP, lambda *_: end())
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGHUP)
     except OSError:
         pass
     if os.getppid() != actor_pid:  # the actor died before the prctl took effect
-        os._exit(0)
+        end()
 
 
 def serve(wire: SyncWire) -> None:
@@ -144,9 +156,9 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     serve(SyncWire(socket.socket(fileno=fd)))
-    # the actor closed its end: episode threads stuck in blocking code must not keep the process up
-    sys.stdout.flush()
-    os._exit(0)
+    # the actor closed its end: episode threads stuck in blocking code must not keep the process up, nor what
+    # the environments started
+    end()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ args) plus one fault, drawn from the reset seed, so that a seed misbehaves the s
                      step in `tail_every` (default 10) `tail_factor` (default 10) times that; `blocking = true`
                      waits in `time.sleep` instead of awaiting
     probe_memory     every step allocates (and touches) `mb_per_step` MiB (default 64), held until close
+    probe_child      every reset starts a child process (`sleep`), its pid the observation ("child <pid>"), and
+                     every step blocks in `time.sleep` for `block_s` (default 3600): what a worker leaves behind
 
 All take trivial's `turns` (default 1), `max_action_tokens` (16) and `prompt`.
 """
@@ -23,6 +25,7 @@ import ctypes
 import os
 import random
 import signal
+import subprocess
 import time
 
 from turnstream.actors.environment import Reset, Step, register
@@ -123,3 +126,18 @@ class Memory(Misbehaving):
 
     async def close(self) -> None:
         self.held.clear()
+
+
+@register("probe_child")
+class Child(Misbehaving):
+    def __init__(self, block_s: float = 3600.0, **trivial):
+        super().__init__(**trivial)
+        self.block_s = block_s
+
+    async def reset(self, seed: int) -> Reset:
+        await super().reset(seed)
+        child = subprocess.Popen(["sleep", "1000"], stdin=subprocess.DEVNULL)
+        return Reset(observation=f"child {child.pid}", prompt_key="child")
+
+    async def misbehave(self) -> None:
+        time.sleep(self.block_s)

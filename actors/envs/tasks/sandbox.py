@@ -62,7 +62,7 @@ async def evaluate(expression: str, *, cpu_s: int = 1, wall_s: float = 3.0,
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-I", "-S", "-c", CHILD, str(cpu_s), str(memory_bytes),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={}, cwd="/", start_new_session=True)
+        env={}, cwd="/")  # in its parent's process group: an environment worker killed with its group takes it
     try:
         out, err = await asyncio.wait_for(proc.communicate(expression.encode()[:4096]), wall_s)
     except asyncio.TimeoutError:
