@@ -92,6 +92,9 @@ class Config(Section):
         require(self.learner.estimator != "gigpo" or (self.buffer.sampling == "group" and self.tasks.group_size >= 2),
                 "learner.estimator", "gigpo compares the episodes of one task, step by step: it needs "
                 "buffer.sampling = group and tasks.group_size >= 2")
+        require(self.learner.mars.baseline != "group" or (self.buffer.sampling == "group" and self.tasks.group_size >= 2),
+                "learner.mars.baseline", "group compares a turn with its game group's turns of the same seat: it "
+                "needs buffer.sampling = group and tasks.group_size >= 2")
         require(self.buffer.segment_turns == 0 or self.learner.estimator in CRITIC_ESTIMATORS,
                 "buffer.segment_turns", "a segment of an open episode is trained by bootstrapping from the critic: "
                 "it needs learner.estimator = turn_gae, token_gae or archer")

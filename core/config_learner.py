@@ -126,6 +126,10 @@ class MarsSection(Section):
     normalize: Literal["mean", "std"] = Field(
         "mean", description="mean: reward-to-go minus its agent's mean (MARS's advantage_norm mean); std: divided by "
         "the agent's std as well (mean_std). Either way the token advantages are whitened over the batch after")
+    baseline: Literal["seat", "group"] = Field(
+        "seat", description="what a turn is compared with: seat, the mean of its agent's turns in the batch (MARS); "
+        "group, the mean of its game group's turns of the same seat (the episodes of one prompt_key, as MARSHAL "
+        "normalises; needs buffer.sampling = group and tasks.group_size >= 2)")
 
 
 class LearnerSection(Section):

@@ -106,16 +106,17 @@ def gigpo_advantages(returns: np.ndarray, prompt_keys: list, turn_rewards: list[
     return GigpoTerms(step_returns, episode, step, episode + omega * step)
 
 
-def mars_advantages(returns_to_go: np.ndarray, agents: np.ndarray, divide_by_std: bool = False,
+def mars_advantages(returns_to_go: np.ndarray, baselines: np.ndarray, divide_by_std: bool = False,
                     eps: float = 1e-6) -> np.ndarray:
-    """MARS (Yuan et al. 2025): each turn's reward-to-go against the mean over the batch's turns of the same agent
-    (in self-play the seats' returns differ systematically: the side that moves first wins more often), divided
-    by that agent's std as well with `divide_by_std`. One value per turn, in the order given."""
+    """MARS (Yuan et al. 2025): each turn's reward-to-go against the mean over the batch's turns of the same
+    baseline group, divided by that group's std as well with `divide_by_std`. A group is a seat (in self-play the
+    seats' returns differ systematically: the side that moves first wins more often), or a game group's seat
+    (MARSHAL). One value per turn, in the order given; `baselines`: one integer label per turn."""
     g = np.asarray(returns_to_go, np.float64)
-    agents = np.asarray(agents)
+    baselines = np.asarray(baselines)
     out = np.zeros_like(g)
-    for a in np.unique(agents):
-        sel = agents == a
+    for a in np.unique(baselines):
+        sel = baselines == a
         x = g[sel]
         out[sel] = (x - x.mean()) / (x.std() + eps) if divide_by_std else x - x.mean()
     return out

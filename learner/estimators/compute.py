@@ -204,8 +204,9 @@ def _from_gigpo(batch: Batch, tb: TensorBatch, settings: GigpoSection, agent_ids
 
 
 def _from_mars(batch: Batch, tb: TensorBatch, settings: MarsSection, agent_ids: np.ndarray | None) -> Advantages:
-    """MARS: each trained turn's reward-to-go, against its agent's mean over the batch's trained turns, on the
-    turn's action tokens, whitened (docs/estimators.md, "MARS"). A turn without action tokens (the closing turn
+    """MARS: each trained turn's reward-to-go, against its agent's mean over the batch's trained turns (or, with
+    baseline "group", its game group's turns of the same seat), on the turn's action tokens, whitened
+    (docs/estimators.md, "MARS"). A turn without action tokens (the closing turn
     that brings a loser its -1) adds its reward to the turns before it and is not compared itself."""
     turn_of_token = turn_groups(tb).numpy()
     _, first = np.unique(turn_of_token, return_index=True)  # dense turn id -> its first action token
@@ -218,7 +219,12 @@ def _from_mars(batch: Batch, tb: TensorBatch, settings: MarsSection, agent_ids: 
     returns = np.array([to_go[e][h] for e, h in zip(episode, turn)])
     agents = np.asarray(batch.agent_ids)
     agents = agents[episode] if agents.size == tb.num_episodes else np.zeros(len(episode), np.int64)
-    per_turn = mars_advantages(returns, agents, settings.normalize == "std")
+    if settings.baseline == "group":  # a game group's episodes share a prompt key (its seat suffix included)
+        labels = np.unique([f"{agent}\0{batch.prompt_keys[e]}" for agent, e in zip(agents, episode)],
+                           return_inverse=True)[1]
+    else:
+        labels = agents
+    per_turn = mars_advantages(returns, labels, settings.normalize == "std")
     token = whiten(per_turn[turn_of_token])
     return _per_token(token, agent_ids, float(returns.mean()) if returns.size else 0.0)
 

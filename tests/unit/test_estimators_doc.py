@@ -417,8 +417,21 @@ def test_mars():
     batch = flatten(episodes, 1, 0, 0)
     tb = to_tensors(batch, 64)
     adv = estimators.compute("mars", batch, tb, tracker=SpoTracker(), spo_normalize="token", gamma=1.0, lam=1.0,
-                             old_values=None, mars=SimpleNamespace(gamma=p["gamma"], normalize="mean"))
+                             old_values=None, mars=SimpleNamespace(gamma=p["gamma"], normalize="mean", baseline="seat"))
     close(adv.token_adv.numpy(), column(trained, "whitened"))
+
+
+def test_mars_group():
+    """Both baselines of the table through the pure function, by seat (one label) and by game group."""
+    from turnstream.learner.estimators.advantages import mars_advantages
+
+    _, rows = EXAMPLES["mars_group"]
+    g = column(rows, "G")
+    close(mars_advantages(g, np.zeros(len(rows), np.int64)), column(rows, "A, seat"))
+    close(g - column(rows, "A, seat"), column(rows, "seat mean"))
+    groups = np.unique([r["game"] for r in rows], return_inverse=True)[1]
+    close(mars_advantages(g, groups), column(rows, "A, group"))
+    close(g - column(rows, "A, group"), column(rows, "group mean"))
 
 
 def test_archer():
