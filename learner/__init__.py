@@ -6,5 +6,5 @@ Where things live:
   device.py (device and precision), lora.py (LoRA adapters on the policy);
 - step/ (one learner step: the Trainer and what it is made of), estimators/ (advantages, SPO tracker,
   critic), parallel/ (one process, DDP, FSDP2), sync/ (weight pushes into vLLM), checkpoint/ (save, restore,
-  export).
+  export), record/ (every step's batch and RNG state, for `turnstream replay` and `inspect`).
 """

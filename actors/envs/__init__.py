@@ -7,6 +7,7 @@
                misbehaving ones (probe_hang, probe_block, probe_crash, probe_slow_tool, probe_memory, probe_child)
     remote/    environments served over HTTP (HTTP_ENV.md): the `http` client and a reference server
     adapters/  established libraries (TextArena, TextWorld, reasoning-gym, Gymnasium), as entry points
+    guard/     guarding the actor from its environments: time limits, loop-block watchdog, process isolation
 
 Importing this package registers the built-ins of tasks/, probes/ and remote/.
 """

@@ -1,7 +1,7 @@
 """The documentation site builds in strict mode, and the examples on its pages run.
 
 `mkdocs build --strict` fails on a broken link, an anchor no heading defines, a page left out of the nav,
-or a README section the home page includes that is gone (mkdocs.yml's `validation` and snippet settings).
+or a README section the home page includes that is gone (mkdocs.yml's `validation`, scripts/mkdocs_readme.py).
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ def test_site_builds_in_strict_mode_without_warnings(tmp_path):
     assert (tmp_path / "site" / "configuration" / "index.html").exists()
     home = (tmp_path / "site" / "index.html").read_text()
     assert 'id="three-commands"' in home and 'id="set-up"' in home  # the README's sections, included
+    assert 'href="concepts/"' in home  # the README's table of pages, its links made relative to docs/
 
 
 def test_every_toml_example_is_a_valid_config():
