@@ -19,7 +19,7 @@ more, so a lower target saves little and the step count to leave the floor is wh
 in 7-19 steps in single runs where 3e-4 (batch 64) needed 17 to more than 31.
 
 Records go to <out>/records.jsonl (one per run, rewritten per invocation); a table and one JSON line
-(bench/async_grid.py) are printed last; `turnstream report <out>` plots wall-clock vs success per eta.
+(benchmarks/async_grid.py) are printed last; `turnstream report <out>` plots wall-clock vs success per eta.
 """
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from turnstream.bench.async_grid import RunRecord, format_table, headline, settings
+from benchmarks.async_grid import RunRecord, format_table, headline, settings
 
-log = logging.getLogger("turnstream.bench.async")
+log = logging.getLogger("benchmarks.async")
 
 ENVS = {  # bench name -> (registered environment, its args)
     "follow_signs": ("follow_signs", {"junctions": [2, 3, 4]}),

@@ -7,7 +7,7 @@ learner's first step, the schedule kills one running role process by PID at inte
 [--min-interval, --max-interval]; the first kills go to each role once (vllm-0, buffer, learner, actor-0,
 actor-1 in a seeded order), later ones to any role. A role still restarting is not killed again; the next
 running one is. Afterwards the run goes on until the learner has stepped after the last kill (at most
---settle seconds), stops gracefully, and the audit trail is accounted (bench/chaos_audit.py).
+--settle seconds), stops gracefully, and the audit trail is accounted (benchmarks/chaos_audit.py).
 
 Prints a summary, then one JSON line: {"kills": n, "restarts": n, "acked_lost": 0, "trained_twice": 0,
 "staleness_violations": 0, "orphans": 0, "learner_steps": n, "success_end": x, ...}. Targets: every count
@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger("turnstream.bench.chaos")
+log = logging.getLogger("benchmarks.chaos")
 ROLES = ("vllm-0", "buffer", "learner", "actor-0", "actor-1")
 
 
@@ -129,7 +129,7 @@ def run(args) -> dict:
                                                                       {"role": role}) or 0)
                     for role in ("vllm", "buffer", "learner", "actor")}
         stack_cfg = stack.cfg
-    from turnstream.bench.chaos_audit import account
+    from benchmarks.chaos_audit import account
 
     steps = read_steps(Path(cfg.run.run_dir))
     versions = [s["version"] for s in steps]

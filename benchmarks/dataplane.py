@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from turnstream.bench.dataplane_receivers import ACKER, RECEIVER, CpuClock
+from benchmarks.dataplane_receivers import ACKER, RECEIVER, CpuClock
 
 
 def make_chunk_arrays(target_bytes: int):

@@ -1,4 +1,4 @@
-"""The bench's own receivers and its CPU clock (bench/dataplane.py): child-process scripts that stand in
+"""The bench's own receivers and its CPU clock (benchmarks/dataplane.py): child-process scripts that stand in
 for the buffer, so that the bench can compare what the buffer costs against what the transport costs."""
 from __future__ import annotations
 

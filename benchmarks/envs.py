@@ -128,7 +128,7 @@ def _by_label(samples, name: str, label: str) -> dict[str, float]:
 
 
 def _config(phase: Phase, url: str, out: Path, args):
-    from turnstream.bench.actors import actor_bench_config
+    from benchmarks.actors import actor_bench_config
 
     cfg = actor_bench_config(out, args.model, url, concurrency=args.concurrency, max_tokens=args.max_tokens,
                              pin=args.pin)

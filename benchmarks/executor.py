@@ -17,9 +17,9 @@ import statistics
 import time
 from pathlib import Path
 
-from turnstream.bench.dataplane_receivers import cpu_seconds, stat_fields
+from benchmarks.dataplane_receivers import cpu_seconds, stat_fields
 
-log = logging.getLogger("turnstream.bench.executor")
+log = logging.getLogger("benchmarks.executor")
 EXECUTORS = ("mp", "uni")
 
 

@@ -5,7 +5,7 @@
 # activation checkpointing, and (optional) with flex attention.
 # Needs no network, no vLLM, no pip.
 #
-#   bash bench/gpu_check.sh            # results in $OUT (default: runs/gpu_check)
+#   bash benchmarks/gpu_check.sh            # results in $OUT (default: runs/gpu_check)
 #
 # Which python: the first of $PYTHON, python3, python, .venv/bin/python whose torch sees a CUDA device
 # (the project's .venv usually holds the CPU build of torch). When that python lacks a pure-python

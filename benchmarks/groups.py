@@ -20,9 +20,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from turnstream.bench.async_vs_sync import MAX_MODEL_LEN, reset_server
+from benchmarks.async_vs_sync import MAX_MODEL_LEN, reset_server
 
-log = logging.getLogger("turnstream.bench.groups")
+log = logging.getLogger("benchmarks.groups")
 
 BUFFER_COUNTERS = {  # result key -> the buffer's sample name and labels
     "groups": ("turnstream_buffer_groups_served_total", {}),

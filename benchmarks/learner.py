@@ -12,9 +12,9 @@ the values from the training forward instead, whitening each micro-batch's advan
 Prints a table, then one JSON line.
 
 With `--model-config NAME` (tiny, 0.5b, 1.5b) it measures tokens/s, peak memory and MFU instead, on
-`--device` (bench/learner_mfu.py; the MFU formula is stated there and in BENCHMARKS.md). With `--parallel` it
+`--device` (benchmarks/learner_mfu.py; the MFU formula is stated there and in BENCHMARKS.md). With `--parallel` it
 compares learner.parallel = ddp and fsdp2 over `--ranks` torchrun ranks: bytes per rank and tokens/s
-(bench/learner_parallel.py). With `--context-turns K` it times a turn_gae step on `--turns`-turn episodes whose
+(benchmarks/learner_parallel.py). With `--context-turns K` it times a turn_gae step on `--turns`-turn episodes whose
 context restarts every K turns (actor.context_turns), one row per context, against one row per episode.
 """
 from __future__ import annotations
@@ -141,14 +141,14 @@ def main(argv: list[str]) -> int:
                    help="time a turn_gae step on --turns-turn episodes whose context restarts every K turns (padded: "
                    "one row per context) against the same batch as one row per episode")
     p.add_argument("--turns", type=int, default=60, help="turns per episode with --context-turns")
-    from turnstream.bench import learner_mfu, learner_parallel
+    from benchmarks import learner_mfu, learner_parallel
 
     learner_mfu.add_arguments(p)
     learner_parallel.add_arguments(p)
     args = p.parse_args(argv)
-    if args.parallel:  # ddp against fsdp2 under torchrun (bench/learner_parallel.py)
+    if args.parallel:  # ddp against fsdp2 under torchrun (benchmarks/learner_parallel.py)
         return learner_parallel.main(args)
-    if args.model_config:  # throughput and MFU at a named model size (bench/learner_mfu.py)
+    if args.model_config:  # throughput and MFU at a named model size (benchmarks/learner_mfu.py)
         return learner_mfu.main(args)
 
     import torch

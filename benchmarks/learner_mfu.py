@@ -1,6 +1,6 @@
 """`turnstream bench learner --model-config NAME`: learner throughput and MFU at a named model size.
 
-The model is built from a config alone (bench/model_configs/NAME.json, Qwen2 shapes, random weights,
+The model is built from a config alone (benchmarks/model_configs/NAME.json, Qwen2 shapes, random weights,
 nothing downloaded) and trained by the real `Trainer.step` (packing, decoupled PPO loss, advantages,
 AdamW) on synthetic multi-turn episodes packed into `--seq-len`-token micro-batches. Prints a summary,
 then one JSON line: tokens/s, step seconds, peak memory and MFU.
@@ -28,7 +28,7 @@ PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e12, "L
 
 
 def model_config(name: str):
-    """A transformers Qwen2Config from bench/model_configs/<name>.json (or a path to such a file)."""
+    """A transformers Qwen2Config from benchmarks/model_configs/<name>.json (or a path to such a file)."""
     from transformers import Qwen2Config
 
     path = Path(name) if name.endswith(".json") else CONFIG_DIR / f"{name}.json"
@@ -167,7 +167,7 @@ def _max_rss() -> int:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model-config", default="", help="tiny, 0.5b, 1.5b (bench/model_configs) or a .json path: "
+    p.add_argument("--model-config", default="", help="tiny, 0.5b, 1.5b (benchmarks/model_configs) or a .json path: "
                    "throughput/MFU mode")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda (MFU mode)")
     p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])

@@ -1,9 +1,9 @@
 """`turnstream bench learner --parallel`: ddp against fsdp2 over `--ranks` gloo (or nccl) ranks under torchrun.
 
 It launches `--ranks` real processes (torchrun, 127.0.0.1); each builds, for learner.parallel = ddp and fsdp2,
-the `--model-config` shapes (bench/model_configs; `--layers` and `--vocab` shrink them so that a CPU machine
+the `--model-config` shapes (benchmarks/model_configs; `--layers` and `--vocab` shrink them so that a CPU machine
 fits them) with random weights, and times the real `Trainer.step` of both modes, alternated in the same
-processes, on the synthetic multi-turn batch of bench/learner_mfu.py. Reported per mode: the bytes one rank
+processes, on the synthetic multi-turn batch of benchmarks/learner_mfu.py. Reported per mode: the bytes one rank
 holds of parameters, gradients and AdamW state (the fuller rank's; a sharded tensor counts its local shard),
 step seconds and tokens/s; the tokens ratio is the median over step pairs. Then the push of the sharded
 (fsdp2) policy with the disk backend's `save`, `--push-rounds` times: a safetensors file per bucket
@@ -17,7 +17,6 @@ rounds: on a shared machine other work only adds time, so the least of several r
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -57,9 +56,11 @@ def _launch(spec: dict, ranks: int, out: Path) -> list[dict]:
     from turnstream.processes import free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr",
-           "127.0.0.1", "--master-port", str(free_port()), "-m", "turnstream.bench.learner_parallel",
+           "127.0.0.1", "--master-port", str(free_port()), "-m", "benchmarks.learner_parallel",
            json.dumps(spec), str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"])}  # torchrun would set 1 and warn
+    from benchmarks import child_env
+
+    env = child_env(OMP_NUM_THREADS=str(spec["threads"]))  # torchrun would set 1 and warn
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"bench learner --parallel: the ranks failed:\n{proc.stderr[-4000:]}")
@@ -68,7 +69,7 @@ def _launch(spec: dict, ranks: int, out: Path) -> list[dict]:
 
 def _shapes(spec: dict):
     """--model-config's transformers config, with --layers and --vocab applied."""
-    from turnstream.bench.learner_mfu import model_config
+    from benchmarks.learner_mfu import model_config
 
     shapes = model_config(spec["model_config"])
     shapes.num_hidden_layers = spec["layers"] or shapes.num_hidden_layers
@@ -98,7 +99,7 @@ def _rank(spec: dict, out: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from turnstream.bench.learner_mfu import _max_rss, synthetic_batch
+    from benchmarks.learner_mfu import _max_rss, synthetic_batch
     from turnstream.learner.parallel import fsdp2
     from turnstream.learner.parallel.ranks import init_from_env
 
@@ -130,7 +131,7 @@ def _pushes(trainer, spec: dict, out: Path, rank: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from turnstream.bench.weight_sync import _raw_write_read
+    from benchmarks.weight_sync import _raw_write_read
     from turnstream.learner.parallel.ranks import broadcast
     from turnstream.learner.sync.disk import DiskWeightSync, write_source_rows
 
@@ -163,7 +164,7 @@ def _read_every_byte(directory: Path) -> None:
 
 
 def main(args) -> int:
-    from turnstream.bench import lora_push
+    from benchmarks import lora_push
     from turnstream.core.config_lora import LoraSection
 
     spec = _spec(args)

@@ -6,7 +6,7 @@ the built-in defaults; only the task, the estimator and the seed change, and grp
 baselines are the other samples of a prompt, play each task `--group-size` times and train on whole groups
 (`tasks.group_size`, `buffer.sampling = "group"`); `spo+curriculum` is spo with SPO's task order (`tasks.order = "spo"`, on a task
 that enumerates its tasks: follow_signs6, reasoning_gym). One vLLM server is shared by all runs
-(bench/async_vs_sync.py's reset: it serves the initial weights as version 0 and clears the prefix cache before
+(benchmarks/async_vs_sync.py's reset: it serves the initial weights as version 0 and clears the prefix cache before
 each run), so its start-up is paid once and not timed. A run stops when the rolling success over the last
 `--window` trained episodes reaches `--target` or after `--cap` seconds.
 
@@ -17,7 +17,7 @@ started, the fraction of the time the learner spent in steps, and the episodes t
 Per task and estimator: seeds that reached the target, median episodes and seconds of those that did, mean
 final success, medians of turn-to-train latency (seconds and policy versions from a turn's arrival at the
 buffer to its training; `turn_gae+segments` trains open episodes' turns in segments of SEGMENT_TURNS; `spo+replay`
-serves successes on hard tasks again, up to REPLAY_SHARE of a batch, buffer.positive_replay; `archer+critic_replay`
+serves successes on hard tasks again, up to REPLAY_SHARE of a batch, buffer.positive_replay; `turn_td+critic_replay`
 serves the critic older episodes besides, buffer.critic_replay, and counts their turns past the policy's staleness bound)
 and of the three above. Prints a table, then one JSON line:
 {"results": {"<task>/<estimator>": {"reached": k, "seeds": n, "episodes_median": e, "wall_s_median": w,
@@ -36,9 +36,9 @@ from pathlib import Path
 
 from turnstream.plotting import pyplot
 
-from turnstream.bench.async_vs_sync import COUNTERS, MAX_MODEL_LEN, reset_server, scrape, train_until, turn_latency
+from benchmarks.async_vs_sync import COUNTERS, MAX_MODEL_LEN, reset_server, scrape, train_until, turn_latency
 
-log = logging.getLogger("turnstream.bench.learning")
+log = logging.getLogger("benchmarks.learning")
 
 TASKS = {  # bench name -> (registered environment, its args)
     "follow_signs": ("follow_signs", {}),  # the demo's task: two to four junctions
@@ -80,7 +80,7 @@ ESTIMATORS = {"spo": ("spo", []), "spo+curriculum": ("spo", ["tasks.order=spo"])
               # learn from open episodes: every SEGMENT_TURNS turns, bootstrapped from the turn-level critic
               "turn_gae+segments": ("turn_gae", [f"buffer.segment_turns={SEGMENT_TURNS}"]),
               # the turn critic with one-step targets, and with older episodes served to it alone as well
-              "archer": ("archer", []), "archer+critic_replay": ("archer", ["buffer.critic_replay.share=1"])}
+              "turn_td": ("turn_td", []), "turn_td+critic_replay": ("turn_td", ["buffer.critic_replay.share=1"])}
 DEFAULT_ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo")
 GROUP_ESTIMATORS = ("grpo", "rloo", "gigpo")  # baselines from the other samples of a prompt: whole groups
 

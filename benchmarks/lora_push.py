@@ -1,6 +1,6 @@
 """`turnstream bench lora-push`: bytes a LoRA push moves against a full push of the same model.
 
-The model is built from `--model-config` alone (bench/model_configs) on the meta device (shapes, no weights:
+The model is built from `--model-config` alone (benchmarks/model_configs) on the meta device (shapes, no weights:
 the bytes do not depend on the values, and a 1.5b model need not fit in memory) with `[learner.lora]`'s
 adapters attached (`--rank`, `--target-modules`; the defaults are the config's). Both pushes are the
 learner's own backends' files in a scratch directory, in the served dtype (`--dtype`; auto: the config's):
@@ -27,7 +27,7 @@ def _parse(argv):
 
     defaults = LoraSection()
     p = argparse.ArgumentParser(prog="turnstream bench lora-push")
-    p.add_argument("--model-config", default="0.5b", help="tiny, 0.5b, 1.5b (bench/model_configs) or a .json path")
+    p.add_argument("--model-config", default="0.5b", help="tiny, 0.5b, 1.5b (benchmarks/model_configs) or a .json path")
     p.add_argument("--rank", type=int, default=defaults.rank)
     p.add_argument("--alpha", type=float, default=defaults.alpha)
     p.add_argument("--target-modules", default=",".join(defaults.target_modules))
@@ -41,13 +41,13 @@ def _weight_bytes(directory: Path) -> int:
 
 
 def measure(model_config, lora, dtype: str = "auto", out: str | Path = "runs/bench-lora-push") -> dict:
-    """Both pushes of the `model_config` shapes (a bench/model_configs name or path, or a transformers config,
+    """Both pushes of the `model_config` shapes (a benchmarks/model_configs name or path, or a transformers config,
     e.g. the shrunk shapes of `bench learner --parallel`) with `lora` (a LoraSection) attached; the bytes and
     the ratio (`lora_push_bytes_ratio`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from turnstream.bench.learner_mfu import model_config as shapes_of
+    from benchmarks.learner_mfu import model_config as shapes_of
     from turnstream.learner import lora as lora_layers
     from turnstream.learner.sync.buckets import WeightBuckets
     from turnstream.learner.sync.source import serving_state_dict

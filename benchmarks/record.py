@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-log = logging.getLogger("turnstream.bench.record")
+log = logging.getLogger("benchmarks.record")
 
 
 def _parse(argv):
@@ -44,7 +44,7 @@ def _parse(argv):
 
 
 def run_one(record: bool, index: int, url: str, args) -> dict:
-    from turnstream.bench.async_vs_sync import MAX_MODEL_LEN, reset_server
+    from benchmarks.async_vs_sync import MAX_MODEL_LEN, reset_server
     from turnstream.core.config import load_config
     from turnstream.launcher import LocalStack
     from turnstream.report import read_steps
@@ -100,7 +100,7 @@ def replay(run: dict, jobs: int, server_start_s: float | None) -> dict:
 
 def main(argv: list[str]) -> int:
     args = _parse(argv)
-    from turnstream.bench.async_vs_sync import MAX_MODEL_LEN
+    from benchmarks.async_vs_sync import MAX_MODEL_LEN
     from turnstream.core.config import VllmSection
     from turnstream.preflight import ensure_model
     from turnstream.processes import ProcessGroup

@@ -5,7 +5,7 @@ number of learner steps, then judged against the frozen initial policy.
 
 The judge: `--games` games of the run's last pushed weights against the initial model (half as X, half as O,
 the seed choosing who starts; sampled at the training temperature with the actors' chat tokens,
-bench/selfplay_games.py). A game is won by a line or by the other side's illegal move, which ends it. Per run:
+benchmarks/selfplay_games.py). A game is won by a line or by the other side's illegal move, which ends it. Per run:
 win, loss and draw rates, and how they came (line or illegal move). The baseline, measured in the same
 invocation: the initial model against itself on the same games (a win rate near half). Per estimator: the
 median win rate over seeds. Prints a table, then one JSON line: {"results": {"tictactoe/<estimator>": {"seeds",
@@ -24,10 +24,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from turnstream.bench.learning import ESTIMATORS, MAX_MODEL_LEN, check_known, reset_server, run_config
-from turnstream.bench.selfplay_games import OUTCOMES, play_games
+from benchmarks.learning import ESTIMATORS, MAX_MODEL_LEN, check_known, reset_server, run_config
+from benchmarks.selfplay_games import OUTCOMES, play_games
 
-log = logging.getLogger("turnstream.bench.selfplay")
+log = logging.getLogger("benchmarks.selfplay")
 
 TASK = "tictactoe"
 DEFAULT_ESTIMATORS = ("spo", "spo+agent_norm", "mars")

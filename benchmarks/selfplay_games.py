@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from turnstream.actors.environment import Environment
-from turnstream.bench.trl_runner import sample_turn
+from benchmarks.trl_runner import sample_turn
 
 # a game is won by a line or by the other side's illegal move (which ends it: a forfeit)
 OUTCOMES = ("line_win", "line_loss", "draw", "own_illegal", "opponent_illegal", "unfinished")

@@ -2,7 +2,7 @@
 
 Systems, each run per task and seed: `trl` (GRPOTrainer with a rollout function that plays the task's own
 environment class through the actors' chat-token path, transformers' generation on the CPU:
-bench/trl_runner.py, in a process of its own), `turnstream-async` (what `turnstream bench learning` runs: the
+benchmarks/trl_runner.py, in a process of its own), `turnstream-async` (what `turnstream bench learning` runs: the
 built-in defaults through the real processes) and `turnstream-sync` (the same with buffer.eta = 0), so what
 the system gives is told apart from what the algorithm gives. Both start from the same checkpoint and
 tokenizer (`--model`), with the same reward (the environment's), batch (episodes per optimizer step),
@@ -16,7 +16,7 @@ over `--window` episodes, or null within `--cap` seconds; generation tokens/s (s
 seconds spent generating: TRL's rollouts, turnstream's servers with a request in flight) and learner
 tokens/s (trained tokens, prompt and completion, over the seconds of optimizer steps), and the floor: the
 seconds to the target had sampling cost nothing (the start-up to the first wait for samples, plus the optimizer
-steps' own seconds; bench/learning.py). Per task and system: seeds that reached the target, medians. One JSON
+steps' own seconds; benchmarks/learning.py). Per task and system: seeds that reached the target, medians. One JSON
 line last:
 {"results": {"<task>/<system>": {"reached", "seeds", "wall_s_median", "episodes_median", "gen_tokens_per_s",
 "train_tokens_per_s"}}, "ratio_wall": x, ...} where ratio_wall is turnstream-async's median wall time over
@@ -34,9 +34,9 @@ import sys
 import time
 from pathlib import Path
 
-from turnstream.bench.learning import TASKS, _median_of, aggregate, check_known, summarize_run
+from benchmarks.learning import TASKS, _median_of, aggregate, check_known, summarize_run
 
-log = logging.getLogger("turnstream.bench.trl")
+log = logging.getLogger("benchmarks.trl")
 
 SYSTEMS = ("trl", "turnstream-async", "turnstream-sync")
 # the turnstream systems: settings on top of the defaults (bench learning's estimator "spo" is the default one)
@@ -80,8 +80,8 @@ def shared_settings(args) -> list[str]:
 
 def trl_spec(task: str, seed: int, run_dir: Path, args):
     """TRL's run of a task: the caps and sampling settings are turnstream's config values, so both match."""
-    from turnstream.bench.learning import run_config
-    from turnstream.bench.trl_runner import TrlRunSpec
+    from benchmarks.learning import run_config
+    from benchmarks.trl_runner import TrlRunSpec
     from turnstream.learner.scale_defaults import checkpoint_parameters, resolve
 
     cfg = run_config(task, "spo", seed, "http://unused", _with_overrides(args, shared_settings(args)))
@@ -98,7 +98,8 @@ def trl_spec(task: str, seed: int, run_dir: Path, args):
 
 
 def run_trl(task: str, seed: int, args) -> dict:
-    from turnstream.bench.trl_runner import write_spec
+    from benchmarks import child_env
+    from benchmarks.trl_runner import write_spec
     from turnstream.processes import ProcessGroup, tail
     from turnstream.progress import Progress
     from turnstream.report import read_steps
@@ -110,8 +111,8 @@ def run_trl(task: str, seed: int, args) -> dict:
     procs = ProcessGroup(run_dir)
     progress = Progress(args.window, label=f"{task} trl seed={seed}")
     t0, started = time.time(), time.monotonic()
-    child = procs.start("trl", [sys.executable, "-m", "turnstream.bench.trl_runner", "--spec", str(spec)],
-                        env={"TRL_EXPERIMENTAL_SILENCE": "1"})
+    child = procs.start("trl", [sys.executable, "-m", "benchmarks.trl_runner", "--spec", str(spec)],
+                        env=child_env(TRL_EXPERIMENTAL_SILENCE="1"))
     try:
         while child.proc.poll() is None and time.monotonic() - started < args.cap:
             progress.update(read_steps(run_dir), time.monotonic() - started)
@@ -136,7 +137,7 @@ def _with_overrides(args, overrides: list[str]) -> argparse.Namespace:
 
 
 def run_turnstream(task: str, system: str, seed: int, url: str, args) -> dict:
-    from turnstream.bench.learning import run_config, run_one
+    from benchmarks.learning import run_config, run_one
     from turnstream.report import read_steps
 
     system_args = _with_overrides(args, [*shared_settings(args), *TURNSTREAM[system]])
@@ -177,7 +178,7 @@ def ratio(summary: dict, task: str, system: str, figure: str = "wall_s_median") 
 def main(argv: list[str]) -> int:
     args = _parse(argv)
     from turnstream.core.config import VllmSection
-    from turnstream.bench.async_vs_sync import MAX_MODEL_LEN
+    from benchmarks.async_vs_sync import MAX_MODEL_LEN
     from turnstream.preflight import ensure_model
     from turnstream.processes import ProcessGroup
     from turnstream.vllm_server import start_vllm_server

@@ -1,7 +1,7 @@
 """TRL's GRPOTrainer on a turnstream environment: the peer side of `turnstream bench trl`, one run per process.
 
-Run as `python -m turnstream.bench.trl_runner --spec FILE` (a module, never a script path: this folder holds
-bench/trl.py, which would shadow the `trl` package). TRL cannot play a turnstream task through its own
+Run as `python -m benchmarks.trl_runner --spec FILE` (a module, never a script path: this folder holds
+benchmarks/trl.py, which would shadow the `trl` package). TRL cannot play a turnstream task through its own
 multi-turn path as it stands: `environment_factory` exposes an environment's methods as tools, so the model
 must write tool calls in a chat template that knows tools, where a turnstream task's action is a token or
 two of plain text. So the episodes are played by a `rollout_func` (TRL's documented hook for custom
@@ -246,7 +246,7 @@ def run(spec: TrlRunSpec) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m turnstream.bench.trl_runner", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.trl_runner", description=__doc__.splitlines()[0])
     p.add_argument("--spec", required=True, help="a JSON file of TrlRunSpec's fields")
     args = p.parse_args(argv)
     spec = TrlRunSpec(**json.loads(Path(args.spec).read_text()))

@@ -22,7 +22,7 @@ from pathlib import Path
 from tests.cluster import Cluster
 from tests.fault.ledger import Ledger
 from tests.helpers import wait_for_child
-from turnstream.bench.chaos_audit import held_in_log
+from benchmarks.chaos_audit import held_in_log
 from turnstream.core.config import Config
 from turnstream.keygen import main as keygen
 from turnstream.processes import Child, ProcessGroup

@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("envs", help="list the registered environments")
     p = sub.add_parser("keygen", help="write CURVE keys for network.keys_dir (server, client, allowed_clients/)")
     p.add_argument("dir")
-    p = sub.add_parser("bench", help="run a benchmark from bench/ (prints one JSON line last)")
+    p = sub.add_parser("bench", help="run a benchmark of a source checkout's benchmarks/ (prints one JSON line last)")
     p.add_argument("name", help="benchmark name, e.g. dataplane")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     return parser
@@ -142,17 +142,9 @@ def _dispatch(args) -> int:
 
         return report_main(args.run_dir)
     if args.command == "bench":
-        import importlib
+        from turnstream.bench_command import run_benchmark
 
-        aliases = {"async": "async_vs_sync"}  # `async` is a Python keyword
-        module_name = f"turnstream.bench.{aliases.get(args.name, args.name.replace('-', '_'))}"
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            raise ConfigError(f"bench: no benchmark named {args.name!r} (see bench/)") from None
-        return module.main(args.args)
+        return run_benchmark(args.name, args.args)
     if args.command == "keygen":
         from turnstream.keygen import main as keygen_main
 

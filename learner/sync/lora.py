@@ -41,7 +41,7 @@ class LoraAdapterSync(DiskWeightSync):
                  keep: int = 2, timeout_s: float = 120.0, verifier: PushVerifier | None = None):
         super().__init__(urls, weights_dir, base_model, keep=keep, timeout_s=timeout_s, verifier=verifier)
         self.lora = lora
-        self.last_bytes = 0  # bytes of tensors in the last adapter saved (bench/lora_push.py reads it)
+        self.last_bytes = 0  # bytes of tensors in the last adapter saved (benchmarks/lora_push.py reads it)
 
     def save(self, weights: dict | WeightBuckets, version: int) -> Path:
         """The adapter directory of `version`; `weights` (a state dict, or the trainer's push source) holds the

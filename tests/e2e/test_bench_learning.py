@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from turnstream.bench import learning
+from benchmarks import learning
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 

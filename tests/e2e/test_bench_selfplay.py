@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from turnstream.bench import learning, selfplay
+from benchmarks import learning, selfplay
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 

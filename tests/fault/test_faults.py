@@ -23,7 +23,7 @@ from tests.fault.probes import (http_attacks, listening_ports, rss_bytes, zmq_un
                                 zmtp_oversized)
 from tests.fault.stack import BUFFER_RSS_CAP, FaultStack, fault_config, restore_vllm, start_proxy
 from tests.helpers import http_json
-from turnstream.bench.chaos_audit import held_in_log
+from benchmarks.chaos_audit import held_in_log
 from turnstream.launcher import LocalStack
 from turnstream.processes import free_port
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.fault.stack import restore_vllm
 from tests.fault.test_restart_roles import UpRun, run_config
-from turnstream.bench.chaos_audit import held_in_log
+from benchmarks.chaos_audit import held_in_log
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 

@@ -2,7 +2,7 @@
 activation checkpointing's memory saving, the dtype of pushed weights and the benchmark's MFU.
 
 Marked `gpu` and skipped (reported as skipped, with the reason) where torch sees no CUDA device.
-Run on a GPU machine with `bash bench/gpu_check.sh`, or `python -m pytest tests/gpu -m gpu -rs`.
+Run on a GPU machine with `bash benchmarks/gpu_check.sh`, or `python -m pytest tests/gpu -m gpu -rs`.
 """
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ pytestmark = [pytest.mark.gpu,
 def _tiny_lm(attn: str = "sdpa"):
     from transformers import AutoModelForCausalLM
 
-    from turnstream.bench.learner_mfu import model_config
+    from benchmarks.learner_mfu import model_config
 
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(model_config("tiny"), attn_implementation=attn, dtype=torch.float32)
 
 
 def _batch(seed: int = 0, seq_len: int = 512, microbatches: int = 4):
-    from turnstream.bench.learner_mfu import model_config, synthetic_batch
+    from benchmarks.learner_mfu import model_config, synthetic_batch
 
     return synthetic_batch(model_config("tiny").vocab_size, seq_len, microbatches, 4, seed)
 
@@ -130,7 +130,7 @@ def test_pushed_weights_are_cast_to_the_served_dtype(tmp_path):
 
 
 def test_bench_reports_mfu_on_the_gpu(capsys):
-    from turnstream.bench import learner
+    from benchmarks import learner
 
     assert learner.main(["--model-config", "tiny", "--device", "cuda", "--seq-len", "1024", "--microbatches", "2",
                          "--steps", "2"]) == 0

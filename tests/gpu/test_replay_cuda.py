@@ -3,7 +3,7 @@ checkpoints, with torch's default kernels and with deterministic algorithms on (
 
 The CPU replay is bit for bit (tests/unit/test_replay.py); on a GPU some kernels (atomic adds in backward,
 split-K matmuls) may sum in another order from one call to the next, so the figure here is the largest difference
-over every compared leaf. The figures go to the JUnit report (`record_property`), which bench/gpu_check.sh keeps.
+over every compared leaf. The figures go to the JUnit report (`record_property`), which benchmarks/gpu_check.sh keeps.
 
 Marked `gpu` and skipped (reported as skipped, with the reason) where torch sees no CUDA device.
 """

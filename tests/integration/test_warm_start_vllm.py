@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from turnstream.bench.async_vs_sync import reset_server
-from turnstream.bench.start_success import task_success
+from benchmarks.async_vs_sync import reset_server
+from benchmarks.start_success import task_success
 from turnstream.warm_start.build import WarmStartPlan, make_reading_model
 from turnstream.warm_start.episodes import task_named
 

@@ -19,9 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from turnstream.bench_command import NOT_IN_A_CHECKOUT
+
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-ROLES = ("actors", "buffer", "learner", "protocol", "core", "bench")
+ROLES = ("actors", "buffer", "learner", "protocol", "core")
+# names the wheel must not install at the top level: the roles, and the checkout's benchmarks
+BARE = (*ROLES, "benchmarks")
 
 IMPORT_EVERYTHING = r"""
 import importlib, json, pkgutil, sys
@@ -36,9 +40,7 @@ for bare in sys.argv[1].split(","):
         shadowed.append(bare)
     except ImportError:
         pass
-from turnstream.bench.learner_mfu import CONFIG_DIR
-print(json.dumps({"file": turnstream.__file__, "modules": names, "shadowed": shadowed,
-                  "model_configs": sorted(p.name for p in CONFIG_DIR.glob("*.json"))}))
+print(json.dumps({"file": turnstream.__file__, "modules": names, "shadowed": shadowed}))
 """
 
 
@@ -86,14 +88,14 @@ def installed(tmp_path_factory) -> tuple[Path, Path]:
 
 def test_every_module_imports_from_the_wheel_under_one_name(installed):
     python, work = installed
-    report = json.loads(run([python, "-c", IMPORT_EVERYTHING, ",".join(ROLES)], cwd=work).splitlines()[-1])
+    report = json.loads(run([python, "-c", IMPORT_EVERYTHING, ",".join(BARE)], cwd=work).splitlines()[-1])
     assert not Path(report["file"]).is_relative_to(ROOT), "turnstream was imported from the checkout"
     for role in ROLES:
         assert f"turnstream.{role}" in report["modules"]
     assert {"turnstream.learner.step.trainer", "turnstream.buffer.store.replay_store", "turnstream.actors.registry",
             "turnstream.actors.envs.adapters.textarena_env", "turnstream.core.config"} <= set(report["modules"])
     assert report["shadowed"] == [], "bare top-level packages must not be installed"
-    assert "tiny.json" in report["model_configs"]  # package data travels with the wheel
+    assert "turnstream.bench" not in report["modules"], "benchmarks stay in the checkout"
 
 
 def test_the_installed_cli_lists_shipped_and_plugin_environments(installed):
@@ -102,3 +104,11 @@ def test_the_installed_cli_lists_shipped_and_plugin_environments(installed):
     names = {line.split()[0] for line in out.splitlines() if line.strip()}
     assert {"follow_signs", "goal_walk", "tictactoe"} <= names  # shipped
     assert {"textarena", "textworld", "reasoning_gym", "gymnasium", "agent", "verifiers"} <= names  # entry points of the wheel
+
+
+def test_the_installed_cli_says_benchmarks_run_from_a_checkout(installed):
+    python, work = installed
+    done = subprocess.run([python.parent / "turnstream", "bench", "dataplane"], cwd=work, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [NOT_IN_A_CHECKOUT]

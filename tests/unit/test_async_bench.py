@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from turnstream.bench import async_vs_sync
-from turnstream.bench.async_grid import RunRecord, format_table, headline, median_with_cap, settings, speedups
+from benchmarks import async_vs_sync
+from benchmarks.async_grid import RunRecord, format_table, headline, median_with_cap, settings, speedups
 
 
 def _rec(env="follow_signs", eta=0, seed=0, secs: float | None = 50.0, cap=100.0, **kw) -> RunRecord:

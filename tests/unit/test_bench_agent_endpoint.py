@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from turnstream.bench.agent_endpoint import _table, measure
+from benchmarks.agent_endpoint import _table, measure
 
 
 def test_the_stub_benchmark_measures_every_side(tiny_model):

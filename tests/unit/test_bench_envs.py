@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from turnstream.bench.envs import ENVIRONMENTS, PhaseResult, format_table, main, phases, summary
+from benchmarks.envs import ENVIRONMENTS, PhaseResult, format_table, main, phases, summary
 from turnstream.core.configtools import ConfigError
 from turnstream.actors.registry import make_env
 

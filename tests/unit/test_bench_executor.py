@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from turnstream.bench.executor import group_cpu_seconds
+from benchmarks.executor import group_cpu_seconds
 
 # a group leader that only waits, and a worker of its own that spins, then stays alive
 SPIN = """

@@ -24,8 +24,8 @@ def test_lora_push_writes_the_adapters_bytes_against_every_weight_s(tmp_path):
 
 def test_measure_takes_a_transformers_config(tmp_path):
     """bench learner --parallel can report the figure for the shapes it built."""
-    from turnstream.bench.learner_mfu import model_config
-    from turnstream.bench.lora_push import measure
+    from benchmarks.learner_mfu import model_config
+    from benchmarks.lora_push import measure
     from turnstream.core.config_lora import LoraSection
 
     r = measure(model_config("tiny"), LoraSection(rank=8), "bfloat16", tmp_path / "out")
@@ -37,8 +37,8 @@ def test_counted_full_push_is_the_bytes_the_disk_backend_writes(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from turnstream.bench.learner_mfu import model_config
-    from turnstream.bench.lora_push import _weight_bytes, measure
+    from benchmarks.learner_mfu import model_config
+    from benchmarks.lora_push import _weight_bytes, measure
     from turnstream.core.config_lora import LoraSection
     from turnstream.learner.sync.buckets import WeightBuckets
     from turnstream.learner.sync.disk import DiskWeightSync

@@ -3,7 +3,7 @@ learner's and against the run end to end (the server's start plus the launcher's
 from __future__ import annotations
 
 from tests.learner_batches import recorded_learner_life, tiny_causal_lm
-from turnstream.bench.record import replay
+from benchmarks.record import replay
 from turnstream.core.config import Config, LearnerSection
 from turnstream.learner.record.reader import open_record
 

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from turnstream.bench.trl_runner import Played, TrlRunSpec, play_batch
+from benchmarks.trl_runner import Played, TrlRunSpec, play_batch
 
 
 def _goal_walk():
@@ -55,9 +55,9 @@ def test_rollout_is_the_actors_token_path(tiny_model, tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None,
                     reason="TRL is not installed (scripts/setup.sh installs the trl extra: pip install -e '.[trl]')")
 def test_two_grpo_steps_write_learner_jsonl(tiny_model, tmp_path):
-    from turnstream.bench.learning import summarize_run
-    from turnstream.bench.trl import rates
-    from turnstream.bench.trl_runner import run
+    from benchmarks.learning import summarize_run
+    from benchmarks.trl import rates
+    from benchmarks.trl_runner import run
     from turnstream.report import read_steps
 
     spec = TrlRunSpec(model=str(tiny_model), out=str(tmp_path), env="goal_walk", batch_episodes=8, group_size=4,
@@ -73,7 +73,7 @@ def test_two_grpo_steps_write_learner_jsonl(tiny_model, tmp_path):
 
 
 def test_bench_arguments_are_checked():
-    from turnstream.bench.trl import _parse
+    from benchmarks.trl import _parse
 
     with pytest.raises(SystemExit, match="unknown systems"):
         _parse(["--systems", "trl,verl"])
@@ -82,7 +82,7 @@ def test_bench_arguments_are_checked():
 
 
 def test_ratios_set_each_figure_against_trls_wall_time():
-    from turnstream.bench.trl import ratio
+    from benchmarks.trl import ratio
 
     summary = {"follow_signs/trl": {"wall_s_median": 20.0, "floor_s_median": 12.0},
                "follow_signs/turnstream-sync": {"wall_s_median": 16.0, "floor_s_median": 9.0},

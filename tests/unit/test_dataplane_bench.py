@@ -1,11 +1,11 @@
-"""bench/dataplane.py runs end to end on tiny counts (real buffer processes, real
+"""benchmarks/dataplane.py runs end to end on tiny counts (real buffer processes, real
 sockets) and print one JSON line last with the ratios, the absolute figures and the CPU each side spent per
 chunk."""
 from __future__ import annotations
 
 import json
 
-from turnstream.bench import dataplane
+from benchmarks import dataplane
 
 
 def test_bench_dataplane_smoke(capsys):

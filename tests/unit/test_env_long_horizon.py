@@ -19,7 +19,7 @@ from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.actors.envs.tasks.trail import Trail
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 
-MAX_MODEL_LEN = 1024  # bench/async_vs_sync.py's, which bench learning uses too
+MAX_MODEL_LEN = 1024  # benchmarks/async_vs_sync.py's, which bench learning uses too
 
 
 def _other(sign: str) -> str:

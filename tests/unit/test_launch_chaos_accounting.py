@@ -5,8 +5,8 @@ import json
 import random
 from pathlib import Path
 
-from turnstream.bench.chaos import ROLES, KillSchedule
-from turnstream.bench.chaos_audit import AuditTrail
+from benchmarks.chaos import ROLES, KillSchedule
+from benchmarks.chaos_audit import AuditTrail
 
 
 def test_the_schedule_kills_each_role_once_first_and_is_reproducible():

@@ -1,7 +1,7 @@
 """The package's layers (docs/architecture.md): read from the source, every import counted, local ones too.
 
 ground (turnstream.core) <- protocol <- roles (actors, buffer, learner) <- roof (turnstream's own modules:
-CLI, launcher, demo, reports; and turnstream.bench). A module imports only from its own layer or below, a
+CLI, launcher, demo, reports). A module imports only from its own layer or below, a
 role never imports another role, and no import cycle exists anywhere.
 """
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""bench/learner.py runs end to end on tiny settings and prints one JSON line last; bench/learning.py's summaries."""
+"""benchmarks/learner.py runs end to end on tiny settings and prints one JSON line last; benchmarks/learning.py's summaries."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from turnstream.bench import learner, learning
+from benchmarks import learner, learning
 from tests.learner_rollouts import TorchSampler
 
 
@@ -96,7 +96,7 @@ def test_bench_learner_mfu_mode_at_tiny_size(capsys):
 
 
 def test_mfu_flops_formula():
-    from turnstream.bench.learner_mfu import model_config, step_flops
+    from benchmarks.learner_mfu import model_config, step_flops
 
     cfg = model_config("1.5b")
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size) == (28, 1536, 151936)
@@ -121,7 +121,7 @@ def test_bench_learning_trains_group_estimators_on_groups_and_the_curriculum_var
 def test_bench_groups_reads_the_buffers_group_counters():
     from prometheus_client import start_http_server
 
-    from turnstream.bench.groups import buffer_counters
+    from benchmarks.groups import buffer_counters
     from turnstream.buffer.metrics import BufferMetrics
     from turnstream.processes import free_port
 

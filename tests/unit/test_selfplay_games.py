@@ -1,4 +1,4 @@
-"""The self-play judge (bench/selfplay_games.py): games between two fixed policies with the actors' chat tokens,
+"""The self-play judge (benchmarks/selfplay_games.py): games between two fixed policies with the actors' chat tokens,
 each agent its own conversation, the outcome told from the judged side."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from turnstream.actors.environment import Step
 from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.registry import make_env
-from turnstream.bench.selfplay_games import OUTCOMES, _outcome, play_games
+from benchmarks.selfplay_games import OUTCOMES, _outcome, play_games
 
 
 def test_outcomes_are_told_from_the_judged_side():
