@@ -97,10 +97,10 @@ class Config(Section):
                 "needs buffer.sampling = group and tasks.group_size >= 2")
         require(self.buffer.segment_turns == 0 or self.learner.estimator in CRITIC_ESTIMATORS,
                 "buffer.segment_turns", "a segment of an open episode is trained by bootstrapping from the critic: "
-                "it needs learner.estimator = turn_gae, token_gae or archer")
+                "it needs learner.estimator = turn_gae, token_gae or turn_td")
         critic_replay = self.buffer.critic_replay.share > 0
         require(not critic_replay or self.learner.estimator in CRITIC_ESTIMATORS, "buffer.critic_replay.share",
-                "serves episodes to the critic alone: needs learner.estimator = archer (or turn_gae, token_gae)")
+                "serves episodes to the critic alone: needs learner.estimator = turn_td (or turn_gae, token_gae)")
         require(not critic_replay or self.buffer.segment_turns == 0, "buffer.critic_replay.share",
                 "serves whole episodes again: needs buffer.segment_turns = 0")
         require(not critic_replay or self.buffer.critic_replay.max_staleness >= self.buffer.max_staleness,

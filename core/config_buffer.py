@@ -42,8 +42,8 @@ class PositiveReplaySection(Section):
 
 
 class CriticReplaySection(Section):
-    """Off-policy critic data (ArCHer): whole episodes already trained, or dropped as stale, are served again to the
-    critic alone, on top of the batch (buffer/store/critic_replay.py, docs/estimators.md "ArCHer")."""
+    """Off-policy critic data: whole episodes already trained, or dropped as stale, are served again to the critic
+    alone, on top of the batch (buffer/store/critic_replay.py, docs/estimators.md "turn_td")."""
 
     share: float = Field(0.0, ge=0, le=4, description="episodes served to the critic alone per batch, as a share of "
                          "batch_episodes, on top of the batch; 0: off. Each costs the learner about what a fresh "

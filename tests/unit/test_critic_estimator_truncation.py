@@ -46,7 +46,7 @@ def test_the_cut_is_read_at_the_last_token_of_the_environments_reply():
     assert estimators.cut_positions(batch).tolist() == [-1]  # nothing of the state after the cut travelled
 
 
-@pytest.mark.parametrize("estimator", ["turn_gae", "archer"])
+@pytest.mark.parametrize("estimator", ["turn_gae", "turn_td"])
 def test_a_truncated_last_turns_one_step_target_is_its_reward_plus_the_discounted_value_at_the_cut(estimator):
     batch, tb = _truncated(reply_travels=True)
     adv = _compute(estimator, batch, tb, [0.2, 9.0, 0.4, 9.0], cut_values=torch.tensor([0.6]))

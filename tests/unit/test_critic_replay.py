@@ -1,4 +1,4 @@
-"""Critic replay (buffer/store/critic_replay.py) for the off-policy turn critic (`archer`): episodes already served,
+"""Critic replay (buffer/store/critic_replay.py) for turn-level TD (`turn_td`): episodes already served,
 or dropped as stale, are served again to the critic alone, marked, on top of the batch, within the critic's own
 bound; never consumed, sampled or counted as fresh, and never read by the policy loss."""
 from __future__ import annotations
@@ -168,16 +168,16 @@ def test_the_policy_never_reads_a_critic_only_episode_and_the_critic_learns_from
 def test_critic_replay_is_off_unless_a_share_is_set():
     from turnstream.buffer.main import critic_replay
 
-    assert critic_replay(load_config(None, ["learner.estimator=archer"])) is None
-    assert critic_replay(load_config(None, ["learner.estimator=archer", "buffer.critic_replay.share=0.5"])).share == 0.5
+    assert critic_replay(load_config(None, ["learner.estimator=turn_td"])) is None
+    assert critic_replay(load_config(None, ["learner.estimator=turn_td", "buffer.critic_replay.share=0.5"])).share == 0.5
 
 
 @pytest.mark.parametrize("override, setting", [
     (["buffer.critic_replay.share=1"], "buffer.critic_replay.share"),
-    (["buffer.critic_replay.share=5", "learner.estimator=archer"], "buffer.critic_replay.share"),
-    (["learner.estimator=archer", "buffer.critic_replay.share=1", "buffer.segment_turns=4"],
+    (["buffer.critic_replay.share=5", "learner.estimator=turn_td"], "buffer.critic_replay.share"),
+    (["learner.estimator=turn_td", "buffer.critic_replay.share=1", "buffer.segment_turns=4"],
      "buffer.critic_replay.share"),
-    (["learner.estimator=archer", "buffer.critic_replay.share=1", "buffer.critic_replay.max_staleness=2"],
+    (["learner.estimator=turn_td", "buffer.critic_replay.share=1", "buffer.critic_replay.max_staleness=2"],
      "buffer.critic_replay.max_staleness"),
 ])
 def test_settings_critic_replay_cannot_serve_are_refused_naming_the_setting(override, setting):

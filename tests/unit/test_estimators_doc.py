@@ -434,16 +434,16 @@ def test_mars_group():
     close(g - column(rows, "A, group"), column(rows, "group mean"))
 
 
-def test_archer():
+def test_turn_td():
     """The table's one-step targets, then both episodes as real chunks through the buffer's flatten (the old one
-    as a critic-only item) and the learner's `archer` estimator and update weights: targets on all five turns,
+    as a critic-only item) and the learner's `turn_td` estimator and update weights: targets on all five turns,
     whitened advantages on the fresh episode's alone, no policy weight on the critic-only tokens."""
     from turnstream.buffer.store.episodes import CriticReplay, Episode, flatten
     from turnstream.learner.step.batching import to_tensors
     from turnstream.learner.step.objective import update_weights
     from tests.unit.test_store import chunk
 
-    p, rows = EXAMPLES["archer"]
+    p, rows = EXAMPLES["turn_td"]
     items = []
     for name in ("fresh", "old"):
         turns = [r for r in rows if r["episode"] == name]
@@ -461,8 +461,8 @@ def test_archer():
     batch = flatten(items, 1, 9, 0)
     assert batch.critic_only.tolist() == [False, True]
     tb = to_tensors(batch, 64)
-    adv = estimators.compute("archer", batch, tb, tracker=SpoTracker(), spo_normalize="token", gamma=p["gamma"],
-                             lam=0.9, old_values=torch.tensor(column(rows, "V")))  # archer's lambda is 0 whatever set
+    adv = estimators.compute("turn_td", batch, tb, tracker=SpoTracker(), spo_normalize="token", gamma=p["gamma"],
+                             lam=0.9, old_values=torch.tensor(column(rows, "V")))  # turn_td's lambda is 0 whatever set
     close(adv.value_targets.numpy(), column(rows, "G"))
     assert adv.value_mask.all()
     close(adv.token_adv.numpy(), [*column(fresh, "whitened"), 0.0, 0.0])

@@ -26,7 +26,7 @@ def cfg_for(estimator="spo", **kw) -> LearnerSection:
 @pytest.mark.parametrize("estimator,critic", [("spo", "shared"), ("grpo", "shared"), ("rloo", "shared"),
                                               ("turn_gae", "shared"), ("turn_gae", "separate"),
                                               ("token_gae", "shared"), ("mars", "shared"),
-                                              ("archer", "shared")])
+                                              ("turn_td", "shared")])
 def test_each_estimator_takes_a_step(estimator, critic, tmp_path):
     cfg = cfg_for(estimator, kl_coef=0.05, entropy_coef=0.01)
     cfg.critic.mode = critic
