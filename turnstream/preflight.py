@@ -27,10 +27,14 @@ def preflight(cfg: Config) -> Config:
 
 def _check_env(cfg: Config):
     """The run's environment, built once: the name and arguments are right if it builds."""
-    from turnstream.actors.registry import known_envs, make_env
+    from turnstream.actors.play.player import EpisodePlayer
+    from turnstream.actors.registry import known_envs, make_env, resolve
 
     if cfg.env.name not in known_envs():
         raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}; known: {', '.join(known_envs())}")
+    factory = resolve(cfg.env.name)
+    if isinstance(factory, type) and issubclass(factory, EpisodePlayer):  # agent, verifiers: their own isolation
+        factory.check_isolation(cfg.env.isolation, cfg.env.name)
     try:
         return make_env(cfg.env.name, **cfg.env.args)
     except ConfigError:

@@ -11,6 +11,11 @@ orders, groups and evaluation), and the episode's prompt key is `task-<index>`. 
 is the episode's seed (an int). The function gets an `openai.AsyncOpenAI` client bound to the episode on
 the actor's endpoint (play/endpoint/); its return value is the reward, and an episode is a success when the
 reward is at least `success_at`. `timeout_s` bounds one episode (0: no limit).
+
+The function runs on the actor's event loop (env.isolation = "loop"; "process" cannot apply). Its own work is
+held to the run's time limits: before its first chat call env.reset_timeout_s, from a reply to its next call or
+its return env.step_timeout_s; code of it that blocks the loop is measured and watched like an environment's
+(actors/envs/guard/watchdog.py).
 """
 from __future__ import annotations
 
@@ -20,9 +25,11 @@ import inspect
 import logging
 from typing import Any, Awaitable, Callable
 
+from turnstream.actors.envs.guard.settings import GuardSettings
+from turnstream.actors.envs.guard.timed import LoopBlockMeter
 from turnstream.actors.play.context import PlayContext
 from turnstream.actors.play.endpoint.server import OpenAIEndpoint
-from turnstream.actors.play.endpoint.session import play_at_endpoint
+from turnstream.actors.play.endpoint.session import TurnLimits, play_at_endpoint
 from turnstream.actors.play.player import Episode, EpisodePlayer
 from turnstream.core.configtools import ConfigError
 
@@ -54,6 +61,10 @@ def _task_list(spec: str) -> tuple:
 class AgentPlayer(EpisodePlayer):
     """A user's async agent function over the OpenAI client (env.args.entry = "pkg.mod:solve")"""
 
+    isolations = ("loop",)
+    isolation_note = ("the agent function runs on the actor's event loop, where its chat calls are served; use "
+                      "\"loop\"")
+
     def __init__(self, entry: str = "", tasks: list | str | None = None, success_at: float = 1.0,
                  timeout_s: float = 600.0):
         if not entry:
@@ -73,6 +84,14 @@ class AgentPlayer(EpisodePlayer):
         self.tasks = None if tasks is None else list(tasks)
         self.num_tasks = None if tasks is None else len(self.tasks)
         self.success_at, self.timeout_s = float(success_at), float(timeout_s)
+        self.guarded_by(GuardSettings("agent"))
+
+    def guarded_by(self, guard: GuardSettings) -> str:
+        self.limits = TurnLimits(guard.reset_timeout_s, guard.step_timeout_s)
+        self.meter = LoopBlockMeter(guard.loop_block_warn_s)
+        return (f'the agent function runs on the actor\'s event loop (env.isolation = "loop"); its own work has '
+                f"{guard.reset_timeout_s:g}s before its first chat call (env.reset_timeout_s) and {guard.step_timeout_s:g}s "
+                f"from a reply to its next call or its return (env.step_timeout_s), held by the loop watchdog too")
 
     def startup_env(self) -> "AgentPlayer":
         return self
@@ -84,12 +103,17 @@ class AgentPlayer(EpisodePlayer):
         else:
             index = seed % len(self.tasks) if task is None else task
             value, key = self.tasks[index], f"task-{index}"
-        return await play_agent(ctx, episode, self.solve, value, prompt_key=key, success_at=self.success_at,
-                                timeout_s=self.timeout_s)
+        limits = self.limits
+
+        def solve(client, task) -> Awaitable:  # measured and watched like an environment's step on the loop
+            return self.meter.timed(self.solve(client, task), "agent", "step", limits.between_s, ctx.metrics)
+
+        return await play_agent(ctx, episode, solve, value, prompt_key=key, success_at=self.success_at,
+                                timeout_s=self.timeout_s, limits=limits)
 
 
 async def play_agent(ctx: PlayContext, episode: Episode, solve: Callable[..., Awaitable], task, *, prompt_key: str,
-                     success_at: float, timeout_s: float) -> str:
+                     success_at: float, timeout_s: float, limits: TurnLimits = TurnLimits()) -> str:
     """Play `episode` of `task` with the user's `solve(client, task)`; the outcome."""
     import openai  # the integrations extra; AgentPlayer checked at construction that it is there
 
@@ -104,7 +128,7 @@ async def play_agent(ctx: PlayContext, episode: Episode, solve: Callable[..., Aw
         return await solve(client, task)
 
     return await play_at_endpoint(ctx, episode, run, prompt_key=prompt_key, success_at=success_at,
-                                  timeout_s=timeout_s)
+                                  timeout_s=timeout_s, limits=limits)
 
 
 def quiet_request_logs() -> None:

@@ -45,6 +45,16 @@ class EnvironmentLoop(EpisodePlayer):
         self.meter = LoopBlockMeter(guard.loop_block_warn_s, watchdog)
         self._startup_env: Environment | None = None
 
+    def guarded_by(self, guard: GuardSettings) -> str:
+        """Its guard is the one it was made with (its host follows from it); this says where it runs."""
+        g = self.guard
+        limits = f"reset {g.reset_timeout_s:g}s, step {g.step_timeout_s:g}s, close {g.close_timeout_s:g}s"
+        if g.isolation == "process":
+            return (f'environments run in {g.worker_count()} worker processes (env.isolation = "process"); time '
+                    f"limits {limits}")
+        return (f'environments run on the actor\'s event loop (env.isolation = "loop"); time limits {limits}, held by '
+                "the loop watchdog too")
+
     def startup_env(self) -> Environment:
         if self._startup_env is None:  # made on first ask only: building an environment can load a dataset
             self._startup_env = self.make_env()

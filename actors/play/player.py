@@ -10,18 +10,24 @@ A player returns the episode's outcome, the label of `turnstream_actor_episodes_
 truncated, or why it was abandoned (abandoned: inference failed; env_error: the environment failed;
 agent_error: the user's agent or the verifiers rollout failed). A failure abandons one episode, never the
 actor (`abandon_on_failure`).
+
+Every player takes the run's guard settings ([env]: time limits, isolation; `guarded_by`) and says at start-up
+where its episodes' code runs. A player names the `env.isolation` values it can apply (`isolations`); any other
+is a config error (`check_isolation`, run by `turnstream check` and at the actor's start).
 """
 from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Awaitable
+from typing import Awaitable, ClassVar
 
 from turnstream.actors.environment import EnvError
+from turnstream.actors.envs.guard.settings import GuardSettings
 from turnstream.actors.inference.client import InferenceError
 from turnstream.actors.play.context import PlayContext
 from turnstream.actors.play.stream import Stream
+from turnstream.core.configtools import ConfigError
 
 log = logging.getLogger("turnstream.actor")
 
@@ -38,6 +44,21 @@ class Episode:
 
 
 class EpisodePlayer(ABC):
+    isolations: ClassVar[tuple[str, ...]] = ("loop", "process")  # the env.isolation values it can apply
+    isolation_note: ClassVar[str] = ""  # why it applies no other (the config error's reason)
+
+    @classmethod
+    def check_isolation(cls, isolation: str, name: str) -> None:
+        """ConfigError naming env.isolation and env.name when this player cannot apply `isolation`."""
+        if isolation not in cls.isolations:
+            raise ConfigError(f'env.isolation: "{isolation}" cannot apply to env.name = "{name}": '
+                              f"{cls.isolation_note}")
+
+    @abstractmethod
+    def guarded_by(self, guard: GuardSettings) -> str:
+        """Apply the run's guard settings (time limits); the start-up line saying where its episodes' code runs
+        and under which limits."""
+
     @abstractmethod
     def startup_env(self):
         """An instance of the run's environment for the start-up questions (its task count, `num_tasks`)."""

@@ -53,12 +53,25 @@ class AgentEpisode:
     pending_reward: float = 0.0
     outcome: str | None = None  # set once the episode is over: truncated, done
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one turn at a time: a turn extends the last
+    # the agent's own work between its calls, held to the time limits (session.py): calls in progress, when the
+    # last one returned (or the episode began), and set while none is in progress
+    calls_open: int = 0
+    agent_since: float = field(default_factory=time.monotonic)
+    no_call: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def chat(self, request: ChatRequest) -> Reply:
-        async with self.lock:
-            if self.outcome is not None:
-                raise EpisodeOver(f"episode {self.episode_id} is over ({self.outcome})")
-            return await self._turn(request)
+        self.calls_open += 1
+        self.no_call.clear()
+        try:
+            async with self.lock:
+                if self.outcome is not None:
+                    raise EpisodeOver(f"episode {self.episode_id} is over ({self.outcome})")
+                return await self._turn(request)
+        finally:
+            self.calls_open -= 1
+            if not self.calls_open:
+                self.agent_since = time.monotonic()
+                self.no_call.set()
 
     def _new_messages(self, request: ChatRequest) -> list[Message] | None:
         """The messages after the recorded history; None when the caller's history does not continue it."""

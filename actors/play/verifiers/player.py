@@ -15,6 +15,11 @@ and evaluation). `model` is the model name the rollouts send, `sampling_args` ov
 own (e.g. `{ max_tokens = 64 }`), `success_at` is the reward that counts as a success and `timeout_s` bounds
 one episode (0: no limit).
 
+The rollouts of an actor share one event loop in its harness process, never the actor's (env.isolation = "loop"
+there; "process" cannot apply). The rollout's own work (its environment's steps, tools, scoring) is held to the
+run's time limits: before its first chat call env.reset_timeout_s, from a reply to its next call or its return
+env.step_timeout_s.
+
 Every chat call of a rollout is one turn of its episode (actors/play/endpoint/episode.py); a rollout that fails
 (an exception in the environment's code, a rollout verifiers marks as errored, the worker's death)
 abandons its episode, counted in `turnstream_actor_agent_errors_total` by reason, and the actor goes on.
@@ -26,8 +31,9 @@ import json
 import shutil
 from pathlib import Path
 
+from turnstream.actors.envs.guard.settings import GuardSettings
 from turnstream.actors.play.context import PlayContext
-from turnstream.actors.play.endpoint.session import play_at_endpoint
+from turnstream.actors.play.endpoint.session import TurnLimits, play_at_endpoint
 from turnstream.actors.play.player import Episode, EpisodePlayer
 from turnstream.actors.play.verifiers.harness import describe, shared_harness
 from turnstream.core.configtools import ConfigError
@@ -56,6 +62,10 @@ def _interpreter(python: str) -> str:
 class VerifiersPlayer(EpisodePlayer):
     """A verifiers environment (env.args.environment), played by a harness in its own Python"""
 
+    isolations = ("loop",)
+    isolation_note = ("the rollouts share one event loop in the verifiers harness process (never the actor's); "
+                      "use \"loop\"")
+
     def __init__(self, environment: str = "", env_args: dict | None = None, python: str = DEFAULT_PYTHON,
                  model: str = "policy", sampling_args: dict | None = None, success_at: float = 1.0,
                  timeout_s: float = 600.0):
@@ -69,6 +79,14 @@ class VerifiersPlayer(EpisodePlayer):
         self.num_tasks = int(_describe(self.python, json.dumps(self.spec, sort_keys=True))["num_tasks"])
         self.model, self.sampling_args = model, dict(sampling_args or {})
         self.success_at, self.timeout_s = float(success_at), float(timeout_s)
+        self.guarded_by(GuardSettings("verifiers"))
+
+    def guarded_by(self, guard: GuardSettings) -> str:
+        self.limits = TurnLimits(guard.reset_timeout_s, guard.step_timeout_s)
+        return (f'rollouts run on one event loop in the verifiers harness process, not the actor\'s (env.isolation = '
+                f'"loop" there); a rollout\'s own work has {guard.reset_timeout_s:g}s before its first chat call '
+                f"(env.reset_timeout_s) and {guard.step_timeout_s:g}s from a reply to its next call or its return "
+                "(env.step_timeout_s)")
 
     def startup_env(self) -> "VerifiersPlayer":
         return self
@@ -82,4 +100,4 @@ class VerifiersPlayer(EpisodePlayer):
             return await harness.rollout(base_url, index, self.model, self.sampling_args)
 
         return await play_at_endpoint(ctx, episode, run, prompt_key=f"task-{index}", success_at=self.success_at,
-                                      timeout_s=self.timeout_s)
+                                      timeout_s=self.timeout_s, limits=self.limits)
