@@ -5,7 +5,10 @@ critic alone.
   turns were never trained): the critic may still learn from them, the policy may not.
 - Each batch gets up to `share * batch_episodes` of them, drawn uniformly from the pool (ArCHer samples its
   replay buffer uniformly), on top of its fresh items. They are `CriticReplay` items: the batch marks them
-  (`Batch.critic_only`) and the learner trains only its value function on them.
+  (`Batch.critic_only`) and the learner trains only its value function on them, in a pass of their own whose
+  gradient reaches the critic's parameters alone (a shared backbone runs without gradients there) and is clipped
+  apart from the policy's (learner/step/trainer.py): the policy's parameters and optimizer state end each step as
+  they would without them.
 - The pool holds at most `capacity` episodes (the oldest leave first) and forgets those older than the critic's
   own bound, `max_staleness` versions. It lives in memory: a restarted buffer starts with an empty pool, as it
   is only ever a second reading of data already trained or dropped.

@@ -61,14 +61,26 @@ class PolicyAndValue(nn.Module):
 
             self.critic = SeparateCritic(AutoModelForCausalLM.from_pretrained(critic_path, dtype=torch.float32))
 
-    def forward(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits [n, V] and values [n] (or None) at the micro-batch's action positions (learner/step/forward.py)."""
+    def forward(self, mb: MicroBatch, values_only: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Logits [n, V] and values [n] (or None) at the micro-batch's action positions (learner/step/forward.py).
+
+        values_only: no logits, and values whose gradient reaches the critic's parameters alone (episodes served
+        to the critic alone): the shared backbone runs without gradients, so only the value head learns."""
+        if values_only:
+            return None, self._values_alone(mb)
         if self.mode == "shared":
             out = action_logits(self.model, mb, output_hidden_states=True)
             return out.logits, self.head(mb.at_actions(out.hidden_states[-1]))
         logits = action_logits(self.model, mb).logits
         values = mb.at_actions(self.critic(**mb.inputs())) if self.critic is not None else None
         return logits, values
+
+    def _values_alone(self, mb: MicroBatch) -> torch.Tensor:
+        if self.mode == "shared":
+            with torch.no_grad():
+                out = self.model(**mb.inputs(), output_hidden_states=True, logits_to_keep=1)
+            return self.head(mb.at_actions(out.hidden_states[-1]))
+        return mb.at_actions(self.critic(**mb.inputs()))
 
     def critic_parameters(self) -> list[nn.Parameter]:
         if self.head is not None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -34,3 +36,17 @@ class DataParallel(SingleProcess):
         # gradients of all but the rank's last micro-batch accumulate locally (forward and backward inside
         # no_sync); the last one's backward reduces them over ranks
         return contextlib.nullcontext() if last else train_net.no_sync()
+
+    @contextlib.contextmanager
+    def critic_gradient_sync(self, train_net: nn.Module, params: list[nn.Parameter], last: bool):
+        # DDP's reduction waits for a gradient of every parameter, and this pass gives the critic's alone: it runs
+        # unreduced, and the critic's gradients are averaged over ranks after the rank's last micro-batch, as DDP
+        # averages (the loss is scaled by the world size for that)
+        with train_net.no_sync():
+            yield
+        if last:
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                p.grad.div_(self.world)
+                dist.all_reduce(p.grad)

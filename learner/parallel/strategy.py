@@ -54,6 +54,12 @@ class ParallelStrategy(ABC):
         """The context of a micro-batch's forward and backward; `last`: the rank's last of this update."""
         return contextlib.nullcontext()
 
+    def critic_gradient_sync(self, train_net: nn.Module, params: list[nn.Parameter],
+                             last: bool) -> contextlib.AbstractContextManager:
+        """The context of a micro-batch's forward and backward in a pass whose gradient reaches the critic's
+        `params` alone (episodes served to the critic alone); `last`: the rank's last of the pass."""
+        return self.gradient_sync(train_net, last)
+
     def forwards(self, groups: int, mine: int) -> int:
         """How many forwards this rank runs over `groups` micro-batches, `mine` of them its own."""
         return mine

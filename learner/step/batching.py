@@ -54,6 +54,11 @@ class TensorBatch:
             return torch.zeros(0, dtype=torch.long)
         return torch.unique(self.act_episode[self.act_critic_only])
 
+    def policy_rows(self) -> torch.Tensor:
+        """The rows of every other episode, ascending: those the policy trains on."""
+        rows = torch.arange(self.num_episodes)
+        return rows[~torch.isin(rows, self.critic_only_rows())]
+
 
 def episode_marks(marks: np.ndarray, n_episodes: int) -> np.ndarray:
     """[episodes] bool from a per-episode mark of the Batch (`replayed`, `critic_only`); empty: none is marked."""

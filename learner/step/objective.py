@@ -5,6 +5,10 @@ loss = decoupled PPO  -  entropy_coef * entropy bonus  +  kl_coef * k3 KL to pi_
 Each term is a sum over the micro-batch's tokens with weights that already divide by the whole update's
 count (learner/step/loss.py, aggregation_weights), so summing the micro-batches' losses, also over data-parallel
 ranks, gives the loss of the whole update.
+
+Episodes served to the critic alone (Batch.critic_only) have a loss of their own, the value term alone
+(`value_term`), taken in a pass of their own (learner/step/trainer.py); no weight of the other terms counts them,
+so adding them to a batch changes no term the policy learns from.
 """
 from __future__ import annotations
 
@@ -27,7 +31,9 @@ class UpdateWeights:
 
 def update_weights(x: StepInputs, rows: torch.Tensor, loss_agg: str) -> UpdateWeights:
     """The policy's weights over the update's trained tokens, less those of episodes served to the critic alone
-    (their episodes do not count for the aggregation either); the critic's over all its positions."""
+    (their episodes do not count for the aggregation either). The critic's: 1/n at each of its positions, n the
+    number of the policy's episodes' positions (of all, where the update has none), so a critic-only position
+    weighs what any other does and adding critic-only episodes rescales no term the shared backbone learns from."""
     tb = x.tb
     in_update = torch.isin(tb.act_episode, rows)
     if tb.act_trained is not None:
@@ -41,7 +47,8 @@ def update_weights(x: StepInputs, rows: torch.Tensor, loss_agg: str) -> UpdateWe
     value = torch.zeros_like(policy)
     if x.advantages.value_mask is not None:
         trained = x.advantages.value_mask & in_update
-        value[trained] = 1.0 / max(1, int(trained.sum()))
+        counted = int((trained & torch.isin(tb.act_episode, policy_rows)).sum()) or int(trained.sum())
+        value[trained] = 1.0 / max(1, counted)
     return UpdateWeights(policy, value)
 
 
@@ -76,8 +83,19 @@ def microbatch_loss(cfg: LearnerSection, x: StepInputs, mb: MicroBatch, logp: to
         stats["ref_kl"] = weighted_mean(w, kl)
         loss = loss + cfg.kl_coef * (w * kl).sum()
     if values is not None:
-        vl, value_stats = value_loss(values.float(), here(x.old_values), here(x.advantages.value_targets),
-                                     cfg.critic.value_clip, here(weights.value))
-        stats.update(value_stats, value_loss=vl.item())
-        loss = loss + cfg.critic.value_coef * vl
+        value_part, value_stats = value_term(cfg, x, mb, values, weights)
+        stats.update(value_stats)
+        loss = loss + value_part
     return loss, stats
+
+
+def value_term(cfg: LearnerSection, x: StepInputs, mb: MicroBatch, values: torch.Tensor,
+               weights: UpdateWeights) -> tuple[torch.Tensor, dict[str, float]]:
+    """The value loss's term of the micro-batch, times critic.value_coef: the whole loss of a micro-batch of
+    episodes served to the critic alone, and the critic's share of any other's."""
+    sel = mb.select
+    vl, stats = value_loss(values.float(), x.old_values[sel].to(values.device),
+                           x.advantages.value_targets[sel].to(values.device), cfg.critic.value_clip,
+                           weights.value[sel].to(values.device))
+    stats["value_loss"] = vl.item()
+    return cfg.critic.value_coef * vl, stats

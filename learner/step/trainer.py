@@ -1,5 +1,12 @@
 """One learner step: batch -> tensors -> (values, pi_prox) -> advantages -> updates -> version, tracker, stats.
 
+Episodes served to the critic alone (Batch.critic_only) cannot move the policy. They never share a micro-batch
+with the policy's episodes; the step's last update trains them after the policy's pass has been clipped, in a
+pass of their own whose gradient reaches only the critic's parameters (the shared backbone runs without
+gradients) and is clipped on its own to learner.max_grad_norm before it joins the critic's. Every policy
+parameter, and its optimizer state, ends the step as with the batch without them; what the critic learned from
+them reaches the policy from the next step on, as any critic's learning does (learner/step/update_rows.py).
+
 Data parallel: every rank holds the same batch and computes the same advantages; micro-batches are dealt
 round-robin over ranks, and gradients are summed across ranks. How (one process, DDP or FSDP2) is the parallel
 strategy's business (learner/parallel/), chosen once when the Trainer is built.
@@ -23,13 +30,14 @@ from turnstream.learner.estimators import compute as estimators
 from turnstream.learner.estimators.critic import PolicyAndValue
 from turnstream.learner.estimators.spo import SpoTracker, fold_batch
 from turnstream.learner.step.loss import explained_variance, step_kl
-from turnstream.learner.step.objective import UpdateWeights, microbatch_loss, update_weights
+from turnstream.learner.step.objective import UpdateWeights, microbatch_loss, update_weights, value_term
 from turnstream.learner.step.packing import NothingToTrain, drop_untrainable, microbatches, shard
 from turnstream.learner.parallel.choose import strategy_for
 from turnstream.learner.scale_defaults import parameter_count, resolve
 from turnstream.learner.step.step_inputs import (StepInputs, fill_values, prox_from_training_forward, proximal_logp,
                                             values_from_training_forward)
 from turnstream.learner.step.step_stats import MeanMax, batch_stats, replayed_episodes
+from turnstream.learner.step.update_rows import UpdateRows, update_rows
 from turnstream.learner.sync.buckets import WeightBuckets
 from turnstream.protocol.messages import Batch
 
@@ -85,8 +93,8 @@ class Trainer:
         self._set_eval()
         x = self._inputs(batch, tb)  # pi_prox, values, pi_ref, advantages
         updates = MeanMax()
-        for _ in range(cfg.epochs):
-            for rows in torch.randperm(tb.num_episodes, generator=self.generator).chunk(cfg.minibatches):
+        for epoch in range(cfg.epochs):
+            for rows in update_rows(tb, cfg.minibatches, self.generator, last_epoch=epoch == cfg.epochs - 1):
                 updates.add(self._update(x, rows))
         self.version += 1
         if x.prox_from_forward:  # each rank kept its own micro-batches' share
@@ -132,24 +140,54 @@ class Trainer:
                           entropy_scale=entropy_scale(cfg, batch, tb, self.tracker, self.vocab_size),
                           agent_ids=agent_ids)
 
-    def _update(self, x: StepInputs, rows: torch.Tensor) -> dict[str, float]:
-        """One optimizer step on the episodes `rows`, its gradient accumulated over this rank's micro-batches."""
-        weights = update_weights(x, rows, self.cfg.loss_agg)
+    def _update(self, x: StepInputs, rows: UpdateRows) -> dict[str, float]:
+        """One optimizer step on the episodes `rows`, its gradient accumulated over this rank's micro-batches:
+        the policy's episodes, clipped, then those served to the critic alone."""
+        weights = update_weights(x, rows.all(), self.cfg.loss_agg)
         self.optimizer.zero_grad(set_to_none=True)
-        parts = MeanMax()
-        # an idle rank (more ranks than micro-batches) still joins the gradient reduction, with zero loss
-        mbs = self._my_microbatches(x.tb, rows, at_least_one=True)
-        for i, (mb, own) in enumerate(mbs):
-            # gradients are reduced over ranks once per update, in the backward of the rank's last micro-batch
-            with self.parallel.gradient_sync(self.train_net, last=i == len(mbs) - 1):
-                stats = self._forward_backward(x, mb, weights, own=own)
-            if own:
-                parts.add(stats)
-        stats = parts.result()
-        stats["grad_norm"] = self.parallel.clip_grad_norm(self._params(), self.cfg.max_grad_norm)
+        stats = {"grad_norm": 0.0}
+        if len(rows.policy):
+            parts = MeanMax()
+            # an idle rank (more ranks than micro-batches) still joins the gradient reduction, with zero loss
+            mbs = self._my_microbatches(x.tb, rows.policy, at_least_one=True)
+            for i, (mb, own) in enumerate(mbs):
+                # gradients are reduced over ranks once per update, in the backward of the rank's last micro-batch
+                with self.parallel.gradient_sync(self.train_net, last=i == len(mbs) - 1):
+                    part = self._forward_backward(x, mb, weights, own=own)
+                if own:
+                    parts.add(part)
+            stats = parts.result()
+            stats["grad_norm"] = self.parallel.clip_grad_norm(self._params(), self.cfg.max_grad_norm)
+        if len(rows.critic_only):
+            stats.update(self._critic_only_pass(x, rows.critic_only, weights))
         self.optimizer.step()
         self.scheduler.step()
         return stats
+
+    def _critic_only_pass(self, x: StepInputs, rows: torch.Tensor, weights: UpdateWeights) -> dict[str, float]:
+        """The value loss of the episodes `rows`, served to the critic alone: its gradient, clipped on its own, is
+        added to the critic's parameters' (already clipped) gradient."""
+        params = self.net.critic_parameters()
+        held = [p.grad for p in params]
+        for p in params:
+            p.grad = None
+        parts = MeanMax()
+        mbs = self._my_microbatches(x.tb, rows, at_least_one=True)
+        for i, (mb, own) in enumerate(mbs):
+            with self.parallel.critic_gradient_sync(self.train_net, params, last=i == len(mbs) - 1):
+                with self.where.autocast():
+                    _, values = self.train_net(mb, values_only=True)
+                if x.values_from_forward and own:
+                    fill_values(self.cfg, self.tracker, x, mb, values)
+                loss, part = value_term(self.cfg, x, mb, values, weights)
+                (loss * (self.world if own else 0.0)).backward()
+            if own:
+                parts.add(part)
+        norm = self.parallel.clip_grad_norm(params, self.cfg.max_grad_norm)
+        for p, g in zip(params, held):
+            if g is not None:
+                p.grad = g if p.grad is None else p.grad + g
+        return {"critic_only_value_loss": parts.result().get("value_loss", 0.0), "critic_only_grad_norm": norm}
 
     def _forward_backward(self, x: StepInputs, mb: forward.MicroBatch, weights: UpdateWeights,
                           own: bool) -> dict[str, float]:
@@ -174,9 +212,10 @@ class Trainer:
         that was too large (e.g. a collapse onto one action). A subset of episodes estimates it: a forward
         over the whole batch would add a large share of a default step's time."""
         tb = x.tb
-        rows = None if every_episode else torch.randperm(tb.num_episodes, generator=self.generator)
-        if rows is not None:  # of the policy's episodes: those served to the critic alone were not sampled by pi_prox
-            rows = rows[~torch.isin(rows, tb.critic_only_rows())][:STEP_KL_EPISODES]
+        rows = None
+        if not every_episode:  # of the policy's episodes: those served to the critic alone were not sampled by pi_prox
+            policy = tb.policy_rows()
+            rows = policy[torch.randperm(len(policy), generator=self.generator)][:STEP_KL_EPISODES]
         new_logp, _ = self._no_grad_pass(tb, x.allowed, rows)
         measured = slice(None) if rows is None else torch.isin(tb.act_episode, rows)
         return new_logp, step_kl(x.prox_logp[measured], new_logp[measured])
@@ -216,8 +255,12 @@ class Trainer:
     def _my_microbatches(self, tb: TensorBatch, rows: torch.Tensor,
                          at_least_one: bool = False) -> list[tuple[forward.MicroBatch, bool]]:
         """This rank's micro-batches of `rows`, each with True, then stand-ins (False: outputs unused) where the
-        parallel strategy runs more forwards than the rank has micro-batches."""
-        groups = microbatches(tb.lengths, rows, self.cfg.max_tokens_per_microbatch, self.packed)
+        parallel strategy runs more forwards than the rank has micro-batches. Episodes served to the critic alone
+        are grouped apart from the others, so that every number the policy's episodes get is computed on the same
+        micro-batches, bit for bit, as without them."""
+        critic_only = torch.isin(rows, tb.critic_only_rows())
+        groups = [g for part in (rows[~critic_only], rows[critic_only])
+                  for g in microbatches(tb.lengths, part, self.cfg.max_tokens_per_microbatch, self.packed)]
         mine = [(forward.build(tb, g, self.packed, self.device), True) for g in shard(groups, self.rank, self.world)]
         turns = self.parallel.forwards(len(groups), len(mine))
         turns = max(turns, 1) if at_least_one else turns
