@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 
-def _parse(argv):
+def parse_args(argv):
     p = argparse.ArgumentParser(prog="turnstream bench actors")
     p.add_argument("--url", default="", help="an existing vLLM server (default: start one)")
     p.add_argument("--model", default="runs/tiny-model")
@@ -111,7 +111,7 @@ def actor_bench_config(out: Path, model: str, url: str, *, concurrency: int, max
 
 
 def main(argv: list[str]) -> int:
-    args = _parse(argv)
+    args = parse_args(argv)
     from turnstream.actors.inference.chat_tokens import ChatTokens
     from turnstream.core.config import VllmSection
     from turnstream.preflight import ensure_model

@@ -154,7 +154,7 @@ async def measure(url: str, model: str, *, episodes: int, turns: int, concurrenc
     return out
 
 
-def _table(out: dict) -> str:
+def format_table(out: dict) -> str:
     lines = ["| path | turns/s | generated tokens/s | CPU ms per turn (this process) | of direct (min-max) |",
              "|---|---|---|---|---|"]
     for name, title in SIDES.items():
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                                   max_tokens=a.max_tokens, rounds=a.rounds))
     finally:
         procs.stop_all()
-    print(_table(out))
+    print(format_table(out))
     print(json.dumps(out))
     return 0
 

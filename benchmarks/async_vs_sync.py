@@ -48,7 +48,7 @@ SEGMENT_TURNS = 4  # --segments alone: a long-tail episode (median 4 turns, 99th
 GENERATION_CPUS, LEARNER_CPUS = (0,), (1,)
 
 
-def _parse(argv):
+def parse_args(argv):
     p = argparse.ArgumentParser(prog="turnstream bench async")
     p.add_argument("--envs", default=",".join(ENVS))
     p.add_argument("--etas", default="0,1,2,4,8")
@@ -272,7 +272,7 @@ def grid(args) -> list[tuple[str, int, int]]:
 
 
 def main(argv: list[str]) -> int:
-    args = _parse(argv)
+    args = parse_args(argv)
     from turnstream.core.config import Config, VllmSection
     from turnstream.preflight import ensure_model
     from turnstream.processes import ProcessGroup

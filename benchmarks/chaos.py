@@ -31,7 +31,7 @@ log = logging.getLogger("benchmarks.chaos")
 ROLES = ("vllm-0", "buffer", "learner", "actor-0", "actor-1")
 
 
-def _parse(argv):
+def parse_args(argv):
     p = argparse.ArgumentParser(prog="turnstream bench chaos", description=__doc__.splitlines()[0])
     p.add_argument("--config", default=None, help="the run's TOML configuration (default: the built-in defaults)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -146,7 +146,7 @@ def run(args) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    args = _parse(argv)
+    args = parse_args(argv)
     result = run(args)
     print(f"chaos: {result['kills']} kills {result['kills_by_role']}, {result['restarts']} restarts; "
           f"acked lost {result['acked_lost']}, trained twice {result['trained_twice']}, staleness violations "

@@ -79,7 +79,7 @@ class PhaseResult:
     exit_code: int | None = None
 
 
-def _parse(argv):
+def parse_args(argv):
     p = argparse.ArgumentParser(prog="turnstream bench envs", description=__doc__.splitlines()[0])
     p.add_argument("--url", default="", help="an existing vLLM server (default: start one)")
     p.add_argument("--model", default="runs/tiny-model")
@@ -255,7 +255,7 @@ def format_table(results: list[PhaseResult], ratios: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    args = _parse(argv)
+    args = parse_args(argv)
     from turnstream.core.config import VllmSection
     from turnstream.core.configtools import ConfigError
     from turnstream.preflight import ensure_model

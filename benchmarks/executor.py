@@ -23,7 +23,7 @@ log = logging.getLogger("benchmarks.executor")
 EXECUTORS = ("mp", "uni")
 
 
-def _parse(argv):
+def parse_args(argv):
     p = argparse.ArgumentParser(prog="turnstream bench executor", description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=2, help="mp/uni pairs, run in ABBA order")
     p.add_argument("--steps", type=int, default=16, help="learner steps per run")
@@ -71,7 +71,7 @@ def run_one(executor: str, index: int, args) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    args = _parse(argv)
+    args = parse_args(argv)
     runs: list[dict] = []
     for pair in range(args.pairs):
         for executor in (EXECUTORS if pair % 2 == 0 else EXECUTORS[::-1]):  # ABBA

@@ -32,7 +32,7 @@ BUFFER_COUNTERS = {  # result key -> the buffer's sample name and labels
 }
 
 
-def _parse(argv):
+def parse_args(argv):
     p = argparse.ArgumentParser(prog="turnstream bench groups", description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/reasoning_gym.toml", help="the run's TOML configuration")
     p.add_argument("--estimators", default="grpo,rloo")
@@ -82,7 +82,7 @@ def run_one(estimator: str, url: str, args) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    args = _parse(argv)
+    args = parse_args(argv)
     from turnstream.core.config import VllmSection, load_config
     from turnstream.preflight import ensure_model
     from turnstream.processes import ProcessGroup

@@ -155,12 +155,12 @@ def run(args) -> dict:
         "peak_tflops": None if peak is None else peak / 1e12,
         "mfu": None if peak is None else round(flops / step_s / peak, 4),
         # cuda: the allocator's peak; cpu: the process's peak resident set (includes the interpreter, libraries)
-        "peak_memory_gib": round((torch.cuda.max_memory_allocated(where.device) if cuda else _max_rss()) / 2**30, 3),
+        "peak_memory_gib": round((torch.cuda.max_memory_allocated(where.device) if cuda else max_rss()) / 2**30, 3),
         "mfu_formula": "6*N_body*T + 6*V*d*T_act + 6*L*H*d_head*sum(s_i^2), fwd+bwd, causal attention",
     }
 
 
-def _max_rss() -> int:
+def max_rss() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB

@@ -99,8 +99,7 @@ def _rank(spec: dict, out: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from benchmarks.learner_mfu import _max_rss, synthetic_batch
-    from turnstream.learner.parallel import fsdp2
+    from benchmarks.learner_mfu import max_rss, synthetic_batch
     from turnstream.learner.parallel.ranks import init_from_env
 
     torch.set_num_threads(spec["threads"])
@@ -116,14 +115,33 @@ def _rank(spec: dict, out: Path) -> None:
             trainer.step(batch)
             if i:
                 times[mode].append(time.perf_counter() - started)
-    result = {"rank": rank, "world": world, "tokens": int(batch.tokens.size), "max_rss_bytes": _max_rss(),
+    result = {"rank": rank, "world": world, "tokens": int(batch.tokens.size), "max_rss_bytes": max_rss(),
               "params": sum(p.numel() for p in trainers["ddp"].model.parameters()), "times": times}
     for mode, trainer in trainers.items():  # gradients of the last update are still held
-        result[mode] = fsdp2.state_bytes(trainer._params(), trainer.optimizer)
+        result[mode] = state_bytes(trainer.optimizer)
     result.update(_pushes(trainers["fsdp2"], spec, out, rank))
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def state_bytes(optimizer) -> dict[str, int]:
+    """Bytes this rank holds of the parameters the optimizer updates, their gradients and the optimizer's state
+    (a shard's local part only)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    def local(t) -> int:
+        t = t.to_local() if isinstance(t, DTensor) else t
+        return t.numel() * t.element_size()
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    out = {"params": sum(local(p) for p in params),
+           "grads": sum(local(p.grad) for p in params if p.grad is not None),
+           "optimizer": sum(local(v) for s in optimizer.state.values() for v in s.values()
+                            if isinstance(v, torch.Tensor))}
+    out["total"] = sum(out.values())
+    return out
 
 
 def _pushes(trainer, spec: dict, out: Path, rank: int) -> dict:
@@ -131,7 +149,7 @@ def _pushes(trainer, spec: dict, out: Path, rank: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from benchmarks.weight_sync import _raw_write_read
+    from benchmarks.weight_sync import raw_write_read
     from turnstream.learner.parallel.ranks import broadcast
     from turnstream.learner.sync.disk import DiskWeightSync, write_source_rows
 
@@ -149,7 +167,7 @@ def _pushes(trainer, spec: dict, out: Path, rank: int) -> dict:
         if sync is not None:
             _read_every_byte(sync.save(source, version))
             times["push"].append(time.perf_counter() - started)
-            times["raw"].append(_raw_write_read(raw, out / "raw.safetensors"))
+            times["raw"].append(raw_write_read(raw, out / "raw.safetensors"))
         else:
             write_source_rows(broadcast(None, rank, trainer.world), source)  # the other ranks' rows
     return {"push_times": times, "push_bytes": source.nbytes, "push_buckets": len(source.buckets),

@@ -85,7 +85,7 @@ DEFAULT_ESTIMATORS = ("spo", "turn_gae", "token_gae", "grpo", "rloo")
 GROUP_ESTIMATORS = ("grpo", "rloo", "gigpo")  # baselines from the other samples of a prompt: whole groups
 
 
-def _parse(argv):
+def parse_args(argv):
     p = argparse.ArgumentParser(prog="turnstream bench learning", description=__doc__.splitlines()[0])
     p.add_argument("--tasks", default="follow_signs6,goal_walk", help=f"of {', '.join(TASKS)}")
     p.add_argument("--estimators", default=",".join(DEFAULT_ESTIMATORS), help=f"of {', '.join(ESTIMATORS)}")
@@ -244,18 +244,18 @@ def aggregate(records: list[dict]) -> dict:
             "reached": len(hit), "seeds": len(rs),
             "episodes_median": statistics.median(r["episodes_to_target"] for r in hit) if hit else None,
             "wall_s_median": statistics.median(r["wall_s_to_target"] for r in hit) if hit else None,
-            "floor_s_median": _median_of(r.get("floor_s") for r in hit),
+            "floor_s_median": median_of(r.get("floor_s") for r in hit),
             "success_end_mean": round(statistics.mean(r["success_end"] for r in rs), 3),
-            "first_step_s_median": _median_of(r.get("first_step_s") for r in rs),
-            "learner_busy_median": _median_of(r.get("learner_busy") for r in rs),
-            "dropped_stale_median": _median_of(r.get("dropped_stale") for r in rs),
-            "critic_turns_beyond_bound_median": _median_of(r.get("critic_turns_beyond_bound") for r in rs),
-            "turn_to_train_s_median": _median_of(r.get("turn_to_train_s") for r in rs),
-            "turn_to_train_versions_median": _median_of(r.get("turn_to_train_versions") for r in rs)}
+            "first_step_s_median": median_of(r.get("first_step_s") for r in rs),
+            "learner_busy_median": median_of(r.get("learner_busy") for r in rs),
+            "dropped_stale_median": median_of(r.get("dropped_stale") for r in rs),
+            "critic_turns_beyond_bound_median": median_of(r.get("critic_turns_beyond_bound") for r in rs),
+            "turn_to_train_s_median": median_of(r.get("turn_to_train_s") for r in rs),
+            "turn_to_train_versions_median": median_of(r.get("turn_to_train_versions") for r in rs)}
     return summary
 
 
-def _median_of(values) -> float | None:
+def median_of(values) -> float | None:
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
 
@@ -277,7 +277,7 @@ def format_table(summary: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    args = _parse(argv)
+    args = parse_args(argv)
     from turnstream.core.config import Config, VllmSection
     from turnstream.preflight import ensure_model
     from turnstream.processes import ProcessGroup

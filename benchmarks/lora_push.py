@@ -22,7 +22,7 @@ from pathlib import Path
 WEIGHT_SUFFIX = ".safetensors"
 
 
-def _parse(argv):
+def parse_args(argv):
     from turnstream.core.config_lora import LoraSection
 
     defaults = LoraSection()
@@ -36,7 +36,7 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
-def _weight_bytes(directory: Path) -> int:
+def weight_bytes(directory: Path) -> int:
     return sum(f.stat().st_size for f in directory.iterdir() if f.name.endswith(WEIGHT_SUFFIX))
 
 
@@ -50,10 +50,9 @@ def measure(model_config, lora, dtype: str = "auto", out: str | Path = "runs/ben
     from benchmarks.learner_mfu import model_config as shapes_of
     from turnstream.learner import lora as lora_layers
     from turnstream.learner.sync.buckets import WeightBuckets
-    from turnstream.learner.sync.source import serving_state_dict
+    from turnstream.learner.sync.disk import lay_out_file, shard_names
     from turnstream.learner.sync.lora import LoraAdapterSync
-    from turnstream.learner.sync.source import policy_tensors
-    from turnstream.learner.sync.disk import _lay_out, shard_names
+    from turnstream.learner.sync.source import policy_tensors, push_source
 
     shapes = shapes_of(model_config) if isinstance(model_config, (str, Path)) else model_config
     served = getattr(torch, dtype) if dtype != "auto" else (shapes.torch_dtype or torch.float32)
@@ -71,18 +70,19 @@ def measure(model_config, lora, dtype: str = "auto", out: str | Path = "runs/ben
     # order (the offsets' digits), and so the file is byte for byte as long as an unsharded push's.
     (out / "full").mkdir(parents=True)
     specs = sorted(WeightBuckets(policy_tensors(model), served).specs, key=lambda spec: spec.name)
-    _lay_out(out / "full" / shard_names(1)[0], specs)
+    lay_out_file(out / "full" / shard_names(1)[0], specs)
     full_dir = out / "full"
 
     lora_layers.attach(model, lora)
     adapters = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    tensors = {k: torch.zeros(t.shape, dtype=t.dtype) for k, t in serving_state_dict(model, served, lora).items()}
+    # what the learner's push of the adapters carries (names, shapes, served dtypes), as zeros
+    tensors = {s.name: torch.zeros(s.shape, dtype=s.dtype) for s in push_source(model, lora, served, 0).specs}
     sync = LoraAdapterSync(nowhere, out / "lora", lora, out)
     started = time.monotonic()
     lora_dir = sync.save(tensors, 1)  # small: written for real, by the backend a LoRA run pushes with
     lora_s = time.monotonic() - started
 
-    full_bytes, lora_bytes = _weight_bytes(full_dir), _weight_bytes(lora_dir)
+    full_bytes, lora_bytes = weight_bytes(full_dir), weight_bytes(lora_dir)
     shutil.rmtree(out, ignore_errors=True)
     return {"model_config": str(model_config if isinstance(model_config, (str, Path)) else shapes.model_type),
             "dtype": str(served).removeprefix("torch."), "rank": lora.rank,
@@ -94,7 +94,7 @@ def measure(model_config, lora, dtype: str = "auto", out: str | Path = "runs/ben
 def main(argv: list[str]) -> int:
     from turnstream.core.config_lora import LoraSection
 
-    args = _parse(argv)
+    args = parse_args(argv)
     lora = LoraSection(rank=args.rank, alpha=args.alpha, target_modules=args.target_modules.split(","))
     r = measure(args.model_config, lora, args.dtype, args.out)
     print(f"full push (baseline): {r['full_push_bytes'] / 2**20:.1f} MiB of {r['dtype']} weights, "

@@ -28,7 +28,7 @@ from pathlib import Path
 log = logging.getLogger("benchmarks.record")
 
 
-def _parse(argv):
+def parse_args(argv):
     p = argparse.ArgumentParser(prog="turnstream bench record", description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=3, help="off/on pairs, run in ABBA order")
     p.add_argument("--steps", type=int, default=20, help="learner steps per run")
@@ -99,7 +99,7 @@ def replay(run: dict, jobs: int, server_start_s: float | None) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    args = _parse(argv)
+    args = parse_args(argv)
     from benchmarks.async_vs_sync import MAX_MODEL_LEN
     from turnstream.core.config import VllmSection
     from turnstream.preflight import ensure_model

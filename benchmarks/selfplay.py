@@ -33,7 +33,7 @@ TASK = "tictactoe"
 DEFAULT_ESTIMATORS = ("spo", "spo+agent_norm", "mars")
 
 
-def _parse(argv):
+def parse_args(argv):
     p = argparse.ArgumentParser(prog="turnstream bench selfplay", description=__doc__.splitlines()[0])
     p.add_argument("--estimators", default=",".join(DEFAULT_ESTIMATORS), help=f"of {', '.join(ESTIMATORS)}")
     p.add_argument("--seeds", default="0,1,2")
@@ -101,7 +101,7 @@ def rates(counts: Counter) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    args = _parse(argv)
+    args = parse_args(argv)
     import torch
     from transformers import AutoModelForCausalLM
 

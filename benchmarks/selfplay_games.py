@@ -25,7 +25,7 @@ class Game:
     outcome: str = "unfinished"
 
 
-def _outcome(step, mover: int, judged: int) -> str:
+def outcome_of(step, mover: int, judged: int) -> str:
     info = step.info or {}
     if info.get("illegal"):
         return "own_illegal" if mover == judged else "opponent_illegal"
@@ -64,7 +64,7 @@ async def play_games(policies: dict[int, object], chat, make_env: Callable[[], E
                 g.last[agent] = ids
                 step = await g.env.step(chat.decode(ids))
                 if step.done:
-                    g.outcome = _outcome(step, agent, judged)
+                    g.outcome = outcome_of(step, agent, judged)
                     continue
                 g.agent = agent if step.agent is None else int(step.agent)
                 g.observation = step.observation

@@ -57,6 +57,18 @@ async def task_success(url: str, model_dir: str | Path, task: WarmTask, episodes
     return scored.count("success") / max(1, len(scored))
 
 
+def warm_started_tasks(model_dir: str | Path) -> dict[str, dict]:
+    """task env -> the warm start's report of it (a TaskReport's fields), from the model's MODEL_INFO ({} if
+    none): what this benchmark measures the model on."""
+    from turnstream.warm_start.build import MODEL_INFO
+
+    try:
+        info = json.loads((Path(model_dir) / MODEL_INFO).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {t["env"]: t for t in info.get("warm_start", {}).get("tasks", [])}
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="turnstream bench start-success", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="runs/tiny-model", help="a checkpoint directory (the tokenizer is read here)")
@@ -65,8 +77,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--episodes", type=int, default=400, help="per task")
     p.add_argument("--url", default="", help="a vLLM server already serving --model")
     args = p.parse_args(argv)
-    from turnstream.warm_start.build import warm_started_tasks
-
     trained = warm_started_tasks(args.model)
     names = [t for t in args.tasks.split(",") if t] or list(trained) or list(DEFAULT_TASKS)
     tasks = {name: (WarmTask(name, trained[name]["args"], trained[name]["context_turns"]) if name in trained

@@ -28,13 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
-from benchmarks.learning import TASKS, _median_of, aggregate, check_known, summarize_run
+from benchmarks.learning import TASKS, aggregate, check_known, median_of, summarize_run
 
 log = logging.getLogger("benchmarks.trl")
 
@@ -43,7 +44,7 @@ SYSTEMS = ("trl", "turnstream-async", "turnstream-sync")
 TURNSTREAM = {"turnstream-async": [], "turnstream-sync": ["buffer.eta=0"]}
 
 
-def _parse(argv):
+def parse_args(argv):
     from turnstream.core.config import Config
 
     defaults = Config()
@@ -78,11 +79,25 @@ def shared_settings(args) -> list[str]:
 
 # ---- TRL ------------------------------------------------------------------------------------------------
 
+def checkpoint_parameters(model_dir: str | Path) -> int:
+    """The parameters of a Hugging Face checkpoint, read from its safetensors headers without loading a weight."""
+    from safetensors import safe_open
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:  # a count of 0 would pass for the tiny model
+        raise FileNotFoundError(f"{model_dir}: no safetensors files to count the parameters of")
+    total = 0
+    for path in files:
+        with safe_open(path, "pt") as tensors:
+            total += sum(math.prod(tensors.get_slice(name).get_shape()) for name in tensors.keys())
+    return total
+
+
 def trl_spec(task: str, seed: int, run_dir: Path, args):
     """TRL's run of a task: the caps and sampling settings are turnstream's config values, so both match."""
     from benchmarks.learning import run_config
     from benchmarks.trl_runner import TrlRunSpec
-    from turnstream.learner.scale_defaults import checkpoint_parameters, resolve
+    from turnstream.learner.scale_defaults import resolve
 
     cfg = run_config(task, "spo", seed, "http://unused", _with_overrides(args, shared_settings(args)))
     learner = resolve(cfg.learner, checkpoint_parameters(args.model))  # TRL is handed turnstream's rates as numbers
@@ -163,7 +178,7 @@ def summarize(records: list[dict]) -> dict:
     for key, s in summary.items():
         rs = [r for r in records if f"{r['task']}/{r['estimator']}" == key]
         for rate in ("gen_tokens_per_s", "train_tokens_per_s"):
-            s[rate] = _median_of(r.get(rate) for r in rs)
+            s[rate] = median_of(r.get(rate) for r in rs)
     return summary
 
 
@@ -176,7 +191,7 @@ def ratio(summary: dict, task: str, system: str, figure: str = "wall_s_median") 
 
 
 def main(argv: list[str]) -> int:
-    args = _parse(argv)
+    args = parse_args(argv)
     from turnstream.core.config import VllmSection
     from benchmarks.async_vs_sync import MAX_MODEL_LEN
     from turnstream.preflight import ensure_model

@@ -21,7 +21,7 @@ from pathlib import Path
 SIZES = {"50m": (1024, 5), "200m": (2048, 5)}  # hidden, layers -> ~52M and ~210M parameters
 
 
-def _parse(argv):
+def parse_args(argv):
     p = argparse.ArgumentParser(prog="turnstream bench weight-sync")
     p.add_argument("--sizes", default="50m,200m", help=f"comma list of {', '.join(SIZES)}")
     p.add_argument("--rounds", type=int, default=3)
@@ -30,7 +30,7 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
-def _raw_write_read(tensors: dict, path: Path) -> float:
+def raw_write_read(tensors: dict, path: Path) -> float:
     from safetensors.torch import save_file
 
     started = time.monotonic()
@@ -107,7 +107,7 @@ async def _bench_size(url: str, model_dir: Path, out: Path, rounds: int, load_n:
         reloads.append(t2 - t1)
         pushes.append(t2 - t0)
         tensors = {k: v.detach().contiguous() for k, v in state.items()}
-        raws.append(await asyncio.to_thread(_raw_write_read, tensors, out / "raw.safetensors"))
+        raws.append(await asyncio.to_thread(raw_write_read, tensors, out / "raw.safetensors"))
     await asyncio.sleep(0.5)
     load.stop.set()
     await load_task
@@ -120,7 +120,7 @@ async def _bench_size(url: str, model_dir: Path, out: Path, rounds: int, load_n:
 
 
 def main(argv: list[str]) -> int:
-    args = _parse(argv)
+    args = parse_args(argv)
     from turnstream.core.config import VllmSection
     from turnstream.processes import ProcessGroup
     from turnstream.tiny_model import make_tiny_model

@@ -10,9 +10,7 @@ pretrained models, the rates of the billion-scale recipes barely move a model of
 """
 from __future__ import annotations
 
-import math
 from operator import attrgetter
-from pathlib import Path
 
 from turnstream.core.config import LearnerSection
 from turnstream.core.config_learner import (AUTO_SETTINGS, LARGE_SCALE, PRETRAINED, PRETRAINED_LORA,
@@ -31,20 +29,6 @@ def defaults_for(parameters: int, lora: bool) -> ScaleDefaults:
 def parameter_count(model) -> int:
     """Every parameter of the policy, frozen ones (a LoRA base) included: the size is the model's, not the update's."""
     return sum(p.numel() for p in model.parameters())
-
-
-def checkpoint_parameters(model_dir: str | Path) -> int:
-    """The parameters of a Hugging Face checkpoint, read from its safetensors headers without loading a weight."""
-    from safetensors import safe_open
-
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:  # a count of 0 would pass for the tiny model
-        raise FileNotFoundError(f"{model_dir}: no safetensors files to count the parameters of")
-    total = 0
-    for path in files:
-        with safe_open(path, "pt") as tensors:
-            total += sum(math.prod(tensors.get_slice(name).get_shape()) for name in tensors.keys())
-    return total
 
 
 def value_of(cfg: LearnerSection, setting: str):

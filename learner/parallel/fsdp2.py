@@ -150,19 +150,3 @@ def load_full_optimizer_state_dict(net: nn.Module, optimizer: torch.optim.Optimi
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(net, optimizer, state, options=StateDictOptions(full_state_dict=True))
-
-
-def state_bytes(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Bytes this rank holds of parameters, gradients and optimizer state (a shard's local part only)."""
-    from torch.distributed.tensor import DTensor
-
-    def local(t) -> int:
-        t = t.to_local() if isinstance(t, DTensor) else t
-        return t.numel() * t.element_size()
-
-    out = {"params": sum(local(p) for p in params),
-           "grads": sum(local(p.grad) for p in params if p.grad is not None),
-           "optimizer": sum(local(v) for s in optimizer.state.values() for v in s.values()
-                            if isinstance(v, torch.Tensor))}
-    out["total"] = sum(out.values())
-    return out

@@ -139,7 +139,7 @@ def write_rows(directory: Path, buckets: list[list[tuple[TensorSpec, torch.Tenso
     starts, failure = None, None
     if rank == 0:
         try:
-            starts = [_lay_out(directory / name, [s for s, _ in bucket]) for name, bucket in zip(names, buckets)]
+            starts = [lay_out_file(directory / name, [s for s, _ in bucket]) for name, bucket in zip(names, buckets)]
             write_index(directory, {s.name: name for name, bucket in zip(names, buckets) for s, _ in bucket},
                         sum(s.nbytes for b in buckets for s, _ in b))
         except OSError as exc:  # the other ranks learn it below instead of waiting for offsets
@@ -162,7 +162,7 @@ def write_rows(directory: Path, buckets: list[list[tuple[TensorSpec, torch.Tenso
         raise failure
 
 
-def _lay_out(path: Path, specs: list[TensorSpec]) -> int:
+def lay_out_file(path: Path, specs: list[TensorSpec]) -> int:
     """A safetensors file of the right size with its header (data still zero); returns where the data starts."""
     import struct
 

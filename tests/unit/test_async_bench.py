@@ -81,16 +81,16 @@ def test_records_round_trip_and_the_grid_flags():
     r = _rec(secs=None)
     assert RunRecord.from_dict(json.loads(json.dumps(r.to_dict()))) == r
     assert not r.reached and r.seconds_or_cap() == 100.0
-    args = async_vs_sync._parse(["--envs", "follow_signs", "--etas", "0,2", "--seeds", "0"])
+    args = async_vs_sync.parse_args(["--envs", "follow_signs", "--etas", "0,2", "--seeds", "0"])
     assert async_vs_sync.grid(args) == [("follow_signs", 0, 0), ("follow_signs", 2, 0)]
-    full = async_vs_sync.grid(async_vs_sync._parse([]))
+    full = async_vs_sync.grid(async_vs_sync.parse_args([]))
     assert len(full) == 2 * 5 * 3 and full[0] == ("follow_signs", 0, 0)
     with pytest.raises(SystemExit):
-        async_vs_sync.grid(async_vs_sync._parse(["--envs", "nope"]))
+        async_vs_sync.grid(async_vs_sync.parse_args(["--envs", "nope"]))
 
 
 def test_run_config_is_the_same_but_for_eta():
-    args = async_vs_sync._parse(["--batch", "32"])
+    args = async_vs_sync.parse_args(["--batch", "32"])
     a = async_vs_sync.run_config("follow_signs_longtail", 0, 1, "http://h:1", args)
     b = async_vs_sync.run_config("follow_signs_longtail", 4, 1, "http://h:1", args)
     assert (a.buffer.eta, b.buffer.eta, b.buffer.max_staleness) == (0, 4, 6)
@@ -109,7 +109,7 @@ def test_record_uses_counter_deltas_over_the_window():
                        "episodes_played": 500.0, "tokens_generated": 1500.0})
     steps = [{"episodes": 64, "tokens": 3000, "return_mean": r, "time": 1000.0 + 5 * i, "push_s": p,
               "staleness_hist": {"0": 10, "1": 5}} for i, (r, p) in enumerate(((0.2, 0.1), (0.5, float("nan"))))]
-    args = async_vs_sync._parse([])
+    args = async_vs_sync.parse_args([])
     r = async_vs_sync.record("follow_signs", 1, 0, args, steps, 12.5, 40.0, first, last, t0=995.0,
                              rolling=lambda s: sum(x["return_mean"] for x in s) / len(s))
     assert r.generation_busy == 15.0 / 20.0 and r.learner_busy == 8.0 / 20.0 and r.push_busy == 1.0 / 20.0
@@ -157,10 +157,10 @@ def test_progress_line_names_the_run():
 def test_the_estimator_is_one_setting_for_every_run():
     from turnstream.core.config import ConfigError
 
-    args = async_vs_sync._parse(["--estimator", "turn_gae"])
+    args = async_vs_sync.parse_args(["--estimator", "turn_gae"])
     assert {async_vs_sync.run_config(env, eta, 0, "http://h:1", args).learner.estimator
             for env in async_vs_sync.ENVS for eta in (0, 4)} == {"turn_gae"}
-    assert async_vs_sync.run_config("follow_signs", 0, 0, "http://h:1", async_vs_sync._parse([])).learner.estimator \
+    assert async_vs_sync.run_config("follow_signs", 0, 0, "http://h:1", async_vs_sync.parse_args([])).learner.estimator \
         == "spo"  # the built-in default
     with pytest.raises(ConfigError, match="^learner.estimator"):
-        async_vs_sync._parse(["--estimator", "nope"])
+        async_vs_sync.parse_args(["--estimator", "nope"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from benchmarks.agent_endpoint import _table, measure
+from benchmarks.agent_endpoint import format_table, measure
 
 
 def test_the_stub_benchmark_measures_every_side(tiny_model):
@@ -15,4 +15,4 @@ def test_the_stub_benchmark_measures_every_side(tiny_model):
         assert abs(out[f"{side}_tokens_per_s"] - 4 * out[f"{side}_turns_per_s"]) < 1  # 4 tokens every turn (rounded)
     low, high = out["endpoint_openai_ratio_range"]
     assert low <= out["endpoint_openai_ratio"] <= high
-    assert "the endpoint, the openai client" in _table(out)
+    assert "the endpoint, the openai client" in format_table(out)

@@ -38,7 +38,7 @@ def test_counted_full_push_is_the_bytes_the_disk_backend_writes(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from benchmarks.learner_mfu import model_config
-    from benchmarks.lora_push import _weight_bytes, measure
+    from benchmarks.lora_push import weight_bytes, measure
     from turnstream.core.config_lora import LoraSection
     from turnstream.learner.sync.buckets import WeightBuckets
     from turnstream.learner.sync.disk import DiskWeightSync
@@ -49,5 +49,5 @@ def test_counted_full_push_is_the_bytes_the_disk_backend_writes(tmp_path):
     model = AutoModelForCausalLM.from_config(shapes, dtype=torch.float32)
     written = DiskWeightSync(["http://127.0.0.1:9"], tmp_path / "w", tmp_path).save(
         WeightBuckets(policy_tensors(model), torch.bfloat16), 1)  # what the learner's push hands the backend
-    assert r["full_push_bytes"] == _weight_bytes(written)
+    assert r["full_push_bytes"] == weight_bytes(written)
     assert r["params"] == sum(p.numel() for p in model.parameters())

@@ -73,12 +73,12 @@ def test_two_grpo_steps_write_learner_jsonl(tiny_model, tmp_path):
 
 
 def test_bench_arguments_are_checked():
-    from benchmarks.trl import _parse
+    from benchmarks.trl import parse_args
 
     with pytest.raises(SystemExit, match="unknown systems"):
-        _parse(["--systems", "trl,verl"])
+        parse_args(["--systems", "trl,verl"])
     with pytest.raises(SystemExit, match="multiple of --group-size"):
-        _parse(["--batch", "10", "--group-size", "4"])
+        parse_args(["--batch", "10", "--group-size", "4"])
 
 
 def test_ratios_set_each_figure_against_trls_wall_time():
@@ -91,3 +91,16 @@ def test_ratios_set_each_figure_against_trls_wall_time():
     assert ratio(summary, "follow_signs", "turnstream-sync", "floor_s_median") == 0.45
     assert ratio(summary, "follow_signs", "turnstream-async") is None  # it missed the target
     assert ratio(summary, "goal_walk", "turnstream-sync") is None  # not run
+
+
+def test_the_checkpoints_parameters_are_counted_from_its_files(tmp_path):
+    """TRL is handed the rates turnstream's learner picks for the checkpoint's size, counted without loading it."""
+    from benchmarks.trl import checkpoint_parameters
+    from tests.learner_batches import tiny_causal_lm
+    from turnstream.learner.scale_defaults import parameter_count
+
+    model = tiny_causal_lm()
+    model.save_pretrained(tmp_path / "model")
+    assert checkpoint_parameters(tmp_path / "model") == parameter_count(model)
+    with pytest.raises(FileNotFoundError, match="no safetensors files"):  # a count of 0 would read as the tiny model
+        checkpoint_parameters(tmp_path)

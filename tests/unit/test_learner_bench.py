@@ -1,4 +1,5 @@
-"""benchmarks/learner.py runs end to end on tiny settings and prints one JSON line last; benchmarks/learning.py's summaries."""
+"""benchmarks/learner.py runs end to end on tiny settings and prints one JSON line last; benchmarks/learning.py's
+summaries; benchmarks/learner_parallel.py's count of bytes."""
 from __future__ import annotations
 
 import json
@@ -31,7 +32,7 @@ def test_bench_learner_context_rows_smoke(capsys):
 
 def test_trail_runs_with_its_settings_for_every_estimator():
     """The long trail's settings reach every estimator's config alike; the estimator's own come after them."""
-    args = learning._parse(["--model", "m"])
+    args = learning.parse_args(["--model", "m"])
     for estimator in ("turn_gae+segments", "spo", "grpo"):
         cfg = learning.run_config("trail", estimator, 0, "http://127.0.0.1:1", args)
         assert (cfg.actor.context_turns, cfg.learner.batch_max_tokens, cfg.learner.lr) == (1, 20000, 0.001)
@@ -105,7 +106,7 @@ def test_mfu_flops_formula():
 
 
 def test_bench_learning_trains_group_estimators_on_groups_and_the_curriculum_variant_with_the_spo_order(tmp_path):
-    args = learning._parse(["--out", str(tmp_path)])
+    args = learning.parse_args(["--out", str(tmp_path)])
     grpo = learning.run_config("follow_signs6", "grpo", 0, "http://127.0.0.1:1", args)
     assert (grpo.learner.estimator, grpo.tasks.group_size, grpo.buffer.sampling) == ("grpo", 8, "group")
     spo = learning.run_config("reasoning_gym", "spo+curriculum", 0, "http://127.0.0.1:1", args)
@@ -114,7 +115,7 @@ def test_bench_learning_trains_group_estimators_on_groups_and_the_curriculum_var
     gigpo = learning.run_config("goal_walk", "gigpo", 0, "http://127.0.0.1:1", args)
     assert (gigpo.learner.estimator, gigpo.tasks.group_size, gigpo.buffer.sampling) == ("gigpo", 8, "group")
     plain = learning.run_config("follow_signs6", "grpo", 0, "http://127.0.0.1:1",
-                                learning._parse(["--group-size", "1", "--out", str(tmp_path)]))
+                                learning.parse_args(["--group-size", "1", "--out", str(tmp_path)]))
     assert (plain.tasks.group_size, plain.buffer.sampling) == (1, "fifo")
 
 
@@ -138,3 +139,23 @@ def test_bench_groups_reads_the_buffers_group_counters():
     finally:
         server.shutdown()
         thread.join()
+
+
+def test_state_bytes_counts_parameters_gradients_and_adam_moments():
+    """bench learner --parallel's memory figure: what the optimizer's parameters, their gradients and its state
+    hold."""
+    import torch
+
+    from benchmarks.learner_parallel import state_bytes
+    from tests.learner_batches import tiny_causal_lm
+
+    model = tiny_causal_lm()
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params)
+    model(input_ids=torch.arange(1, 9)[None], labels=torch.arange(1, 9)[None]).loss.backward()
+    optimizer.step()
+    n = sum(p.numel() for p in params)
+    got = state_bytes(optimizer)
+    assert (got["params"], got["grads"]) == (4 * n, 4 * n)
+    assert got["optimizer"] == 8 * n + 4 * len(params)  # two fp32 moments, and a step count per tensor
+    assert got["total"] == sum(got[k] for k in ("params", "grads", "optimizer"))

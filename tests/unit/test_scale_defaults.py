@@ -12,7 +12,7 @@ from tests.learner_batches import synthetic_batch, tiny_causal_lm
 from turnstream.core.config import Config, LearnerSection, load_config
 from turnstream.core.config_learner import (AUTO_SETTINGS, LARGE_SCALE, PRETRAINED, PRETRAINED_LORA, PRETRAINED_SCALE,
                                             SMALL_PRETRAINED, SMALL_PRETRAINED_LORA, TINY)
-from turnstream.learner.scale_defaults import checkpoint_parameters, parameter_count, resolve, value_of
+from turnstream.learner.scale_defaults import parameter_count, resolve, value_of
 from turnstream.learner.step.trainer import Trainer
 
 
@@ -54,11 +54,6 @@ def test_the_size_picks_the_rates(parameters, lora, expected):
     assert auto_values(cfg) == [expected.value(setting) for setting in AUTO_SETTINGS]
 
 
-def test_a_checkpoint_without_weights_is_not_counted_as_tiny(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no safetensors files"):
-        checkpoint_parameters(tmp_path)
-
-
 def test_the_trainer_of_the_tiny_model_keeps_the_tiny_rates():
     trainer = Trainer(tiny_causal_lm(), LearnerSection(device="cpu"), seed=0)
     assert optimizer_rates(trainer) == [TINY.lr]  # no warm-up: the first step at the full rate
@@ -76,7 +71,7 @@ def test_the_learner_of_an_llm_sized_checkpoint_trains_at_a_pretrained_models_ra
     from turnstream.learner.main import build_trainer
 
     parameters = llm_sized_checkpoint(tmp_path / "model")
-    assert parameters >= PRETRAINED_SCALE and checkpoint_parameters(tmp_path / "model") == parameters
+    assert parameters >= PRETRAINED_SCALE
     cfg = Config()
     cfg.model.path, cfg.run.run_dir = str(tmp_path / "model"), str(tmp_path / "run")
     cfg.learner = LearnerSection(estimator="turn_gae", device="cpu", attn_implementation="eager")

@@ -11,16 +11,16 @@ from transformers import AutoModelForCausalLM
 from turnstream.actors.environment import Step
 from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.registry import make_env
-from benchmarks.selfplay_games import OUTCOMES, _outcome, play_games
+from benchmarks.selfplay_games import OUTCOMES, outcome_of, play_games
 
 
 def test_outcomes_are_told_from_the_judged_side():
     win = Step("you lost", 1.0, done=True, rewards={0: 1.0, 1: -1.0}, info={"success": True, "winner": 0})
     illegal = Step("illegal move", -1.0, done=True, rewards={1: -1.0, 0: 0.0}, info={"illegal": True})
     draw = Step("draw", 0.0, done=True, rewards={0: 0.0, 1: 0.0}, info={"success": False})
-    assert (_outcome(win, 0, 0), _outcome(win, 0, 1)) == ("line_win", "line_loss")
-    assert (_outcome(illegal, 1, 1), _outcome(illegal, 1, 0)) == ("own_illegal", "opponent_illegal")
-    assert _outcome(draw, 0, 1) == "draw"
+    assert (outcome_of(win, 0, 0), outcome_of(win, 0, 1)) == ("line_win", "line_loss")
+    assert (outcome_of(illegal, 1, 1), outcome_of(illegal, 1, 0)) == ("own_illegal", "opponent_illegal")
+    assert outcome_of(draw, 0, 1) == "draw"
 
 
 def test_every_game_ends_and_a_policy_sees_its_own_conversation(tiny_model):

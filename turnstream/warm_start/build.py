@@ -101,16 +101,6 @@ def make_reading_model(out_dir: str | Path, plan: WarmStartPlan, seed: int = 0) 
     return info["warm_start"]
 
 
-def warm_started_tasks(model_dir: str | Path) -> dict[str, dict]:
-    """task env -> the warm start's report of it (a TaskReport's fields), from the model's MODEL_INFO ({} if
-    none): what `turnstream bench start-success` measures the model on."""
-    try:
-        info = json.loads((Path(model_dir) / MODEL_INFO).read_text())
-    except (OSError, ValueError):
-        return {}
-    return {t["env"]: t for t in info.get("warm_start", {}).get("tasks", [])}
-
-
 def _task_transcripts(task: WarmTask, plan: WarmStartPlan, seed: int,
                       renderer: TranscriptRenderer) -> tuple[TaskReport, list[dict]]:
     """The task's share of mistakes, its episodes played at that share, and the transcripts it trains on."""
