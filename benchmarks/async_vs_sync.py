@@ -19,7 +19,8 @@ more, so a lower target saves little and the step count to leave the floor is wh
 in 7-19 steps in single runs where 3e-4 (batch 64) needed 17 to more than 31.
 
 Records go to <out>/records.jsonl (one per run, rewritten per invocation); a table and one JSON line
-(benchmarks/async_grid.py) are printed last; `turnstream report <out>` plots wall-clock vs success per eta.
+(benchmarks/async_grid.py) are printed last, after <out>/async_vs_sync.png: wall-clock vs success per eta
+(benchmarks/async_report.py).
 """
 from __future__ import annotations
 
@@ -273,6 +274,7 @@ def grid(args) -> list[tuple[str, int, int]]:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    from benchmarks.async_report import RECORDS, plot
     from turnstream.core.config import Config, VllmSection
     from turnstream.preflight import ensure_model
     from turnstream.processes import ProcessGroup
@@ -284,7 +286,7 @@ def main(argv: list[str]) -> int:
     cfg = Config()
     cfg.model.path = args.model
     ensure_model(cfg.model.path)
-    records_path = out / "records.jsonl"
+    records_path = out / RECORDS
     records_path.write_text("")
     (out / "grid.json").write_text(json.dumps(vars(args), indent=1) + "\n")
     procs = ProcessGroup(out)
@@ -306,6 +308,7 @@ def main(argv: list[str]) -> int:
         procs.stop_all()
     rows = settings(records)
     print(format_table(rows), flush=True)
+    print(plot(out), flush=True)
     print(json.dumps({**headline(rows, args.target, args.cap), "estimator": args.estimator or
                       Config().learner.estimator}), flush=True)
     return 0

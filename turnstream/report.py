@@ -16,7 +16,6 @@ import json
 import math
 from pathlib import Path
 
-from turnstream import bench_report
 from turnstream.plotting import pyplot
 
 REPORT_FILES = ("success.png", "staleness.png", "throughput.png", "losses.png", "weight_sync.png")
@@ -247,13 +246,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, t0: flo
 
 
 def main(run_dir: str | Path) -> int:
-    """`turnstream report RUN_DIR`: the learning curve plus the report plots; prints each path.
-
-    On the output directory of `turnstream bench async` (it holds records.jsonl): the success against
-    wall-clock plot, one curve per eta, written next to the records."""
-    if (Path(run_dir) / bench_report.RECORDS).exists():
-        print(bench_report.plot(run_dir))
-        return 0
+    """`turnstream report RUN_DIR`: the learning curve plus the report plots; prints each path."""
     if not (Path(run_dir) / "learner.jsonl").exists():
         print(f"turnstream report: {run_dir} has no learner.jsonl")
         return 1

@@ -121,24 +121,30 @@ def test_record_uses_counter_deltas_over_the_window():
     assert never.generation_busy == 0.0 and never.final_success == 0.0 and not never.reached
 
 
-def test_report_plots_the_bench_output_next_to_the_records(tmp_path, capsys):
-    from turnstream import bench_report
-    from turnstream.report import main as report_main
+def test_async_report_plots_the_bench_output_next_to_the_records(tmp_path, capsys):
+    from benchmarks import async_report
 
     recs = [_rec(eta=e, seed=s, secs=None if e == 0 and s == 1 else 20.0 + e,
                  curve=[[5.0 + s, 0.1], [12.0 + e, 0.4], [20.0 + e, 0.65]])
             for e in (0, 2) for s in (0, 1)]
     recs.append(_rec(env="follow_signs_longtail", eta=0, curve=[]))  # a run that never trained
-    (tmp_path / bench_report.RECORDS).write_text("".join(json.dumps(r.to_dict()) + "\n" for r in recs))
-    assert report_main(tmp_path) == 0
-    png = tmp_path / bench_report.PLOT
+    (tmp_path / async_report.RECORDS).write_text("".join(json.dumps(r.to_dict()) + "\n" for r in recs))
+    assert async_report.main([str(tmp_path)]) == 0
+    png = tmp_path / async_report.PLOT
     assert capsys.readouterr().out.strip() == str(png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert [r["eta"] for r in bench_report.read_records(tmp_path)] == [0, 0, 2, 2, 0]
+    assert [r["eta"] for r in async_report.read_records(tmp_path)] == [0, 0, 2, 2, 0]
+
+
+def test_async_report_without_records_says_so(tmp_path, capsys):
+    from benchmarks import async_report
+
+    assert async_report.main([str(tmp_path)]) == 1
+    assert capsys.readouterr().out.strip() == f"bench async-report: {tmp_path} has no records.jsonl"
 
 
 def test_median_curve_holds_finished_runs_and_skips_times_before_any_start():
-    from turnstream.bench_report import median_curve, value_at
+    from benchmarks.async_report import median_curve, value_at
 
     a, b, c = [[1.0, 0.2], [3.0, 0.6]], [[2.0, 0.4], [6.0, 0.8]], [[2.0, 0.0], [4.0, 0.1]]
     assert value_at(a, 0.5) is None and value_at(a, 2.9) == 0.2 and value_at(a, 10.0) == 0.6

@@ -1,4 +1,5 @@
-"""The async-vs-sync plot: `turnstream report OUT_DIR` on the output of `turnstream bench async`.
+"""The async-vs-sync plot of `turnstream bench async`'s records, which the benchmark draws when its grid is done;
+`turnstream bench async-report OUT_DIR` draws it from the records written so far.
 
 One panel per environment, one colour per eta: every seed's rolling success against wall-clock seconds
 (faint), their median (bold), the target as a dashed line. A run stops at the target, so its curve ends
@@ -92,3 +93,16 @@ def plot(out_dir: str | Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="turnstream bench async-report", description=__doc__.splitlines()[0])
+    p.add_argument("out", help="the output directory of `turnstream bench async` (it holds records.jsonl)")
+    out = p.parse_args(argv).out
+    if not (Path(out) / RECORDS).exists():
+        print(f"bench async-report: {out} has no {RECORDS}")
+        return 1
+    print(plot(out))
+    return 0
