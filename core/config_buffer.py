@@ -61,7 +61,9 @@ class BufferSection(Section):
     max_running: int = Field(512, ge=1, description="episodes in flight across all actors")
     max_items: int = Field(8192, ge=1, description="episodes held (running + ready); admission stops at this bound; "
                            ">= batch_episodes")
-    episode_timeout_s: float = Field(60.0, gt=0, description="an episode without a chunk for this long is abandoned")
+    episode_timeout_s: float = Field(300.0, gt=0, description="an episode without a chunk for this long is "
+                                     "abandoned; the pre-flight refuses one a live episode can reach: each seat's "
+                                     "turn, actor.request_timeout_s + env.step_timeout_s, times the seats")
     actor_timeout_s: float = Field(15.0, gt=0, description="an actor silent this long loses its unused credits")
     metrics_port: Port = Field(0, description="/metrics port; 0: the launcher picks one")
     sampling: Literal["fifo", "freshest", "group"] = Field(

@@ -220,7 +220,8 @@ def render_markdown() -> str:
         "exits with status 2 and one line naming the key, e.g. `turnstream: config error: buffer.max_staleness: "
         "must be >= eta (2), or admitted episodes would be dropped as stale`. `turnstream check --config FILE` "
         "validates a file, runs the pre-flight checks that need role code (the environment's name and "
-        "arguments, the rate limiter's deadlock rule, the CURVE keys) and prints the resolved configuration.",
+        "arguments, a turn's time limits against `buffer.episode_timeout_s`, the rate limiter's deadlock rule, the "
+        "CURVE keys) and prints the resolved configuration.",
         "",
         "Ports left at 0 are chosen by the launcher, which writes the resolved file to "
         "`<run_dir>/config.resolved.toml` and hands it to every role.",

@@ -1,9 +1,9 @@
 """Pre-flight: the config checks that need role code or the file system, run before anything starts.
 
 Loading a config (turnstream.core.config) checks types, bounds and the rules between fields; what it cannot
-know without the roles' code (is there an environment of that name, can the rate limiter deadlock, are the
-CURVE keys there) is checked here, by `turnstream check` and every command that starts a role. Each
-failure is a ConfigError: one line naming the field, exit status 2 from the CLI.
+know without the roles' code (is there an environment of that name, does its turn fit in the buffer's episode
+timeout, can the rate limiter deadlock, are the CURVE keys there) is checked here, by `turnstream check` and every
+command that starts a role. Each failure is a ConfigError: one line naming the field, exit status 2 from the CLI.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ def preflight(cfg: Config) -> Config:
     """Raise ConfigError for the first problem; return `cfg` unchanged."""
     env = _check_env(cfg)
     _check_task_order(cfg, env)
+    _check_turn_fits_episode_timeout(cfg, env)
     _check_rate_limiter(cfg)
     _check_curve_keys(cfg)
     return cfg
@@ -50,6 +51,26 @@ def _check_task_order(cfg: Config, env) -> None:
 
     make_order(cfg.tasks.order, env_factory=lambda: env, actor_seed=0, run_seed=cfg.run.seed,
                epochs=cfg.tasks.epochs, eval_split=cfg.tasks.eval_split)
+
+
+def _check_turn_fits_episode_timeout(cfg: Config, env) -> None:
+    """The buffer abandons an episode that sent no chunk for buffer.episode_timeout_s (buffer/store/replay_store.py,
+    `expire`: measured from its last chunk) and rejects its later chunks. Between two chunks of one seat the actor
+    plays a turn of every seat in order (actors/play/env_loop.py): a generate request, which may take up to its
+    deadline, actor.request_timeout_s, retries and pauses included (actors/inference/fleet.py), then a step, up to
+    the environment's own limit or else env.step_timeout_s (actors/envs/guard/settings.py)."""
+    from turnstream.actors.envs.guard.settings import GuardSettings
+
+    step_s = GuardSettings.from_config(cfg.env).step_limit(env)
+    step = "env.step_timeout_s" if env.step_timeout_s is None else "the environment's own step_timeout_s"
+    seats = max(1, int(env.num_agents))
+    longest = seats * (cfg.actor.request_timeout_s + step_s)
+    if longest >= cfg.buffer.episode_timeout_s:
+        turns = f"{seats} seats * " if seats > 1 else ""
+        raise ConfigError(f"buffer.episode_timeout_s: must be more than {turns}(actor.request_timeout_s "
+                          f"({cfg.actor.request_timeout_s:g} s) + {step} ({step_s:g} s)) = {longest:g} s, the longest "
+                          f"a live episode of {cfg.env.name} can go without a chunk; got "
+                          f"{cfg.buffer.episode_timeout_s:g} s, which would abandon it")
 
 
 def _check_rate_limiter(cfg: Config) -> None:

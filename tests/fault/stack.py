@@ -25,7 +25,7 @@ ROLES = ("buffer", "learner", "actor-0", "actor-1")
 BUFFER_RSS_CAP = 200 * 1024 * 1024  # the buffer peaked at ~120 MiB here, 64 of them a heap reserve it no longer makes
 # Rejection reasons that mean a chunk was malformed or contradicted its episode (buffer/store/validate.py,
 # buffer/store/replay_store.py). Not here: `episode_closed`, a late chunk of an episode already dropped as abandoned
-# (the actor waited on a server longer than buffer.episode_timeout_s), which is a counted, expected outcome.
+# (its actor was stopped or cut off longer than buffer.episode_timeout_s), which is a counted, expected outcome.
 CORRUPT_CHUNK_REASONS = {"bad_batch", "negative_index", "empty_prompt", "bad_logprob", "bad_version", "bad_scalar",
                          "token_not_allowed", "episode_conflict", "turn_after_done"}
 
@@ -46,6 +46,9 @@ def fault_config(run_dir: Path, model: Path, vllm_url: str, proxy_url: str) -> C
     b = cfg.buffer
     b.batch_episodes, b.eta, b.max_staleness, b.max_items = 16, 2, 4, 64
     b.episode_timeout_s, b.actor_timeout_s = 4.0, 3.0
+    # the longest turn (a request's deadline, then a step's limit) fits in the episode timeout: the pre-flight
+    # refuses a config where the buffer would abandon a live episode
+    cfg.actor.request_timeout_s, cfg.env.step_timeout_s = 3.0, 0.5
     cfg.learner.checkpoint_every, cfg.learner.keep_checkpoints = 2, 3
     cfg.network.max_message_bytes = 1 << 20  # so that "oversized" costs only 2 MiB to send
     return cfg

@@ -31,7 +31,8 @@ def run_config(run_dir: Path, model: Path, extra: str = "") -> str:
     return (f'[run]\nname = "restarts"\nrun_dir = "{run_dir}"\ntime_limit_s = 1200.0\n\n'
             f'[model]\npath = "{model}"\n\n'
             '[vllm]\nhealth_interval_s = 0.5\n\n'
-            '[actor]\nnum_processes = 2\nconcurrent_episodes = 8\nresend_after_s = 2.0\n\n'
+            '[actor]\nnum_processes = 2\nconcurrent_episodes = 8\nresend_after_s = 2.0\nrequest_timeout_s = 3.0\n\n'
+            '[env]\nstep_timeout_s = 0.5\n\n'  # a turn (a request's deadline, a step) fits in the episode timeout
             '[buffer]\nbatch_episodes = 16\neta = 2\nmax_staleness = 4\nmax_items = 64\n'
             'episode_timeout_s = 4.0\nactor_timeout_s = 3.0\n\n'
             '[learner]\ncheckpoint_every = 2\nkeep_checkpoints = 3\n\n'
