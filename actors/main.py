@@ -121,7 +121,7 @@ def _fleet(cfg: Config, urls: list[str], metrics, *, learner_version: Callable[[
 
     v = cfg.vllm
     return InferenceFleet(urls, timeout_s=cfg.actor.request_timeout_s, retries=v.retries,
-                          health_interval_s=v.health_interval_s, wait_for_server_s=v.wait_for_server_s,
+                          health_interval_s=v.health_interval_s,
                           max_staleness=cfg.buffer.max_staleness, learner_version=learner_version, metrics=metrics,
                           model=model, seeds=seeds)
 

@@ -52,7 +52,12 @@ class ActorMetrics:
                                        "Environment worker processes running (env.isolation = process)", registry=r)
         # the inference fleet
         self.inference_retries = Counter("turnstream_actor_inference_retries_total",
-                                         "Generate calls retried on another server after a failure", registry=r)
+                                         "Generate tries after a failed one: on another server at once, or on any "
+                                         "server that answers after a back-off", registry=r)
+        self.inference_give_ups = Counter("turnstream_actor_inference_give_ups_total",
+                                          "Generate calls that no server served by their deadline "
+                                          "(actor.request_timeout_s from the first try); their episodes are "
+                                          "abandoned", registry=r)
         self.server_failures = Counter("turnstream_actor_server_failures_total",
                                        "Failed generate calls or health checks, by server", ["server"], registry=r)
         self.server_usable = Gauge("turnstream_actor_server_usable",

@@ -87,10 +87,10 @@ class VllmSection(Section):
     cpus: CpuIds = Field(default_factory=list, description="CPU ids the servers are pinned to; empty: any")
     urls_file: str = Field("", description="optional file of server URLs, one a line, re-read while running "
                            "(add or remove servers)")
-    retries: int = Field(2, ge=0, description="a failed generate is retried on up to this many other servers")
+    retries: int = Field(2, ge=0, description="a failed generate goes at once to up to this many other servers; "
+                         "when they fail too, it pauses (a jittered back-off of at most a few seconds) and tries again on "
+                         "any server that answers, until actor.request_timeout_s")
     health_interval_s: float = Field(2.0, gt=0, description="/health + /weight_info poll of every server")
-    wait_for_server_s: float = Field(10.0, ge=0,
-                                     description="how long a request waits for a usable server before it fails")
     weight_sync: WeightSyncConfig = Field(
         default_factory=DiskWeightSyncConfig, description="how the learner pushes weights (learner/sync/factory.py): "
         'backend = "disk" (default), or "nccl" with master_address and master_port')
@@ -131,7 +131,9 @@ class ActorSection(Section):
     max_new_tokens: int = Field(16, ge=1, description="generated tokens per turn")
     max_unacked: int = Field(1024, ge=1, description="bounded window of chunks awaiting an ack")
     resend_after_s: float = Field(5.0, gt=0, description="an unacked chunk is sent again after this long")
-    request_timeout_s: float = Field(60.0, gt=0, description="time limit of one generate request")
+    request_timeout_s: float = Field(60.0, gt=0, description="deadline of one generate request from its first "
+                                     "try, its retries and pauses included: an outage of every vLLM server "
+                                     "shorter than this costs the episode a wait, a longer one abandons it")
     metrics_port: Port = Field(0, description="first actor's /metrics port; actor i uses "
                               "metrics_port + i; 0: the launcher picks")
     max_turns: int = Field(0, ge=0, description="turns per episode before it is truncated; 0: only the context "

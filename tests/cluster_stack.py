@@ -159,6 +159,14 @@ class ClusterStack:
         led.check_accounted(held_in_log(buffer_run / "buffer-wal" / "wal.log", self.cfg.buffer, self.tmp_path))
         return led
 
+    def metrics_of(self, host: str) -> str:
+        """The /metrics text of the role on `host` (buffer, learner or an actor), read from inside that host, so
+        whatever the state of its link."""
+        port = {"buffer": BUFFER_METRICS, "learner": LEARNER_METRICS}.get(host)
+        if port is None:
+            port = ACTOR_METRICS + int(host.removeprefix("actor"))
+        return self.cluster[host].get(self.url(host, port))
+
     def steps(self) -> list[dict]:
         """The learner's steps so far; fails at once if a role exited."""
         for child in self.children.values():

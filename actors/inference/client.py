@@ -24,6 +24,10 @@ class StaleConnection(ServerFailure):
     """A pooled keep-alive connection the server had already closed: retry the same server once."""
 
 
+class RequestTimedOut(ServerFailure):
+    """No reply within the time the request had left: its deadline, not evidence against the server."""
+
+
 @dataclass
 class Generation:
     tokens: list[int]
@@ -66,11 +70,13 @@ def parse_generation(body: dict) -> Generation:
 async def post_generate(session: aiohttp.ClientSession, url: str, token_ids: list[int], *, max_tokens: int,
                         temperature: float, allowed_token_ids: list[int] | None = None,
                         cache_salt: str | None = None, extra_params: dict | None = None,
-                        model: str | None = None, top_p: float = 1.0, top_k: int = 0, seed: int = -1) -> Generation:
-    """One token-in/token-out request to one server. ServerFailure: try another server; InferenceError: don't.
-    `model`: a LoRA adapter the server serves (learner.lora), else the base model; `top_p` < 1, `top_k` > 0:
-    vLLM truncates the distribution it samples from, and its log-probs are those of the truncated one; `seed` >= 0:
-    the request's own random stream (-1: the server's shared one)."""
+                        model: str | None = None, top_p: float = 1.0, top_k: int = 0, seed: int = -1,
+                        timeout_s: float | None = None) -> Generation:
+    """One token-in/token-out request to one server, given up after `timeout_s` (None: the session's limit).
+    ServerFailure: try again, there or on another server; InferenceError: don't. `model`: a LoRA adapter the
+    server serves (learner.lora), else the base model; `top_p` < 1, `top_k` > 0: vLLM truncates the distribution
+    it samples from, and its log-probs are those of the truncated one; `seed` >= 0: the request's own random
+    stream (-1: the server's shared one)."""
     params: dict = {**(extra_params or {}), "max_tokens": max_tokens, "temperature": temperature, "logprobs": 0}
     if seed >= 0:
         params["seed"] = seed
@@ -86,8 +92,9 @@ async def post_generate(session: aiohttp.ClientSession, url: str, token_ids: lis
     if model:
         body["model"] = model
     endpoint = url + "/inference/v1/generate"
+    limit = {} if timeout_s is None else {"timeout": aiohttp.ClientTimeout(total=timeout_s)}
     try:
-        async with session.post(endpoint, json=body) as resp:
+        async with session.post(endpoint, json=body, **limit) as resp:
             if resp.status == 404 and model:
                 # the server does not hold the adapter (yet): it started or restarted after the learner's last
                 # push, whose re-sync loads it; another server may have it
@@ -98,9 +105,11 @@ async def post_generate(session: aiohttp.ClientSession, url: str, token_ids: lis
                 raise ServerFailure(f"{endpoint}: HTTP {resp.status}: {(await resp.text())[:200]}")
             payload = await resp.json()
     except aiohttp.ServerDisconnectedError as exc:
-        raise StaleConnection(f"{endpoint}: {exc!r}") from None
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-        raise ServerFailure(f"{endpoint}: {exc!r}") from None
+        raise StaleConnection(f"{endpoint}: {_described(exc)}") from None
+    except asyncio.TimeoutError:
+        raise RequestTimedOut(f"{endpoint}: no reply in the time the request had left") from None
+    except (aiohttp.ClientError, ValueError) as exc:
+        raise ServerFailure(f"{endpoint}: {_described(exc)}") from None
     try:
         gen = parse_generation(payload)
     except InferenceError as exc:
@@ -108,3 +117,7 @@ async def post_generate(session: aiohttp.ClientSession, url: str, token_ids: lis
     gen.top_p, gen.top_k, gen.seed = top_p, top_k, seed
     return gen
 
+
+def _described(exc: Exception) -> str:
+    """The error's kind and message, which names the cause (refused, no route to host, reset) in words."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -87,7 +87,7 @@ def _actors_use(url: str, learner_version: int, model: str | None = None) -> boo
     server requests: its health check, then a generate with little patience."""
     async def use() -> bool:
         async with InferenceFleet([url], max_staleness=MAX_STALENESS, learner_version=lambda: learner_version,
-                                  model=model, health_interval_s=0, wait_for_server_s=0.5) as fleet:
+                                  model=model, health_interval_s=0, timeout_s=0.5) as fleet:
             await fleet.check_health()
             usable = fleet.usable(fleet.servers[url])
             try:

@@ -22,8 +22,8 @@ async def pair():
 
 def _fleet(servers, **kw) -> InferenceFleet:
     kw.setdefault("health_interval_s", 0)  # tests call check_health() themselves
-    kw.setdefault("wait_for_server_s", 0.2)
-    return InferenceFleet([s.url for s in servers], timeout_s=5.0, metrics=kw.pop("metrics", ActorMetrics()), **kw)
+    kw.setdefault("timeout_s", 5.0)
+    return InferenceFleet([s.url for s in servers], metrics=kw.pop("metrics", ActorMetrics()), **kw)
 
 
 async def _gen(fleet, n=2):
@@ -64,7 +64,7 @@ async def test_failed_server_is_retried_elsewhere_and_comes_back(pair):
 
 async def test_dead_server_and_garbage_replies_fail_over(pair):
     a, b = pair
-    async with _fleet(pair) as fleet:
+    async with _fleet(pair, timeout_s=1.0) as fleet:
         await a.stop()  # connection refused from now on
         for _ in range(4):
             assert (await _gen(fleet)).tokens == [7, 7]
@@ -120,12 +120,13 @@ async def test_waits_for_a_server_to_come_back(pair):
     a, b = pair
     await b.stop()
     a.fail_status = 503
-    async with _fleet([a], health_interval_s=0.05, wait_for_server_s=5.0) as fleet:
-        with pytest.raises(InferenceError):
-            await _gen(fleet)
-        assert not fleet.servers[a.url].healthy
+    metrics = ActorMetrics()
+    async with _fleet([a], health_interval_s=0.05, metrics=metrics) as fleet:
+        pending = asyncio.create_task(_gen(fleet))  # retries a, which fails, until it serves again
+        await until(lambda: (metrics.registry.get_sample_value("turnstream_actor_server_failures_total",
+                                                                {"server": a.url}) or 0) >= 2, "a failing twice")
+        assert not pending.done()
         a.fail_status = 0
-        pending = asyncio.create_task(_gen(fleet))  # waits until the health check sees a back
         assert (await pending).tokens == [7, 7]
 
 
@@ -133,10 +134,18 @@ async def test_dropped_keep_alive_connection_is_retried_on_the_same_server(pair)
     a, b = pair
     await b.stop()
     a.drop_connections = 1
-    async with _fleet([a]) as fleet:
+    metrics = ActorMetrics()
+    failures = 'turnstream_actor_server_failures_total'
+    async with _fleet([a], metrics=metrics) as fleet:
         assert (await _gen(fleet)).tokens == [7, 7]
         assert fleet.servers[a.url].healthy and a.served == 1
-        a.drop_connections = 2  # twice in a row is the server's fault
+        assert metrics.registry.get_sample_value(failures, {"server": a.url}) is None
+        a.drop_connections = 2  # twice in a row is the server's fault: down, then probed again after a pause
+        assert (await _gen(fleet)).tokens == [7, 7]
+        assert metrics.registry.get_sample_value(failures, {"server": a.url}) == 1 and a.served == 2
+        assert fleet.servers[a.url].healthy  # it answered the probe
+        a.drop_connections = 10**6  # it never answers: the request fails at its deadline, naming the cause
+    async with _fleet([a], timeout_s=0.5) as fleet:
         with pytest.raises(InferenceError, match="Server disconnected"):
             await _gen(fleet)
         assert not fleet.servers[a.url].healthy
