@@ -48,8 +48,10 @@ def test_a_cuda_replay_says_how_close_it_comes(tmp_path, record_property, determ
     record_property("replay_equal", summary["equal"])
     record_property("replay_max_abs_diff", summary["max_abs_diff"])
     record_property("replay_checkpoints", json.dumps(summary["checkpoints"]))
-    assert code in (0, 1), lines  # 1: a checkpoint differs, which is the figure this test reports
+    # every checkpoint is compared, so the status says equal (0) or differs (1), as the summary does; a difference
+    # is the figure this test reports
+    assert [c["version"] for c in summary["checkpoints"]] == [2, 4, 6] and summary["compared_through"] == 6
+    assert code == (0 if summary["equal"] else 1), lines
     assert summary["device"].startswith("cuda") and summary["deterministic"] is deterministic
-    assert [c["version"] for c in summary["checkpoints"]] == [2, 4, 6]
     assert summary["rng_mismatches"] == 0  # the Trainer's generator follows the run's, whatever the kernels do
     assert math.isfinite(summary["max_abs_diff"])

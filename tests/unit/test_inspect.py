@@ -119,11 +119,13 @@ def test_regenerate_names_turns_it_cannot_sample_again(tmp_path, capsys):
     cfg = _seeded_record(tmp_path, [0, 1, 1])
     code = regenerate_main(str(cfg.run_dir), "e0", None, None, False, [])
     out = capsys.readouterr().out.splitlines()
-    assert code == 0
+    assert code == 3  # no turn was sampled again: nothing was compared, which is no success
+    assert out[-2] == "nothing compared: no turn of episode e0 could be sampled again; exit status 3"
     assert "version 0, seed 100, 1 tokens of 3 (a push landed mid-turn; the rest came from versions [1])" in out[1]
     assert out[1].endswith("not regenerated: the weights of version 0 are not kept")
     summary = json.loads(out[-1])
     assert (summary["turns"], summary["no_weights"], summary["equal"], summary["versions"]) == (2, 2, 0, [0])
+    assert summary["compared"] == 0
 
 
 def test_the_weights_a_run_keeps_are_found(tmp_path):

@@ -48,6 +48,9 @@ def test_a_replay_equals_every_checkpoint_across_a_learner_restart(tmp_path, cap
     assert all(c["differing"] == 0 and c["first_difference"] == "" for c in summary["checkpoints"])
     assert (summary["from"], summary["to"], summary["steps"], summary["superseded"]) == (0, 7, 7, 1)
     assert sum(line.startswith("step ") and ": equal" in line for line in lines) == 3
+    # step 7 was replayed after the last checkpoint: equal through 6, and step 7 said to be unchecked
+    assert summary["compared_through"] == 6 and summary["uncompared"] == [[7, 7]]
+    assert lines[-2] == "steps 7..7 replayed, not compared: the run has no checkpoint in them"
     assert summary["stats"]["policy_loss"]["run"] == summary["stats"]["policy_loss"]["replay"]
 
 
@@ -56,10 +59,11 @@ def test_a_replay_from_a_checkpoint_and_an_ab_on_the_same_batches(tmp_path, caps
     code, lines, summary = _replay(capsys, str(cfg.run_dir), "--from-checkpoint",
                                    str(cfg.run_dir / "checkpoints" / "step-000004"), "--to-step", "6")
     assert code == 0 and summary["equal"] and (summary["from"], summary["to"]) == (4, 6)
+    assert summary["compared_through"] == 6 and summary["uncompared"] == []
     code, lines, summary = _replay(capsys, str(cfg.run_dir), "--set", "learner.lr=0.05")
     assert code == 0 and not summary["equal"] and summary["max_abs_diff"] > 0
     assert part_of(summary["checkpoints"][-1]["first_difference"]) == "weights"
-    assert "differs" in lines[-2] and summary["overrides"] == ["learner.lr=0.05"]
+    assert "differs" in lines[-3] and summary["overrides"] == ["learner.lr=0.05"]
 
 
 def test_trainer_at_holds_the_runs_state_after_a_step(tmp_path):
@@ -77,3 +81,15 @@ def test_a_replay_in_chains_checks_every_checkpoint(tmp_path, capsys):
     code, lines, summary = _replay(capsys, str(cfg.run_dir), "--jobs", "2")
     assert code == 0 and summary["equal"] and summary["chains"] == [[0, 4], [4, 7]]
     assert [c["version"] for c in summary["checkpoints"]] == [2, 4, 6] and summary["steps"] == 7
+    assert summary["compared_through"] == 6 and summary["uncompared"] == [[7, 7]]
+
+
+def test_a_replay_that_reaches_no_checkpoint_compared_nothing_and_exits_3(tmp_path, capsys):
+    cfg = _run(tmp_path)
+    for ab in ([], ["--set", "learner.lr=0.05"]):  # an A/B with nothing compared cannot say how far it moved
+        code, lines, summary = _replay(capsys, str(cfg.run_dir), "--to-step", "1", *ab)
+        assert code == 3, lines
+        assert (summary["steps"], summary["checkpoints_compared"], summary["compared_through"]) == (1, 0, None)
+        assert not summary["equal"] and summary["uncompared"] == [[1, 1]]
+        assert lines[-2] == ("nothing compared: the replay of steps 1..1 reached no checkpoint of the run (its "
+                             "checkpoints: 2, 4, 6); exit status 3")

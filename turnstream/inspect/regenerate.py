@@ -7,7 +7,8 @@ the later tokens attending to the earlier ones' cache: its first version's token
 seeded request from its own random stream, independent of the requests batched with it, so a turn comes out the
 same unless the server's numerics differ (another build, another device, another dtype: docs/reproduce.md).
 
-Prints a line per turn, then one JSON line; exits 1 when a compared turn differs.
+Prints a line per turn, then one JSON line; exits 1 when a compared turn differs, and 3 when no turn could be
+sampled again (turnstream/replay/verdict.py): a turn not sampled again is never counted as equal.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from turnstream.core.config import Config
 from turnstream.core.configtools import ConfigError
 from turnstream.inspect.episodes import RecordedTurn, items
 from turnstream.inspect.weights import VersionWeights, kept_weights, replayed_weights
+from turnstream.replay.verdict import exit_status, nothing_compared
 
 log = logging.getLogger("turnstream.inspect")
 CONCURRENT_REQUESTS = 16
@@ -194,7 +196,10 @@ def main(run_dir: str, episode_id: str, step: int | None, url: str | None, repla
     for o in outcomes:
         print("  " + o.line())
     counts = {s: sum(o.status == s for o in outcomes) for s in ("equal", "differs", "unseeded", "no_weights")}
-    print(json.dumps({"episode": episode_id, "turns": len(outcomes), **counts,
+    compared = counts["equal"] + counts["differs"]
+    if not compared:
+        print(nothing_compared(f"no turn of episode {episode_id} could be sampled again"))
+    print(json.dumps({"episode": episode_id, "turns": len(outcomes), "compared": compared, **counts,
                       "differing_turns": [o.turn.turn for o in outcomes if o.status == "differs"],
                       "versions": sorted({o.version for o in outcomes})}))
-    return 1 if counts["differs"] else 0
+    return exit_status(compared, differs=bool(counts["differs"]))

@@ -2,8 +2,8 @@
 
 A run keeps the starting weights (model.path, version 0), its newest pushed versions (learner.keep_weight_versions,
 under learner.weights_dir or <run_dir>/weights) and its newest checkpoints (learner.keep_checkpoints). Any other
-version is rebuilt by retraining the recorded steps up to it (turnstream/replay/rebuild.py), which on the CPU gives
-the run's own weights bit for bit.
+version is rebuilt by retraining the recorded steps up to it in one process (turnstream/replay/rebuild.py), which on
+the CPU gives the run's own weights bit for bit where the run had one rank, within float rounding where it had more.
 """
 from __future__ import annotations
 

@@ -6,6 +6,11 @@ compares its own state with the run's, tensor by tensor (compare.py). Prints a l
 JSON line last. With --set it trains the same batches under changed settings: an A/B of the learner on identical
 data, whose lines say how far the result moved from the run's.
 
+Only a checkpoint of the run compares anything: `compared_through` in the JSON is the last step compared, and the
+replayed steps no checkpoint followed (every killed run's tail, the steps before a lost one) are listed as
+`uncompared`, never as equal. The exit status (verdict.py) is 0 when every checkpoint compared was equal (or the
+A/B compared one), 1 when one differs, and 3 when the replay reached no checkpoint at all.
+
 A replay is the learner's own compute, step after step, so it is faster than the run only by what the run spent
 otherwise (starting, waiting for data, sharing cores with generation). `--jobs N` checks a run N chains at a time:
 the steps are cut at N-1 of the run's checkpoints, and each chain is replayed by a process of its own from the
@@ -26,6 +31,7 @@ import time
 from pathlib import Path
 
 from turnstream.core.configtools import ConfigError
+from turnstream.replay.verdict import DIFFERS, EQUAL, NOTHING_COMPARED, exit_status, nothing_compared
 
 log = logging.getLogger("turnstream.replay")
 
@@ -71,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     owner = steps[0].incarnation
     ranks = args.ranks or owner.world
     if ranks > 1 and "WORLD_SIZE" not in os.environ:
-        return subprocess.run(_torchrun(ranks) + _argv(args, ranks=ranks), env=_quiet_threads()).returncode
+        return _under_torchrun(args, ranks)
     if args.deterministic:  # before any CUDA work: cuBLAS reads it when its handle is made
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     return _replay(args, record, start, steps, owner.config(args.set), started)
@@ -92,6 +98,40 @@ def _torchrun(ranks: int) -> list[str]:
 
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr",
             "127.0.0.1", "--master-port", str(free_port()), "-m", "turnstream.cli", "replay"]
+
+
+def _under_torchrun(args: argparse.Namespace, ranks: int) -> int:
+    """The replay on `ranks` ranks, its lines passed through. torchrun turns any rank's non-zero status into its
+    own 1, so the status is read from rank 0's final line."""
+    proc = subprocess.Popen(_torchrun(ranks) + _argv(args, ranks=ranks), env=_quiet_threads(), stdout=subprocess.PIPE,
+                            text=True)
+    last = ""
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        last = line if line.strip() else last
+    proc.wait()
+    try:
+        summary = json.loads(last)
+    except ValueError:  # it failed before its final line: torchrun's status says so
+        return proc.returncode
+    return _status(summary, ab=bool(args.set))
+
+
+def _status(summary: dict, ab: bool) -> int:
+    """An A/B is expected to differ: it fails only by comparing nothing."""
+    return exit_status(summary["checkpoints_compared"], differs=not summary["equal"] and not ab)
+
+
+def _closing_lines(summary: dict, checkpoints: dict[int, Path]) -> list[str]:
+    """What the replay did not compare: the replayed steps after its last comparison, or that it compared
+    nothing."""
+    if summary["checkpoints_compared"]:
+        return [f"steps {a}..{b} replayed, not compared: the run has no checkpoint in them"
+                for a, b in summary["uncompared"]]
+    if not summary["steps"]:
+        return [nothing_compared("no step was replayed")]
+    return [nothing_compared(f"the replay of steps {summary['from'] + 1}..{summary['to']} reached no checkpoint "
+                             f"of the run (its checkpoints: {', '.join(map(str, sorted(checkpoints))) or 'none'})")]
 
 
 def _quiet_threads() -> dict:
@@ -116,6 +156,8 @@ def _replay(args, record, start, steps, cfg, started: float) -> int:
     emit = print if rank == 0 else (lambda *a, **k: None)
     checkpoints = run_checkpoints(run_dir)
     results, lost, replayed = [], [], []
+    uncompared: list[list[int]] = []  # [first, last] of each run of replayed steps no checkpoint followed
+    unchecked_from = None  # the first replayed step since the last comparison
     try:
         stepper = Stepper(build(cfg, start, rank, world))
         emit(f"replaying steps {steps[0].version}..{steps[-1].version} of {run_dir} from {start.describe()} on "
@@ -129,6 +171,8 @@ def _replay(args, record, start, steps, cfg, started: float) -> int:
                 continue
             if recorded.lost:
                 lost.append(recorded.version)
+                uncompared += _unchecked(unchecked_from, stepper.trainer.version)
+                unchecked_from = None
                 after = sorted(v for v in checkpoints if v >= recorded.version)
                 if not after:
                     emit(f"step {recorded.version} is lost (taken but not recorded) and no checkpoint follows it: "
@@ -142,9 +186,11 @@ def _replay(args, record, start, steps, cfg, started: float) -> int:
                 continue
             stats = stepper.step(recorded)
             replayed.append(stats)
+            unchecked_from = recorded.version if unchecked_from is None else unchecked_from
             if stats_file is not None:
                 stats_file.write(json.dumps(stats) + "\n")
             if recorded.version in checkpoints:
+                unchecked_from = None
                 tmp = broadcast(tmp_name(recorded.version, os.getpid()), rank, world)
                 mine = None
                 if rank == 0 or store.writes_sharded(stepper.trainer):  # a sharded save is a collective
@@ -159,11 +205,15 @@ def _replay(args, record, start, steps, cfg, started: float) -> int:
                     emit(f"step {recorded.version}: {result.summary()}", flush=True)
         if stats_file is not None:
             stats_file.close()
+        uncompared += _unchecked(unchecked_from, stepper.trainer.version)
         summary = _summary(args, record, start, steps, started, results, lost, stepper.rng_mismatches,
                            to=stepper.trainer.version, trained=len(replayed), ranks=world,
-                           device=str(stepper.trainer.device), stats=_stats_against_run(run_dir, replayed))
+                           device=str(stepper.trainer.device), stats=_stats_against_run(run_dir, replayed),
+                           uncompared=uncompared)
+        for line in _closing_lines(summary, checkpoints):
+            emit(line, flush=True)
         emit(json.dumps(summary), flush=True)
-        return 0 if not results or summary["equal"] or args.set else 1
+        return _status(summary, ab=bool(args.set)) if rank == 0 else EQUAL
     finally:
         gc.collect()  # the trainer (DDP holds the group) before the group: learner/main.py says why
         shutdown(world)
@@ -186,26 +236,36 @@ def _in_chains(args, record, start, steps, started: float) -> int:
             from_checkpoint=checkpoints[a] if a != first else args.from_checkpoint)],
         stdout=subprocess.PIPE, text=True, env=_quiet_threads()) for a, b in chains]
     outputs = [p.communicate()[0].strip().splitlines() for p in procs]
-    if any(p.returncode not in (0, 1) or not lines for p, lines in zip(procs, outputs)):
+    if any(p.returncode not in (EQUAL, DIFFERS, NOTHING_COMPARED) or not lines for p, lines in zip(procs, outputs)):
         raise ConfigError("replay: a chain failed: " + " | ".join(lines[-1] if lines else "no output"
                                                                   for lines in outputs))
     parts = [json.loads(lines[-1]) for lines in outputs]
-    for lines in outputs:
-        print("\n".join(lines[:-1]), flush=True)
+    for part, lines in zip(parts, outputs):  # what a chain did not compare is said once, for the whole replay
+        closing = set(_closing_lines(part, checkpoints))
+        print("\n".join(line for line in lines[:-1] if line not in closing), flush=True)
     summary = _summary(args, record, start, steps, started,
                        [c for p in parts for c in p["checkpoints"]], [v for p in parts for v in p["lost"]],
                        sum(p["rng_mismatches"] for p in parts), to=parts[-1]["to"],
                        trained=sum(p["steps"] for p in parts), ranks=parts[0]["ranks"],
-                       device=parts[0]["device"], stats=_merged_stats(parts))
+                       device=parts[0]["device"], stats=_merged_stats(parts),
+                       uncompared=[r for p in parts for r in p["uncompared"]])
     summary.update(jobs=args.jobs, chains=[list(c) for c in chains])
+    for line in _closing_lines(summary, checkpoints):
+        print(line, flush=True)
     print(json.dumps(summary), flush=True)
-    return 0 if summary["equal"] else 1
+    return _status(summary, ab=False)
+
+
+def _unchecked(first: int | None, last: int) -> list[list[int]]:
+    """The replayed steps `first`..`last` that no comparison covers (none when `first` is None)."""
+    return [] if first is None else [[first, last]]
 
 
 def _summary(args, record, start, steps, started: float, results: list[dict], lost: list[int], rng_mismatches: int,
-             *, to: int, trained: int, ranks: int, device: str, stats: dict) -> dict:
-    """The final JSON line: what was replayed, each checkpoint compared, the statistics beside the run's, and the
-    seconds the replay took (from its start, imports included) against the run's over the same steps."""
+             *, to: int, trained: int, ranks: int, device: str, stats: dict, uncompared: list[list[int]]) -> dict:
+    """The final JSON line: what was replayed, each checkpoint compared and the last step compared (`equal` says
+    nothing of the steps after it), the statistics beside the run's, and the seconds the replay took (from its
+    start, imports included) against the run's over the same steps."""
     replay_s = time.monotonic() - started
     done = [s for s in steps if not s.lost]
     before = [s for s in record.steps(start.version, start.version) if not s.lost]
@@ -214,6 +274,7 @@ def _summary(args, record, start, steps, started: float, results: list[dict], lo
     return {"run_dir": str(args.run_dir), "from": start.version, "to": to, "steps": trained,
             "ranks": ranks, "device": device, "overrides": list(args.set), "deterministic": args.deterministic,
             "lost": lost, "superseded": len(record.superseded()), "checkpoints_compared": len(results),
+            "compared_through": max((r["version"] for r in results), default=None), "uncompared": uncompared,
             "equal": bool(results) and all(r["equal"] for r in results),
             "max_abs_diff": max((r["max_abs_diff"] for r in results), default=0.0), "rng_mismatches": rng_mismatches,
             "checkpoints": results, "stats": stats, "replay_s": round(replay_s, 2), "run_s": round(run_s, 2),
