@@ -42,6 +42,7 @@ ACTORS = 2
 # (host, seconds its link is down): the first actor's cut is shorter than the request deadline (60 s), the
 # second's is not
 CUTS = [("actor0", 40), ("actor1", 60), ("learner", 30), ("vllm", 30), ("buffer", 30)]
+REQUEST_TIMEOUT_S = 45.0  # longer than every cut but the 60 s one by more than a request's longest pause
 SETTLE_S = 5.0  # after the last moment a cut's loss could show, for the counters to be read
 
 
@@ -93,6 +94,10 @@ def test_each_host_cut_is_trained_from_again_once_its_link_returns_and_a_short_c
         tiny_model, tmp_path):
     with Cluster(hosts(ACTORS)) as cluster:
         stack = ClusterStack(cluster, tmp_path, tiny_model, actors=ACTORS, env={"TURNSTREAM_AUDIT": "1"})
+        # limits as short as the cuts allow: every cut waits out the longest of them before its losses are read.
+        # The demo task's steps are instant; a turn's worst case (request + step) stays inside the episode timeout.
+        cfg = stack.cfg
+        cfg.actor.request_timeout_s, cfg.env.step_timeout_s, cfg.buffer.episode_timeout_s = REQUEST_TIMEOUT_S, 5.0, 55.0
         # a loss can show up to this long after its cut began: a request's deadline, an episode's expiry
         loss_horizon_s = max(stack.cfg.actor.request_timeout_s, stack.cfg.buffer.episode_timeout_s) + SETTLE_S
         lost_by_short_cuts = {}
