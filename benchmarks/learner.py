@@ -55,13 +55,13 @@ class BareLoop:
     """Forward + action log-softmax + backward + AdamW over the same micro-batches: the floor of any learner.
 
     Same rows (packed or padded, as the learner chose) and action-position-only LM head as the learner
-    (learner/step/forward.py)."""
+    (learner/batch/forward.py)."""
 
     def __init__(self, model, batch, budget: int, lr: float, where, packed: bool):
         import torch
 
-        from turnstream.learner.step import forward
-        from turnstream.learner.step.batching import to_tensors
+        from turnstream.learner.batch import forward
+        from turnstream.learner.batch.tensors import to_tensors
         from turnstream.learner.step.packing import microbatches
 
         self.where, self.model = where, model.to(where.device)
@@ -74,7 +74,7 @@ class BareLoop:
     def step(self) -> float:
         import torch
 
-        from turnstream.learner.step.forward import action_logits
+        from turnstream.learner.batch.forward import action_logits
 
         tb = self.tb
         started = time.perf_counter()

@@ -9,7 +9,7 @@ MFU (model FLOPs utilisation) = model FLOPs per step / step seconds / peak FLOP/
 of a step with T real (unpadded) tokens are, forward + backward = 3 x forward:
     6 * N_body * T                        dense layers: N_body = parameters of the decoder layers and the
                                           final norm (no embedding: a lookup; no LM head: counted next)
-  + 6 * V * d * T_act                     LM head, run only at the T_act action positions (learner/step/forward.py)
+  + 6 * V * d * T_act                     LM head, run only at the T_act action positions (learner/batch/forward.py)
   + 6 * L * H * d_head * sum_i s_i^2      attention scores and values, causal (half of 2 x 2 s^2 per
                                           layer and head dim), per packed episode i of s_i tokens
 Recomputation by activation checkpointing is not counted (this is MFU, not hardware FLOPs utilisation).

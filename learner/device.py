@@ -4,7 +4,7 @@ Mixed precision is autocast, not a bf16 model: parameters, gradients and AdamW's
 master copy), matmuls run in bf16 inside `torch.autocast`. A pure-bf16 model would halve the weight
 memory but lose small updates to rounding (lr x update below bf16's 8-bit mantissa step of a weight), which
 at RL learning rates (1e-6..1e-5) is most of them. Log-probs and the loss are computed in fp32 from the
-bf16 logits (learner/step/batching.py upcasts), as vLLM does when it serves bf16.
+bf16 logits (learner/batch/tensors.py upcasts), as vLLM does when it serves bf16.
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ import torch
 
 from turnstream.core.config import LearnerSection
 from turnstream.core.config_learner import CRITIC_ESTIMATORS, GigpoSection, MarsSection
-from turnstream.learner.step.batching import TensorBatch
+from turnstream.learner.batch.tensors import TensorBatch
 from turnstream.learner.estimators.advantages import (agentwise_normalize, discounted_returns, gae, gigpo_advantages,
                                                       grpo_advantages, mars_advantages, rloo_advantages, whiten)
 from turnstream.learner.estimators.spo import SpoTracker, normalize_advantages

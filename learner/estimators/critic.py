@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from turnstream.learner.step.forward import MicroBatch, action_logits
+from turnstream.learner.batch.forward import MicroBatch, action_logits
 
 
 class ValueHead(nn.Module):
@@ -62,7 +62,7 @@ class PolicyAndValue(nn.Module):
             self.critic = SeparateCritic(AutoModelForCausalLM.from_pretrained(critic_path, dtype=torch.float32))
 
     def forward(self, mb: MicroBatch, values_only: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Logits [n, V] and values [n] (or None) at the micro-batch's action positions (learner/step/forward.py).
+        """Logits [n, V] and values [n] (or None) at the micro-batch's action positions (learner/batch/forward.py).
 
         values_only: no logits, and values whose gradient reaches the critic's parameters alone (episodes served
         to the critic alone): the shared backbone runs without gradients, so only the value head learns."""

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import torch
 
-from turnstream.learner.step.batching import TensorBatch
+from turnstream.learner.batch.tensors import TensorBatch
 
 
 class SpoTracker:

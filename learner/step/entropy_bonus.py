@@ -20,7 +20,7 @@ import torch
 
 from turnstream.core.config import LearnerSection
 from turnstream.learner.estimators.spo import SpoTracker
-from turnstream.learner.step.batching import TensorBatch, max_entropy
+from turnstream.learner.batch.tensors import TensorBatch, max_entropy
 from turnstream.protocol.messages import Batch
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from turnstream.core.config import LearnerSection
-from turnstream.learner.step.forward import MicroBatch
+from turnstream.learner.batch.forward import MicroBatch
 from turnstream.learner.step.loss import aggregation_weights, decoupled_ppo_loss, kl_k3, value_loss
 from turnstream.learner.step.step_inputs import StepInputs
 

@@ -1,7 +1,7 @@
 """Split a batch's episodes into micro-batches under a token budget, for gradient accumulation.
 
 Packed (learner.pack_sequences, the default): a micro-batch is one row holding its episodes back to back,
-position ids restarting at 0 for each (learner/step/forward.py); it costs the sum of their lengths, so memory
+position ids restarting at 0 for each (learner/batch/forward.py); it costs the sum of their lengths, so memory
 is bounded by the budget, not by the longest episode, and nothing is spent on padding. Episodes are
 placed first-fit by decreasing length. Padded: rows x longest episode within the budget; episodes are
 sorted by length so that each micro-batch pads to a similar width.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from turnstream.learner.step.batching import outside_vocabulary
+from turnstream.learner.batch.tensors import outside_vocabulary
 from turnstream.protocol.messages import Batch
 
 log = logging.getLogger("turnstream.learner")

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 
 from turnstream.core.config import LearnerSection
-from turnstream.learner.step.batching import TensorBatch
+from turnstream.learner.batch.tensors import TensorBatch
 from turnstream.learner.estimators import compute as estimators
 from turnstream.learner.estimators.compute import VALUE_BASED, Advantages
 from turnstream.learner.estimators.spo import SpoTracker
-from turnstream.learner.step.forward import MicroBatch
+from turnstream.learner.batch.forward import MicroBatch
 from turnstream.protocol.messages import Batch
 
 

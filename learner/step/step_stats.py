@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from turnstream.learner.step.batching import TensorBatch, episode_marks
+from turnstream.learner.batch.tensors import TensorBatch, episode_marks
 from turnstream.learner.step.packing import Dropped
 from turnstream.protocol.messages import Batch
 

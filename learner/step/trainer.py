@@ -22,8 +22,8 @@ import time
 import torch
 
 from turnstream.core.config import LearnerSection
-from turnstream.learner.step import forward
-from turnstream.learner.step.batching import TensorBatch, logprobs_from_action_logits, to_tensors
+from turnstream.learner.batch import forward
+from turnstream.learner.batch.tensors import TensorBatch, logprobs_from_action_logits, to_tensors
 from turnstream.learner.step.entropy_bonus import entropy_scale
 from turnstream.learner.device import Placement, enable_checkpointing, keep_checkpointing_active, placement
 from turnstream.learner.estimators import compute as estimators

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from turnstream.learner.step.batching import TensorBatch
+from turnstream.learner.batch.tensors import TensorBatch
 
 
 @dataclass

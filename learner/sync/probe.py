@@ -13,7 +13,7 @@ import asyncio
 import aiohttp
 import torch
 
-from turnstream.learner.step.forward import MicroBatch
+from turnstream.learner.batch.forward import MicroBatch
 from turnstream.learner.sync.server_calls import WeightSyncError
 
 PROBE_LENGTH = 16
@@ -29,7 +29,7 @@ def probe_tokens(vocab_size: int) -> tuple[int, ...]:
 
 
 def probe_batch(tokens: tuple[int, ...], device: torch.device | str = "cpu") -> MicroBatch:
-    """The probe as the learner's forward takes it (learner/step/forward.py): one padded row, every token after
+    """The probe as the learner's forward takes it (learner/batch/forward.py): one padded row, every token after
     the first an "action", scored by the logits at the position before it."""
     n = len(tokens)
     at = torch.arange(n - 1)

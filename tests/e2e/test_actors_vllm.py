@@ -23,7 +23,7 @@ from turnstream.actors.play.context import Sampling
 from turnstream.actors.play.env_loop import EnvironmentLoop
 from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.buffer.store.episodes import Episode, flatten
-from turnstream.learner.step.batching import to_tensors
+from turnstream.learner.batch.tensors import to_tensors
 
 from tests.helpers import CollectingLink
 

@@ -21,7 +21,7 @@ from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.buffer.store.episodes import flatten
 from turnstream.core.config import LearnerSection
-from turnstream.learner.step.batching import to_tensors
+from turnstream.learner.batch.tensors import to_tensors
 from turnstream.learner.step.trainer import Trainer
 from tests.e2e.test_actors_vllm import LOGPROB_TOLERANCE, RecordingFleet, _episodes, _model
 from tests.helpers import CollectingLink

@@ -9,8 +9,8 @@ import torch
 
 from turnstream.actors.registry import make_env
 from turnstream.buffer.store.episodes import Episode, flatten
-from turnstream.learner.step import forward
-from turnstream.learner.step.batching import logprobs_from_action_logits, to_tensors
+from turnstream.learner.batch import forward
+from turnstream.learner.batch.tensors import logprobs_from_action_logits, to_tensors
 from tests.helpers import play_episodes
 
 pytestmark = pytest.mark.vllm

@@ -18,7 +18,7 @@ from tests.learner_logprobs import action_logprobs
 from turnstream.actors.envs.tasks.guess_number import GuessNumber
 from turnstream.buffer.store.episodes import Episode, flatten
 from turnstream.core.config import LearnerSection
-from turnstream.learner.step.batching import to_tensors
+from turnstream.learner.batch.tensors import to_tensors
 from turnstream.learner.step.trainer import Trainer
 from turnstream.learner.sync.disk import DiskWeightSync
 from turnstream.learner.sync.probe import model_logprobs

@@ -11,7 +11,7 @@ import torch
 from turnstream.actors.environment import Environment, Reset, Step
 from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.buffer.store.episodes import Episode, flatten
-from turnstream.learner.step.batching import to_tensors
+from turnstream.learner.batch.tensors import to_tensors
 from turnstream.learner.sync.disk import DiskWeightSync
 from tests.helpers import http_json, play_episodes
 from tests.learner_logprobs import action_logprobs
@@ -102,7 +102,7 @@ def test_learner_truncation_is_vllm_s():
     each row with its own k and p (k alone and p alone take vLLM's other code paths)."""
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 
-    from turnstream.learner.step.batching import Truncation, outside_truncation
+    from turnstream.learner.batch.tensors import Truncation, outside_truncation
 
     g = torch.Generator().manual_seed(0)
     rows, vocab = 64, 50

@@ -72,8 +72,8 @@ def test_cuda_bf16_gradient_matches_the_cpu_fp32_gradient():
 def test_packed_rows_equal_padded_rows_on_the_gpu_kernels(attn):
     from transformers.utils import is_flash_attn_2_available
 
-    from turnstream.learner.step import forward
-    from turnstream.learner.step.batching import logprobs_from_action_logits, to_tensors
+    from turnstream.learner.batch import forward
+    from turnstream.learner.batch.tensors import logprobs_from_action_logits, to_tensors
 
     if attn == "flash_attention_2" and not is_flash_attn_2_available():
         pytest.skip("flash-attn is not installed")

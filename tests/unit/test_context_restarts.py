@@ -17,8 +17,8 @@ from turnstream.actors.play.context import Sampling
 from turnstream.actors.play.env_loop import EnvironmentLoop
 from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.buffer.store.episodes import Episode, Segment, flatten
-from turnstream.learner.step import forward
-from turnstream.learner.step.batching import logprobs_from_action_logits, to_tensors
+from turnstream.learner.batch import forward
+from turnstream.learner.batch.tensors import logprobs_from_action_logits, to_tensors
 from turnstream.learner.step.packing import subset
 from turnstream.protocol.chunk_batch import pack, unpack
 from turnstream.protocol.codec import decode, encode

@@ -9,7 +9,7 @@ import torch
 from turnstream.buffer.store.episodes import Episode, flatten
 from turnstream.learner.estimators import compute as estimators
 from turnstream.learner.estimators.spo import SpoTracker
-from turnstream.learner.step.batching import to_tensors
+from turnstream.learner.batch.tensors import to_tensors
 from tests.unit.test_store import chunk
 
 GAMMA = 0.9

@@ -116,7 +116,7 @@ def test_the_audit_trail_notes_critic_replays_apart_from_what_was_served(tmp_pat
 
 
 def test_the_learner_counts_neither_episodes_nor_staleness_of_critic_only_episodes():
-    from turnstream.learner.step.batching import to_tensors
+    from turnstream.learner.batch.tensors import to_tensors
     from turnstream.learner.step.packing import Dropped
     from turnstream.learner.step.step_stats import batch_stats
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from turnstream.learner.estimators.advantages import gae, grpo_advantages, rloo_advantages, whiten
-from turnstream.learner.step.batching import logprobs_from_action_logits, max_entropy
+from turnstream.learner.batch.tensors import logprobs_from_action_logits, max_entropy
 from turnstream.learner.estimators import compute as estimators
 from turnstream.learner.step.loss import aggregation_weights, decoupled_ppo_loss, step_kl, value_loss
 from turnstream.learner.estimators.spo import SpoTracker, fold_batch, normalize_advantages
@@ -185,7 +185,7 @@ def test_turn_gae_truncated():
     environment's reply and no action: the critic is read at the reply's last token, and its value there is the
     table's bootstrap."""
     from turnstream.buffer.store.episodes import Episode, flatten
-    from turnstream.learner.step.batching import to_tensors
+    from turnstream.learner.batch.tensors import to_tensors
     from tests.unit.test_store import chunk
 
     p, rows = _gae_table("turn_gae_truncated")
@@ -208,7 +208,7 @@ def test_turn_gae_closing():
     """The table's moves, then the same turns as real chunks (the closing one without tokens) through the buffer's
     flatten and the learner's `turn_gae`: the closing reward reaches the last move's target."""
     from turnstream.buffer.store.episodes import Episode, flatten
-    from turnstream.learner.step.batching import to_tensors
+    from turnstream.learner.batch.tensors import to_tensors
     from tests.unit.test_store import chunk
 
     p, rows = EXAMPLES["turn_gae_closing"]
@@ -246,7 +246,7 @@ def test_gigpo():
     from turnstream.buffer.store.episodes import Episode, flatten
     from turnstream.core.config_learner import GigpoSection
     from turnstream.learner.estimators.advantages import gigpo_advantages
-    from turnstream.learner.step.batching import to_tensors
+    from turnstream.learner.batch.tensors import to_tensors
     from turnstream.protocol.messages import TurnChunk
 
     p, rows = EXAMPLES["gigpo"]
@@ -390,7 +390,7 @@ def test_mars():
     `mars` estimator: its token advantages are the table's whitened column."""
     from turnstream.buffer.store.episodes import Episode, flatten
     from turnstream.learner.estimators.advantages import discounted_returns, mars_advantages
-    from turnstream.learner.step.batching import to_tensors
+    from turnstream.learner.batch.tensors import to_tensors
     from tests.unit.test_store import chunk
 
     p, rows = EXAMPLES["mars"]
@@ -439,7 +439,7 @@ def test_turn_td():
     as a critic-only item) and the learner's `turn_td` estimator and update weights: targets on all five turns,
     whitened advantages on the fresh episode's alone, no policy weight on the critic-only tokens."""
     from turnstream.buffer.store.episodes import CriticReplay, Episode, flatten
-    from turnstream.learner.step.batching import to_tensors
+    from turnstream.learner.batch.tensors import to_tensors
     from turnstream.learner.step.objective import update_weights
     from tests.unit.test_store import chunk
 

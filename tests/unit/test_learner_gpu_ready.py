@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from turnstream.learner.step import forward
-from turnstream.learner.step.batching import logprobs_from_action_logits, to_tensors
+from turnstream.learner.batch import forward
+from turnstream.learner.batch.tensors import logprobs_from_action_logits, to_tensors
 from turnstream.learner.device import Placement, placement, resolve_device, served_dtype
 from turnstream.learner.metrics import LearnerMetrics
 from turnstream.learner.step.packing import SequenceTooLong, drop_out_of_vocabulary, drop_over_budget, microbatches

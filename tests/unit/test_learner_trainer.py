@@ -158,7 +158,7 @@ def test_values_from_the_training_forward_give_the_same_update_on_one_microbatch
 def test_microbatch_whitening_standardises_each_microbatch_alone():
     """Under a token budget every micro-batch's advantages have mean 0 and std 1 over its own tokens, and
     are an increasing affine map of the batch-whitened ones (the same GAE, other statistics)."""
-    from turnstream.learner.step.batching import to_tensors
+    from turnstream.learner.batch.tensors import to_tensors
     from turnstream.learner.estimators import compute as estimators
 
     batch = synthetic_batch(12, seed=6)
@@ -182,7 +182,7 @@ def test_spo_drift_is_read_at_the_configured_policy(drift):
     """proximal (default): D is |log mu - log pi_prox|, taken from the training forward; updated: D is read
     from the policy after the step. Either way a separate no-grad pass over that policy reproduces it."""
     from tests.learner_logprobs import action_logprobs
-    from turnstream.learner.step.batching import to_tensors
+    from turnstream.learner.batch.tensors import to_tensors
 
     cfg = cfg_for("spo")
     cfg.spo.drift = drift
@@ -210,7 +210,7 @@ def test_step_kl_is_the_kl_between_the_policies_before_and_after_the_step(estima
     """step_kl: KL(pi_before || pi_after) on the batch's action tokens (k3 on the sampled tokens, token-mean),
     read from the learner's own passes; a separate computation from copies of the two policies agrees."""
     from tests.learner_logprobs import action_logprobs
-    from turnstream.learner.step.batching import to_tensors
+    from turnstream.learner.batch.tensors import to_tensors
 
     model = tiny_causal_lm()
     batch = synthetic_batch(8, seed=8)
@@ -228,7 +228,7 @@ def test_step_kl_is_the_kl_between_the_policies_before_and_after_the_step(estima
 
 def test_entropy_bonus_counts_entropy_in_units_of_its_maximum():
     """max_entropy: log of each action token's choice count (allowed set, or the vocabulary)."""
-    from turnstream.learner.step.batching import max_entropy, to_tensors
+    from turnstream.learner.batch.tensors import max_entropy, to_tensors
 
     batch = synthetic_batch(4, seed=9, allowed=(5, 6, 7))
     tb = to_tensors(batch, 64)
@@ -240,7 +240,7 @@ def test_entropy_bonus_counts_entropy_in_units_of_its_maximum():
 def test_outcome_variance_weighs_the_bonus_by_how_uncertain_a_tasks_outcome_is():
     """entropy_weight outcome_variance: 4 v (1 - v) of SPO's estimate v for the episode's task, over the unit; uniform
     1 over the unit; no bonus, no scale. (Only with spo: tests/unit/test_config.py.)"""
-    from turnstream.learner.step.batching import max_entropy, to_tensors
+    from turnstream.learner.batch.tensors import max_entropy, to_tensors
     from turnstream.learner.step.entropy_bonus import entropy_scale
 
     batch = synthetic_batch(4, seed=9, allowed=(5, 6, 7))

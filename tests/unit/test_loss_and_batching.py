@@ -1,4 +1,4 @@
-"""learner.loss.decoupled_ppo_loss, learner.batching (to_tensors) and the action log-probs of learner/step/forward.py's
+"""learner.loss.decoupled_ppo_loss, learner.batching (to_tensors) and the action log-probs of learner/batch/forward.py's
 micro-batches (tests/learner_logprobs.py) with tiny fake models."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from tests.learner_logprobs import action_logprobs
 from turnstream.buffer.store.episodes import flatten
 from turnstream.buffer.store.replay_store import ReplayStore
-from turnstream.learner.step.batching import to_tensors
+from turnstream.learner.batch.tensors import to_tensors
 from turnstream.learner.step.loss import decoupled_ppo_loss
 from turnstream.protocol.chunk_batch import pack
 from turnstream.protocol.codec import decode, encode

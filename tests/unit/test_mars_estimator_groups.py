@@ -12,7 +12,7 @@ from turnstream.core.config import ConfigError, load_config
 from turnstream.learner.estimators import compute as estimators
 from turnstream.learner.estimators.advantages import whiten
 from turnstream.learner.estimators.spo import SpoTracker
-from turnstream.learner.step.batching import to_tensors
+from turnstream.learner.batch.tensors import to_tensors
 from tests.unit.test_store import chunk
 
 

@@ -18,7 +18,7 @@ from turnstream.actors.play.stream import Stream
 from turnstream.buffer.store.validate import rejections
 from turnstream.core.config import Config
 from turnstream.core.configtools import ConfigError, from_dict
-from turnstream.learner.step.batching import Truncation, logprobs_from_action_logits, max_entropy, to_tensors
+from turnstream.learner.batch.tensors import Truncation, logprobs_from_action_logits, max_entropy, to_tensors
 from turnstream.protocol.chunk_batch import BatchError, pack, unpack
 from turnstream.protocol.codec import decode, encode
 from tests.unit.fake_vllm import FakeVllm

@@ -8,7 +8,7 @@ import torch
 
 from turnstream.buffer.store.episodes import Episode, Segment, flatten
 from turnstream.learner.estimators.advantages import gae, whiten
-from turnstream.learner.step.batching import to_tensors
+from turnstream.learner.batch.tensors import to_tensors
 from turnstream.learner.estimators import compute as estimators
 from turnstream.learner.step.objective import update_weights
 from turnstream.learner.estimators.spo import SpoTracker

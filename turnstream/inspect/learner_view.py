@@ -17,7 +17,7 @@ import numpy as np
 from turnstream.core.config import LearnerSection
 from turnstream.learner.estimators import compute as estimators
 from turnstream.learner.estimators.spo import SpoTracker
-from turnstream.learner.step.batching import TensorBatch, to_tensors
+from turnstream.learner.batch.tensors import TensorBatch, to_tensors
 from turnstream.learner.step.packing import NothingToTrain, drop_untrainable
 from turnstream.protocol.messages import Batch
 

@@ -3,7 +3,7 @@
 The transcripts travel as the learner's own batch (a protocol `Batch`: tokens, and the assistant tokens as the
 action mask), so the learner's code does the rest as it does for RL: `to_tensors`, micro-batches under
 `learner.max_tokens_per_microbatch` (packed or padded, learner/step/packing.py), the forward at the action
-positions only (learner/step/forward.py), log-probs in fp32 (learner/step/batching.py), the device and
+positions only (learner/batch/forward.py), log-probs in fp32 (learner/batch/tensors.py), the device and
 autocast of learner/device.py. The loss is the negative log-likelihood of the assistant tokens, averaged over
 a step's assistant tokens; the model trains in eval mode (no dropout), as the learner does.
 """
@@ -23,8 +23,8 @@ from turnstream.core.configtools import ConfigError
 from turnstream.learner.checkpoint.layout import copy_side_files
 from turnstream.learner.device import (Placement, attn_implementation, enable_checkpointing,
                                        keep_checkpointing_active, model_dtype, placement)
-from turnstream.learner.step import forward
-from turnstream.learner.step.batching import TensorBatch, logprobs_from_action_logits, to_tensors
+from turnstream.learner.batch import forward
+from turnstream.learner.batch.tensors import TensorBatch, logprobs_from_action_logits, to_tensors
 from turnstream.learner.step.packing import microbatches
 from turnstream.protocol.messages import Batch
 from turnstream.sft.transcripts import Rendered

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from turnstream.learner.step.batching import TensorBatch, Truncation
+from turnstream.learner.batch.tensors import TensorBatch, Truncation
 
 
 @dataclass

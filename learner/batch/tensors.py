@@ -1,5 +1,5 @@
 """Turn a wire Batch into padded tensors, and compute action log-probs from the logits at the action positions
-(learner/step/forward.py gives those) under the distribution vLLM sampled from: temperature-scaled, masked to the
+(learner/batch/forward.py gives those) under the distribution vLLM sampled from: temperature-scaled, masked to the
 allowed tokens, truncated to the top-k and top-p."""
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def to_tensors(batch: Batch, vocab_size: int, pad_id: int = 0) -> TensorBatch:
         raise ValueError("batch holds token ids outside the model's vocabulary")
     ids = np.full((n_eps, int(lengths.max())), pad_id, np.int64)
     att = np.zeros_like(ids)
-    positions = np.zeros_like(ids)  # the padding's are never read (learner/step/forward.py builds rows of real tokens)
+    positions = np.zeros_like(ids)  # the padding's are never read (learner/batch/forward.py builds rows of real tokens)
     flat_positions = context_positions(offsets, batch.context_starts)
     for e in range(n_eps):
         ids[e, : lengths[e]] = batch.tokens[offsets[e]: offsets[e + 1]]
