@@ -469,4 +469,5 @@ def test_turn_td():
     x = SimpleNamespace(tb=tb, advantages=adv)
     weights = update_weights(x, torch.arange(2), "seq-mean-token-mean")
     close(weights.policy.numpy(), [1 / 3, 1 / 3, 1 / 3, 0.0, 0.0])  # one policy episode: the old one is not counted
-    close(weights.value.numpy(), [0.2] * 5)
+    # every critic position weighs 1/n, n the fresh episode's three: critic-only ones rescale no other term
+    close(weights.value.numpy(), [1 / 3] * 5)
