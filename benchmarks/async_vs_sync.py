@@ -253,10 +253,11 @@ def reset_server(url: str, model_dir: str, weights_dir: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     from turnstream.learner.sync.disk import DiskWeightSync
+    from turnstream.learner.weights.buckets import WeightBuckets
 
     state = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     sync = DiskWeightSync([url], weights_dir, model_dir)
-    asyncio.run(sync.push(sync.save(state, 0), 0))
+    asyncio.run(sync.push(sync.save(WeightBuckets(state, None), 0), 0))
     request = urllib.request.Request(f"{url}/reset_prefix_cache", data=b"", method="POST")
     urllib.request.urlopen(request, timeout=30).read()
 

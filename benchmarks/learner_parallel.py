@@ -151,7 +151,8 @@ def _pushes(trainer, spec: dict, out: Path, rank: int) -> dict:
 
     from benchmarks.weight_sync import raw_write_read
     from turnstream.learner.parallel.ranks import broadcast
-    from turnstream.learner.sync.disk import DiskWeightSync, write_source_rows
+    from turnstream.learner.sync.disk import DiskWeightSync
+    from turnstream.learner.weights.files import write_files
 
     dtype, bucket = getattr(torch, spec["push_dtype"]), spec["push_bucket_mb"] << 20
     sync = DiskWeightSync([], out / "weights", out / "side-files") if rank == 0 else None
@@ -169,7 +170,7 @@ def _pushes(trainer, spec: dict, out: Path, rank: int) -> dict:
             times["push"].append(time.perf_counter() - started)
             times["raw"].append(raw_write_read(raw, out / "raw.safetensors"))
         else:
-            write_source_rows(broadcast(None, rank, trainer.world), source)  # the other ranks' rows
+            write_files(broadcast(None, rank, trainer.world), source)  # the other ranks' rows
     return {"push_times": times, "push_bytes": source.nbytes, "push_buckets": len(source.buckets),
             "push_largest_bucket_bytes": max(sum(s.nbytes for s in b) for b in source.buckets)}
 

@@ -49,10 +49,10 @@ def measure(model_config, lora, dtype: str = "auto", out: str | Path = "runs/ben
 
     from benchmarks.learner_mfu import model_config as shapes_of
     from turnstream.learner import lora as lora_layers
-    from turnstream.learner.sync.buckets import WeightBuckets
-    from turnstream.learner.sync.disk import lay_out_file, shard_names
+    from turnstream.learner.weights.buckets import WeightBuckets
+    from turnstream.learner.weights.files import lay_out_file, shard_names
     from turnstream.learner.sync.lora import LoraAdapterSync
-    from turnstream.learner.sync.source import policy_tensors, push_source
+    from turnstream.learner.weights.source import policy_tensors, push_source
 
     shapes = shapes_of(model_config) if isinstance(model_config, (str, Path)) else model_config
     served = getattr(torch, dtype) if dtype != "auto" else (shapes.torch_dtype or torch.float32)
@@ -79,7 +79,7 @@ def measure(model_config, lora, dtype: str = "auto", out: str | Path = "runs/ben
     tensors = {s.name: torch.zeros(s.shape, dtype=s.dtype) for s in push_source(model, lora, served, 0).specs}
     sync = LoraAdapterSync(nowhere, out / "lora", lora, out)
     started = time.monotonic()
-    lora_dir = sync.save(tensors, 1)  # small: written for real, by the backend a LoRA run pushes with
+    lora_dir = sync.save(WeightBuckets(tensors, None), 1)  # small: written for real, by the backend a LoRA run pushes with
     lora_s = time.monotonic() - started
 
     full_bytes, lora_bytes = weight_bytes(full_dir), weight_bytes(lora_dir)

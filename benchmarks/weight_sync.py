@@ -85,6 +85,7 @@ async def _bench_size(url: str, model_dir: Path, out: Path, rounds: int, load_n:
 
     from turnstream.actors.inference.chat_tokens import ChatTokens
     from turnstream.learner.sync.disk import DiskWeightSync
+    from turnstream.learner.weights.buckets import WeightBuckets
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     params = sum(p.numel() for p in model.parameters())
@@ -99,7 +100,7 @@ async def _bench_size(url: str, model_dir: Path, out: Path, rounds: int, load_n:
                 p.add_(1e-3)
         state = model.state_dict()
         t0 = time.monotonic()
-        path = await asyncio.to_thread(sync.save, state, r + 1)
+        path = await asyncio.to_thread(sync.save, WeightBuckets(state, None), r + 1)
         t1 = time.monotonic()
         await sync.push(path, r + 1)
         t2 = time.monotonic()

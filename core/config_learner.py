@@ -213,7 +213,7 @@ class LearnerSection(Section):
     weights_dir: str = Field("", description="where pushed weights are written; empty: <run_dir>/weights")
     keep_weight_versions: int = Field(2, ge=1, description="pushed versions kept on disk")
     push_bucket_mb: int = Field(
-        512, ge=0, description="a push reads the weights in buckets of this many MiB (learner/sync/buckets.py): "
+        512, ge=0, description="a push reads the weights in buckets of this many MiB (learner/weights/buckets.py): "
         "under fsdp2 each bucket is gathered from the shards and dropped before the next, so no rank holds more "
         "of the full weights than one bucket (a larger tensor is a bucket alone); the disk backend writes one "
         "safetensors file per bucket, nccl broadcasts bucket after bucket. Larger: fewer, bigger transfers; "

@@ -5,7 +5,7 @@ keeps its class, its forward, its decoder layers (what fsdp2 shards per unit) an
 only the adapters (`lora_A`, `lora_B`) require gradients, so the optimizer holds state for them alone. The
 shared value head and a separate critic sit outside the policy model and train as without LoRA.
 
-What a push carries (learner/sync/source.py, from the policy's state dict):
+What a push carries (learner/weights/source.py, from the policy's state dict):
 - `push = "adapter"`: the adapters alone, under the names of a PEFT adapter file (`adapter_tensors`), which
   learner/sync/lora.py writes and the servers load as a LoRA adapter. The base never changes and is
   never pushed again.

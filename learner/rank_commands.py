@@ -16,7 +16,7 @@ from turnstream.core.config import Config
 from turnstream.learner.checkpoint import store
 from turnstream.learner.checkpoint.layout import tmp_name
 from turnstream.learner.parallel.ranks import broadcast
-from turnstream.learner.sync.buckets import WeightBuckets
+from turnstream.learner.weights.buckets import WeightBuckets
 from turnstream.learner.sync.disk import write_source_rows
 from turnstream.learner.sync.probe import model_logprobs
 

@@ -275,10 +275,11 @@ def restore_served_weights(url, tiny_model, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from turnstream.learner.sync.disk import DiskWeightSync
+    from turnstream.learner.weights.buckets import WeightBuckets
 
     sync = DiskWeightSync([url], tmp_path / "restore", tiny_model)
     state = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()
-    asyncio.run(sync.push(sync.save(state, 1), 1))
+    asyncio.run(sync.push(sync.save(WeightBuckets(state, None), 1), 1))
     asyncio.run(sync.set_version(0))
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 def peak_bytes_held(source, directory: Path) -> int:
     """Write `source` (a WeightBuckets) into `directory` as the disk backend does; the peak of bytes held."""
-    from turnstream.learner.sync.disk import write_shards
+    from turnstream.learner.weights.files import write_shards
 
     alive: list[weakref.ref] = []
     peak = 0

@@ -9,7 +9,7 @@ value head.
 Every forward all-gathers, so every rank must run the same number of forwards: a rank with fewer micro-batches
 runs stand-ins (`forwards`). Gradients are summed by a reduce-scatter of the sharded gradients, once per
 optimizer step (a rank's other micro-batches accumulate unreduced). No rank holds the full weights: a push
-gathers them bucket by bucket (learner/sync/buckets.py) and a checkpoint writes each rank's shards
+gathers them bucket by bucket (learner/weights/buckets.py) and a checkpoint writes each rank's shards
 (learner/checkpoint/sharded.py).
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ from torch import nn
 
 from turnstream.core.config_lora import LoraSection
 from turnstream.learner.parallel.strategy import ParallelStrategy
-from turnstream.learner.sync.buckets import WeightBuckets
-from turnstream.learner.sync.source import push_source
+from turnstream.learner.weights.buckets import WeightBuckets
+from turnstream.learner.weights.source import push_source
 
 
 class FullySharded(ParallelStrategy):

@@ -20,8 +20,8 @@ from torch import nn
 from turnstream.core.config_lora import LoraSection
 from turnstream.learner.device import Placement
 from turnstream.learner.parallel.ranks import sum_over_ranks
-from turnstream.learner.sync.buckets import WeightBuckets
-from turnstream.learner.sync.source import push_source
+from turnstream.learner.weights.buckets import WeightBuckets
+from turnstream.learner.weights.source import push_source
 
 
 class ParallelStrategy(ABC):
@@ -78,7 +78,7 @@ class ParallelStrategy(ABC):
 
     def push_source(self, model: nn.Module, lora: LoraSection | None, dtype: torch.dtype | None, bucket_bytes: int,
                     announce: Callable[[Path | None], None] | None = None) -> WeightBuckets:
-        """The policy's weights for a push (learner/sync/source.py). `announce`: how rank 0 tells the other
+        """The policy's weights for a push (learner/weights/source.py). `announce`: how rank 0 tells the other
         ranks to join a push that is a collective; unused where it is not."""
         return push_source(model, lora, dtype, bucket_bytes)
 

@@ -38,7 +38,7 @@ from turnstream.learner.step.step_inputs import (StepInputs, fill_values, prox_f
                                             values_from_training_forward)
 from turnstream.learner.step.step_stats import MeanMax, batch_stats, replayed_episodes
 from turnstream.learner.step.update_rows import UpdateRows, update_rows
-from turnstream.learner.sync.buckets import WeightBuckets
+from turnstream.learner.weights.buckets import WeightBuckets
 from turnstream.protocol.messages import Batch
 
 __all__ = ["NothingToTrain", "Trainer"]  # NothingToTrain: raised by step(), caught by learner/main.py
@@ -284,7 +284,7 @@ class Trainer:
     # ---- what pushes read ---------------------------------------------------------------------------
 
     def weight_buckets(self, dtype: torch.dtype | None, bucket_bytes: int, announce=None) -> WeightBuckets:
-        """The policy's weights for a push, cast to `dtype`, read bucket by bucket (learner/sync/source.py).
+        """The policy's weights for a push, cast to `dtype`, read bucket by bucket (learner/weights/source.py).
         Where reading them is a collective (fsdp2), every rank must read them: rank 0 passes `announce`, which
         tells the other ranks to join, and hands the source to the backend; the others `finish()` it."""
         return self.parallel.push_source(self.net.model, self.cfg.lora, dtype, bucket_bytes, announce)

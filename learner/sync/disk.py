@@ -2,7 +2,7 @@
 
 Per server, independently and in parallel: pause(keep) -> `/collective_rpc reload_weights(weights_path)` ->
 `update_weight_version` -> resume. Works on CPU and across hosts that share the weights directory. `save`
-writes the weights bucket by bucket (learner/sync/buckets.py), one safetensors file each. Under fsdp2
+writes the weights bucket by bucket (learner/weights/buckets.py), one safetensors file each. Under fsdp2
 nothing is gathered: rank 0 lays out each file and every rank writes the rows of its own shards into it
 (write_rows), so no rank holds a full tensor, and the bytes go to the file once, from the rank that has them
 instead of through a gather onto rank 0. The push itself reads only files.
@@ -22,7 +22,7 @@ import torch
 from turnstream.learner.parallel.ranks import broadcast
 from turnstream.learner.sync.base import WeightSync
 from turnstream.learner.sync.server_calls import post
-from turnstream.learner.sync.buckets import Bucket, TensorSpec, WeightBuckets
+from turnstream.learner.weights.buckets import Bucket, TensorSpec, WeightBuckets
 from turnstream.learner.sync.verify import PushVerifier
 
 MODEL_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",

@@ -23,7 +23,7 @@ import torch
 
 from turnstream.core.config_lora import LoraSection
 from turnstream.learner.lora import ADAPTER_FILE, adapter_tensors, is_adapter, peft_config
-from turnstream.learner.sync.buckets import WeightBuckets
+from turnstream.learner.weights.buckets import WeightBuckets
 from turnstream.learner.sync.disk import DiskWeightSync
 from turnstream.learner.sync.server_calls import WeightSyncError, post
 from turnstream.learner.sync.verify import PushVerifier

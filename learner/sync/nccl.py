@@ -25,7 +25,7 @@ import aiohttp
 
 from turnstream.learner.sync.base import WeightSync
 from turnstream.learner.sync.server_calls import WeightSyncError, get, healthy, post
-from turnstream.learner.sync.buckets import WeightBuckets
+from turnstream.learner.weights.buckets import WeightBuckets
 from turnstream.learner.sync.verify import PushVerifier
 
 log = logging.getLogger("turnstream.learner")
@@ -46,7 +46,7 @@ class NcclTransport(Protocol):
 @dataclass
 class NcclPayload:
     version: int
-    weights: WeightBuckets  # read during the push (learner/sync/buckets.py)
+    weights: WeightBuckets  # read during the push (learner/weights/buckets.py)
 
     def __str__(self) -> str:  # what the learner announces as the weights' location
         return f"nccl:v{self.version:06d}"

@@ -19,7 +19,8 @@ from turnstream.core.config_lora import LoraSection
 from turnstream.learner import lora
 from turnstream.learner.sync.disk import DiskWeightSync
 from turnstream.learner.sync.lora import LoraAdapterSync
-from turnstream.learner.sync.source import serving_state_dict
+from turnstream.learner.weights.buckets import WeightBuckets
+from turnstream.learner.weights.source import serving_state_dict
 
 pytestmark = pytest.mark.vllm
 
@@ -69,7 +70,7 @@ def test_adapter_pushes_sample_exactly_with_the_adapter_in_place(lora_url, tiny_
     full_bytes = sum(t.numel() * t.element_size() for t in _load_model(tiny_model).state_dict().values())
     for version, seed in ((5, 1), (6, 2)):  # the second push replaces the adapter in place
         model = _with_adapters(tiny_model, seed)
-        asyncio.run(sync.push(sync.save(serving_state_dict(model, torch.float32, LORA), version), version))
+        asyncio.run(sync.push(sync.save(WeightBuckets(serving_state_dict(model, torch.float32, LORA), None), version), version))
         assert http_json(f"{lora_url}/weight_info")["weight_version"] == str(version)
         assert 0 < sync.last_bytes < full_bytes / 4
         assert _healthy_for(lora_url, LORA.served_name) and not _healthy_for(lora_url, "not-pushed")
@@ -88,14 +89,14 @@ def test_merged_pushes_sample_exactly_from_the_base_name(lora_url, tiny_model, t
     merged = LORA.model_copy(update={"push": "merged"})
     sync = DiskWeightSync([lora_url], tmp_path / "weights", tiny_model)
     try:
-        asyncio.run(sync.push(sync.save(serving_state_dict(model, torch.float32, merged), 7), 7))
+        asyncio.run(sync.push(sync.save(WeightBuckets(serving_state_dict(model, torch.float32, merged), None), 7), 7))
         chunks = asyncio.run(play_episodes(lora_url, tiny_model, 8))  # no adapter asked for: the pushed weights
         assert all((c.gen_versions == 7).all() for c in chunks)
         err, n = _max_logprob_error(model, _as_batch(chunks, version=7))
         print(f"LoRA merged: max |logprob difference| {err:.2e} over {n} tokens")
         assert err < LOGPROB_TOLERANCE, f"max |logprob difference| {err:.2e} over {n} tokens"
     finally:  # the module's server back to the start-up weights
-        asyncio.run(sync.push(sync.save(_load_model(tiny_model).state_dict(), 8), 8))
+        asyncio.run(sync.push(sync.save(WeightBuckets(_load_model(tiny_model).state_dict(), None), 8), 8))
         asyncio.run(sync.set_version(0))
 
 

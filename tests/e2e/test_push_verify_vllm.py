@@ -21,8 +21,9 @@ from turnstream.learner.metrics import LearnerMetrics
 from turnstream.learner.sync.base import WeightSync, WeightSyncError, post
 from turnstream.learner.sync.disk import DiskWeightSync
 from turnstream.learner.sync.lora import LoraAdapterSync
+from turnstream.learner.weights.buckets import WeightBuckets
 from turnstream.learner.sync.probe import model_logprobs
-from turnstream.learner.sync.source import serving_state_dict
+from turnstream.learner.weights.source import serving_state_dict
 from turnstream.learner.sync.verify import PushVerifier, tolerance_for
 
 pytestmark = pytest.mark.vllm
@@ -79,7 +80,7 @@ def _push(sync: WeightSync, weights: dict, model, version: int) -> None:
     learner's network, push."""
     net = PolicyAndValue(model, None)
     expected = sync.verifier.expect(version, model_logprobs(net, sync.verifier.tokens, torch.float32))
-    asyncio.run(sync.push(sync.save(weights, version), version, expected))
+    asyncio.run(sync.push(sync.save(WeightBuckets(weights, None), version), version, expected))
 
 
 def _actors_use(url: str, learner_version: int, model: str | None = None) -> bool:
@@ -140,7 +141,7 @@ def test_full_push_that_never_loads_is_caught_and_a_good_push_restores_the_serve
                                     bad=(state, trained, 11))
     finally:  # the session's server goes back to its own weights and label, so test order does not matter
         sync.skip = False
-        asyncio.run(sync.push(sync.save(base.state_dict(), 13), 13))
+        asyncio.run(sync.push(sync.save(WeightBuckets(base.state_dict(), None), 13), 13))
         asyncio.run(sync.set_version(0))
 
 

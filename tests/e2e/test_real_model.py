@@ -21,6 +21,7 @@ from turnstream.core.config import LearnerSection
 from turnstream.learner.batch.tensors import to_tensors
 from turnstream.learner.step.trainer import Trainer
 from turnstream.learner.sync.disk import DiskWeightSync
+from turnstream.learner.weights.buckets import WeightBuckets
 from turnstream.learner.sync.probe import model_logprobs
 from turnstream.learner.sync.verify import PushVerifier
 
@@ -149,7 +150,7 @@ def test_one_step_and_a_verified_push_then_the_server_samples_the_new_weights(sm
         before, _ = _max_logprob_error(_model(smollm2), batch)
         assert before > err, "the step changed nothing the server's sampling shows"
     finally:  # the module's other tests see the model as it is on disk
-        asyncio.run(sync.push(sync.save(_model(smollm2).state_dict(), version=2), 2))
+        asyncio.run(sync.push(sync.save(WeightBuckets(_model(smollm2).state_dict(), None), version=2), 2))
 
 
 def test_sft_warm_start_of_the_real_model_lowers_its_loss(smollm2, tmp_path):

@@ -19,6 +19,7 @@ from turnstream.inspect.regenerate import main as regenerate_main
 from turnstream.inspect.regenerate import regenerate
 from turnstream.learner.record.writer import StepRecorder
 from turnstream.learner.sync.disk import DiskWeightSync
+from turnstream.learner.weights.buckets import WeightBuckets
 from tests.helpers import play_episodes
 
 pytestmark = pytest.mark.vllm
@@ -51,7 +52,7 @@ def test_recorded_turns_are_sampled_again_token_for_token(vllm_url, tiny_model, 
     try:
         asyncio.run(sync.push(Path(tiny_model), 0))
         played = [asyncio.run(play_episodes(vllm_url, tiny_model, 6, temperature=0.9, max_new_tokens=6))]
-        asyncio.run(sync.push(sync.save(_perturbed(tiny_model), 1), 1))
+        asyncio.run(sync.push(sync.save(WeightBuckets(_perturbed(tiny_model), None), 1), 1))
         played.append(asyncio.run(play_episodes(vllm_url, tiny_model, 6, temperature=0.9, max_new_tokens=6,
                                                 top_p=0.9, top_k=50)))
         assert [{int(v) for c in chunks for v in c.gen_versions} for chunks in played] == [{0}, {1}]

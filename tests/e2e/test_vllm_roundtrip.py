@@ -13,6 +13,7 @@ from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.buffer.store.episodes import Episode, flatten
 from turnstream.learner.batch.tensors import to_tensors
 from turnstream.learner.sync.disk import DiskWeightSync
+from turnstream.learner.weights.buckets import WeightBuckets
 from tests.helpers import http_json, play_episodes
 from tests.learner_logprobs import action_logprobs
 
@@ -126,7 +127,7 @@ def test_weight_push_changes_version_and_outputs(vllm_url, tiny_model, tmp_path)
     before = http_json(f"{vllm_url}/inference/v1/generate", request)["choices"][0]
 
     sync = DiskWeightSync([vllm_url], tmp_path / "weights", tiny_model)
-    path = sync.save(_perturbed_state(model, seed=7), version=7)
+    path = sync.save(WeightBuckets(_perturbed_state(model, seed=7), None), version=7)
     asyncio.run(sync.push(path, version=7))
 
     assert http_json(f"{vllm_url}/weight_info")["weight_version"] == "7"
@@ -142,7 +143,7 @@ def test_weight_push_changes_version_and_outputs(vllm_url, tiny_model, tmp_path)
     assert err < LOGPROB_TOLERANCE
 
     original = _load_model(tiny_model).state_dict()  # restore, so test order does not matter
-    asyncio.run(sync.push(sync.save(original, version=8), version=8))
+    asyncio.run(sync.push(sync.save(WeightBuckets(original, None), version=8), version=8))
     asyncio.run(sync.set_version(0))
 
 
@@ -163,7 +164,7 @@ def test_push_while_generating_keeps_requests_alive(vllm_url, tiny_model, tmp_pa
     model = _load_model(tiny_model)
     prompt = ChatTokens(tiny_model).first_turn("junction 1 sign R")
     sync = DiskWeightSync([vllm_url], tmp_path / "weights", tiny_model)
-    path = sync.save(_perturbed_state(model, seed=11), version=21)
+    path = sync.save(WeightBuckets(_perturbed_state(model, seed=11), None), version=21)
     asyncio.run(sync.set_version(0))  # label the served weights 0, whatever ran before
     body = {"token_ids": prompt, "stream": True,
             "sampling_params": {"max_tokens": LONG, "temperature": 1.0, "logprobs": 0, "ignore_eos": True}}
@@ -220,5 +221,5 @@ def test_push_while_generating_keeps_requests_alive(vllm_url, tiny_model, tmp_pa
     assert [s["version"] for s in spans] == ["0", "21"], spans
     assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == LONG
     original = _load_model(tiny_model).state_dict()
-    asyncio.run(sync.push(sync.save(original, version=22), version=22))
+    asyncio.run(sync.push(sync.save(WeightBuckets(original, None), version=22), version=22))
     asyncio.run(sync.set_version(0))

@@ -171,8 +171,9 @@ def restore_vllm(url: str, model: Path, scratch: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     from turnstream.learner.sync.disk import DiskWeightSync
+    from turnstream.learner.weights.buckets import WeightBuckets
 
     sync = DiskWeightSync([url], scratch / "restore", model)
     state = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).state_dict()
-    asyncio.run(sync.push(sync.save(state, 1), 1))
+    asyncio.run(sync.push(sync.save(WeightBuckets(state, None), 1), 1))
     asyncio.run(sync.set_version(0))

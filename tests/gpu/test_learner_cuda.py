@@ -117,14 +117,15 @@ def test_activation_checkpointing_lowers_peak_memory_with_the_same_gradient():
 def test_pushed_weights_are_cast_to_the_served_dtype(tmp_path):
     from safetensors import safe_open
 
-    from turnstream.learner.sync.source import serving_state_dict
+    from turnstream.learner.weights.source import serving_state_dict
     from turnstream.learner.sync.disk import DiskWeightSync
+    from turnstream.learner.weights.buckets import WeightBuckets
 
     model = _tiny_lm().cuda()
     state = serving_state_dict(model, torch.bfloat16)
     assert {t.dtype for t in state.values()} == {torch.bfloat16} and next(iter(state.values())).is_cuda
     model.config.save_pretrained(tmp_path / "model")
-    path = DiskWeightSync([], tmp_path / "w", tmp_path / "model").save(state, 1)
+    path = DiskWeightSync([], tmp_path / "w", tmp_path / "model").save(WeightBuckets(state, None), 1)
     with safe_open(str(path / "model.safetensors"), "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
 

@@ -186,7 +186,8 @@ def _push_memory(out: Path, trainer) -> None:
     from tests.push_memory import peak_bytes_held
 
     from turnstream.learner.parallel.ranks import broadcast
-    from turnstream.learner.sync.disk import DiskWeightSync, write_source_rows
+    from turnstream.learner.sync.disk import DiskWeightSync
+    from turnstream.learner.weights.files import write_files
 
     rank = dist.get_rank()
     source = trainer.weight_buckets(torch.bfloat16, PUSH_BUCKET_BYTES)
@@ -198,7 +199,7 @@ def _push_memory(out: Path, trainer) -> None:
         (out / "side" / "config.json").write_text(trainer.net.model.config.to_json_string())
         DiskWeightSync([], out / "rows", out / "side").save(rows, 1)
     else:
-        write_source_rows(broadcast(None, rank, 2), trainer.weight_buckets(torch.bfloat16, PUSH_BUCKET_BYTES))
+        write_files(broadcast(None, rank, 2), trainer.weight_buckets(torch.bfloat16, PUSH_BUCKET_BYTES))
     gathered = {k: v.clone() for k, v in trainer.weight_buckets(torch.bfloat16, 0).items()}
     if rank == 0:
         torch.save(gathered, out / "rows_expected.pt")

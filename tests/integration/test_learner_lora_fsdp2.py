@@ -70,7 +70,7 @@ def _full(tensors: dict) -> dict[str, torch.Tensor]:
 
 def _pushes(trainer) -> dict[str, dict[str, torch.Tensor]]:
     """The policy's weights and both kinds of push, computed from its (possibly sharded) state dict."""
-    from turnstream.learner.sync.source import push_tensors
+    from turnstream.learner.weights.source import push_tensors
 
     state = trainer.net.model.state_dict()
     return {"weights": _full(state), "adapter": _full(push_tensors(state, _lora("adapter"))),

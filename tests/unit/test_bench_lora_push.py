@@ -40,9 +40,9 @@ def test_counted_full_push_is_the_bytes_the_disk_backend_writes(tmp_path):
     from benchmarks.learner_mfu import model_config
     from benchmarks.lora_push import weight_bytes, measure
     from turnstream.core.config_lora import LoraSection
-    from turnstream.learner.sync.buckets import WeightBuckets
+    from turnstream.learner.weights.buckets import WeightBuckets
     from turnstream.learner.sync.disk import DiskWeightSync
-    from turnstream.learner.sync.source import policy_tensors
+    from turnstream.learner.weights.source import policy_tensors
 
     shapes = model_config("tiny")
     r = measure(shapes, LoraSection(rank=4), "bfloat16", tmp_path / "out")

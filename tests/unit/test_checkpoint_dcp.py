@@ -17,7 +17,7 @@ from turnstream.learner.checkpoint import sharded, store
 from turnstream.learner.checkpoint.export import export
 from turnstream.learner.checkpoint.layout import latest, tmp_name
 from turnstream.learner.step.trainer import Trainer
-from turnstream.learner.sync.buckets import TensorSpec, WeightBuckets, plan
+from turnstream.learner.weights.buckets import TensorSpec, WeightBuckets, plan
 from turnstream.learner.sync.disk import DiskWeightSync
 
 

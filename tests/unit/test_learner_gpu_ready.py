@@ -13,7 +13,7 @@ from turnstream.learner.batch.tensors import logprobs_from_action_logits, to_ten
 from turnstream.learner.device import Placement, placement, resolve_device, served_dtype
 from turnstream.learner.metrics import LearnerMetrics
 from turnstream.learner.step.packing import SequenceTooLong, drop_out_of_vocabulary, drop_over_budget, microbatches
-from turnstream.learner.sync.source import serving_state_dict
+from turnstream.learner.weights.source import serving_state_dict
 from turnstream.learner.step.trainer import NothingToTrain, Trainer
 from tests.learner_batches import params_after_steps, synthetic_batch, tiny_causal_lm
 from turnstream.core.config import LearnerSection
@@ -182,6 +182,7 @@ def test_pushed_weights_have_the_served_dtype(tmp_path):
     from safetensors import safe_open
 
     from turnstream.learner.sync.disk import DiskWeightSync
+    from turnstream.learner.weights.buckets import WeightBuckets
 
     model = tiny_causal_lm()
     model.save_pretrained(tmp_path / "model")
@@ -195,7 +196,7 @@ def test_pushed_weights_have_the_served_dtype(tmp_path):
         served_dtype("int3", tmp_path / "model")
     for dtype in (torch.bfloat16, torch.float32):
         sync = DiskWeightSync([], tmp_path / f"w-{dtype}", tmp_path / "model")
-        path = sync.save(serving_state_dict(model, dtype), 1)
+        path = sync.save(WeightBuckets(serving_state_dict(model, dtype), None), 1)
         with safe_open(str(path / "model.safetensors"), "pt") as f:
             assert {f.get_tensor(k).dtype for k in f.keys()} == {dtype}
     assert all(p.dtype is torch.float32 for p in model.parameters())  # the master copy is untouched

@@ -13,7 +13,7 @@ from turnstream.core.config import LearnerSection, VllmSection
 from turnstream.core.config_lora import LoraSection
 from turnstream.learner import lora
 from turnstream.learner.checkpoint import store
-from turnstream.learner.sync.source import push_tensors
+from turnstream.learner.weights.source import push_tensors
 from turnstream.learner.step.trainer import Trainer
 
 LORA = LoraSection(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"])
@@ -61,6 +61,7 @@ def test_adapter_push_is_a_peft_adapter_that_gives_the_trained_model(tmp_path):
     from peft.utils import get_peft_model_state_dict
 
     from turnstream.learner.sync.lora import LoraAdapterSync
+    from turnstream.learner.weights.buckets import WeightBuckets
 
     model, _ = _trained()
     pushed = push_tensors(model.state_dict(), LORA)
@@ -70,7 +71,7 @@ def test_adapter_push_is_a_peft_adapter_that_gives_the_trained_model(tmp_path):
     base_dir = tmp_path / "base"
     tiny_causal_lm().save_pretrained(base_dir)
     sync = LoraAdapterSync(["http://127.0.0.1:9"], tmp_path / "weights", LORA, base_dir)
-    path = sync.save(pushed, version=3)
+    path = sync.save(WeightBuckets(pushed, None), version=3)
     assert path.name == "v000003"
     assert {"adapter_config.json", lora.ADAPTER_FILE} <= {p.name for p in path.iterdir()}
     assert sync.last_bytes == sum(t.numel() * t.element_size() for t in pushed.values())

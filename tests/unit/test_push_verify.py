@@ -14,6 +14,7 @@ from tests.unit.fake_vllm import FakeVllm
 from turnstream.learner.metrics import LearnerMetrics
 from turnstream.learner.sync.base import WeightSyncError
 from turnstream.learner.sync.disk import DiskWeightSync
+from turnstream.learner.weights.buckets import WeightBuckets
 from turnstream.learner.sync.probe import PROBE_LENGTH, model_logprobs, probe_tokens, prompt_logprobs
 from turnstream.learner.sync.verify import PushVerifier, compare, tolerance_for
 
@@ -140,7 +141,7 @@ async def test_a_server_that_does_not_serve_the_push_is_counted_named_relabelled
     expected = verifier.expect(7, [-1.0] * (PROBE_LENGTH - 1))
     b.prompt_logprob = -1.3  # b took the push but scores with other weights
     with caplog.at_level(logging.ERROR, "turnstream.learner"), pytest.raises(WeightSyncError, match=b.url) as info:
-        await sync.push(sync.save(state, 7), 7, expected)
+        await sync.push(sync.save(WeightBuckets(state, None), 7), 7, expected)
     assert a.url not in str(info.value)
     assert a.version == "7" and b.version == str(7 - 4 - 1)
     assert _sample(metrics.registry, "turnstream_learner_weight_verify_failures_total", b.url) == 1
@@ -166,11 +167,11 @@ async def test_an_unanswered_probe_fails_the_server_and_an_unverified_push_check
     sync = DiskWeightSync([a.url, b.url], tmp_path / "w", tmp_path, verifier=verifier)
     b.fail_status = 500
     with pytest.raises(WeightSyncError, match="the probe could not be scored"):
-        await sync.push(sync.save({"w": torch.ones(2)}, 2), 2, verifier.expect(2, [-1.0] * (PROBE_LENGTH - 1)))
+        await sync.push(sync.save(WeightBuckets({"w": torch.ones(2)}, None), 2), 2, verifier.expect(2, [-1.0] * (PROBE_LENGTH - 1)))
     assert verifier.unverified == {b.url} and b.version == str(2 - 5)
     b.fail_status = 0
     served = a.served + b.served
-    await sync.push(sync.save({"w": torch.ones(2)}, 3), 3)  # no expectation: labelled, not probed
+    await sync.push(sync.save(WeightBuckets({"w": torch.ones(2)}, None), 3), 3)  # no expectation: labelled, not probed
     assert a.served + b.served == served and b.version == "3"
 
 

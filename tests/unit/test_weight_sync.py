@@ -12,6 +12,7 @@ import torch
 from turnstream.learner.sync.base import WeightSyncError
 
 from turnstream.learner.sync.disk import DiskWeightSync
+from turnstream.learner.weights.buckets import WeightBuckets
 
 from turnstream.learner.sync.nccl import NcclWeightSync
 from tests.unit.fake_vllm import FakeVllm
@@ -46,7 +47,7 @@ def _state() -> dict:
 async def test_disk_push_is_parallel_keep_mode_and_labels_the_version(servers, tmp_path):
     a, b = servers
     sync = DiskWeightSync([a.url, b.url], tmp_path / "w", tmp_path)
-    path = sync.save(_state(), 3)
+    path = sync.save(WeightBuckets(_state(), None), 3)
     await sync.push(path, 3)
     for f in servers:
         assert _routes(f) == DISK_SEQUENCE and f.version == "3"
@@ -61,7 +62,7 @@ async def test_disk_resume_always_follows_a_failed_transfer(servers, tmp_path):
     a.fail_control = {"collective_rpc"}
     sync = DiskWeightSync([a.url, b.url], tmp_path / "w", tmp_path)
     with pytest.raises(WeightSyncError, match="1 of 2"):
-        await sync.push(sync.save(_state(), 1), 1)
+        await sync.push(sync.save(WeightBuckets(_state(), None), 1), 1)
     assert _routes(a)[-1] == "resume" and b.version == "1"
     assert sync.behind() == [a.url]
 
@@ -72,10 +73,10 @@ async def test_disk_server_down_during_push_is_resynced_when_it_returns(servers,
     port = int(b.url.rsplit(":", 1)[1])
     await b.stop()
     with pytest.raises(WeightSyncError, match=b.url):
-        await sync.push(sync.save(_state(), 1), 1)
+        await sync.push(sync.save(WeightBuckets(_state(), None), 1), 1)
     assert sync.behind() == [b.url] and await sync.resync() == []  # still down: nothing to do
     with pytest.raises(WeightSyncError):
-        await sync.push(sync.save(_state(), 2), 2)
+        await sync.push(sync.save(WeightBuckets(_state(), None), 2), 2)
     assert a.version == "2"
     await b.start(port)  # it comes back (a fresh server: default weights)
     b.calls.clear()
@@ -86,7 +87,7 @@ async def test_disk_server_down_during_push_is_resynced_when_it_returns(servers,
 async def test_disk_watch_resyncs_in_the_background(servers, tmp_path):
     a, b = servers
     sync = DiskWeightSync([a.url], tmp_path / "w", tmp_path)
-    await sync.push(sync.save(_state(), 4), 4)
+    await sync.push(sync.save(WeightBuckets(_state(), None), 4), 4)
     sync.add_server(b.url)  # a server joins between pushes
     watcher = asyncio.create_task(sync.watch(0.05))
     for _ in range(200):
@@ -100,7 +101,7 @@ async def test_disk_watch_resyncs_in_the_background(servers, tmp_path):
 async def test_a_server_added_to_the_urls_file_is_brought_to_the_current_weights(servers, tmp_path):
     a, b = servers
     sync = DiskWeightSync([a.url], tmp_path / "w", tmp_path)
-    await sync.push(sync.save(_state(), 3), 3)
+    await sync.push(sync.save(WeightBuckets(_state(), None), 3), 3)
     urls_file = tmp_path / "vllm_urls.txt"
     write_urls_file(urls_file, [a.url, b.url])
     tasks = [asyncio.create_task(watch_urls_file(urls_file, sync.set_urls, 0.02)),
@@ -117,7 +118,7 @@ async def test_a_server_added_to_the_urls_file_is_brought_to_the_current_weights
         await asyncio.sleep(0.02)
     for t in tasks:
         t.cancel()
-    await sync.push(sync.save(_state(), 4), 4)
+    await sync.push(sync.save(WeightBuckets(_state(), None), 4), 4)
     assert (a.version, b.version) == ("3", "4")
 
 
@@ -190,7 +191,7 @@ async def test_nccl_push_control_flow(servers):
     b.world = 2  # e.g. TP=2: two workers, ranks 2 and 3
     transport = FakeTransport(servers)
     sync = _nccl(servers, transport)
-    payload = sync.save(_state(), 5)
+    payload = sync.save(WeightBuckets(_state(), None), 5)
     await sync.push(payload, 5)
     assert transport.inits == [("10.0.0.1", 29600, 4)]  # learner + 1 + 2 workers
     inits = {f.name: dict(f.calls)["init_weight_transfer_engine"]["init_info"] for f in servers}
@@ -205,7 +206,7 @@ async def test_nccl_push_control_flow(servers):
     assert transport.sent == [[("w", (2, 3)), ("b", (3,))]]
     assert str(payload) == "nccl:v000005"
     # the second push reuses the group
-    await sync.push(sync.save(_state(), 6), 6)
+    await sync.push(sync.save(WeightBuckets(_state(), None), 6), 6)
     assert sync.groups_built == 1 and len(transport.inits) == 1 and a.version == b.version == "6"
 
 
@@ -213,12 +214,12 @@ async def test_nccl_server_down_then_back_rebuilds_the_group(servers):
     a, b = servers
     transport = FakeTransport(servers)
     sync = _nccl(servers, transport)
-    await sync.push(sync.save(_state(), 1), 1)
+    await sync.push(sync.save(WeightBuckets(_state(), None), 1), 1)
     port = int(b.url.rsplit(":", 1)[1])
     await b.stop()
     transport.expected = 1
     with pytest.raises(WeightSyncError, match=b.url):
-        await sync.push(sync.save(_state(), 2), 2)
+        await sync.push(sync.save(WeightBuckets(_state(), None), 2), 2)
     assert a.version == "2" and sync.members == [a.url] and sync.behind() == [b.url]
     assert transport.inits[-1][2] == 2  # learner + a's one worker
     await b.start(port)
@@ -232,15 +233,15 @@ async def test_nccl_failure_inside_the_collective_tears_the_group_down_and_resum
     a, b = servers
     transport = FakeTransport(servers)
     sync = _nccl(servers, transport)
-    await sync.push(sync.save(_state(), 1), 1)
+    await sync.push(sync.save(WeightBuckets(_state(), None), 1), 1)
     a.fail_control = {"start_weight_update"}
     with pytest.raises(WeightSyncError):
-        await sync.push(sync.save(_state(), 2), 2)
+        await sync.push(sync.save(WeightBuckets(_state(), None), 2), 2)
     assert sync.members is None and transport.closed == 1
     for f in servers:
         assert _routes(f)[-2:] == ["resume", "shutdown_weight_transfer_engine"]
     a.fail_control = set()
-    await sync.push(sync.save(_state(), 3), 3)
+    await sync.push(sync.save(WeightBuckets(_state(), None), 3), 3)
     assert a.version == b.version == "3" and sync.groups_built == 2
 
 

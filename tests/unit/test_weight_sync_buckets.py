@@ -8,7 +8,7 @@ import torch
 
 from tests.unit.test_weight_sync import FakeTransport, _state, servers  # noqa: F401  (servers: a fixture)
 from turnstream.learner.sync.base import WeightSyncError
-from turnstream.learner.sync.buckets import WeightBuckets
+from turnstream.learner.weights.buckets import WeightBuckets
 from turnstream.learner.sync.nccl import NcclWeightSync
 
 

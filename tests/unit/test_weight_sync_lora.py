@@ -13,6 +13,7 @@ from turnstream.learner.sync.base import WeightSyncError
 from turnstream.learner.sync.disk import DiskWeightSync
 from turnstream.learner.sync.factory import weight_sync_from_config
 from turnstream.learner.sync.lora import LoraAdapterSync
+from turnstream.learner.weights.buckets import WeightBuckets
 
 SEQUENCE = ["pause?mode=keep&clear_cache=false", "load_lora_adapter", "update_weight_version", "resume"]
 LORA = LoraSection(rank=2, alpha=4.0, target_modules=["q_proj"])
@@ -38,7 +39,7 @@ async def test_push_loads_the_adapter_in_place_between_pause_and_resume(servers,
 
     sync = LoraAdapterSync([f.url for f in servers], tmp_path / "w", LORA, tmp_path, keep=1)
     for version in (1, 2, 3):
-        path = sync.save(_adapters(), version)
+        path = sync.save(WeightBuckets(_adapters(), None), version)
         await sync.push(path, version)
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["v000002", "v000003"]  # keep=1
     assert set(load_file(path / "adapter_model.safetensors")) == {
@@ -54,7 +55,7 @@ async def test_a_server_without_runtime_adapters_fails_with_the_hint_and_is_resy
     a.lora_loading = False
     sync = LoraAdapterSync([a.url, b.url], tmp_path / "w", LORA, tmp_path)
     with pytest.raises(WeightSyncError, match="HTTP 404.*learner.lora.push = \"merged\""):
-        await sync.push(sync.save(_adapters(), 1), 1)
+        await sync.push(sync.save(WeightBuckets(_adapters(), None), 1), 1)
     assert [name for name, _ in a.calls][-1] == "resume" and b.version == "1" and sync.behind() == [a.url]
     a.lora_loading = True  # e.g. restarted with the flags
     assert await sync.resync() == [a.url] and a.version == "1"

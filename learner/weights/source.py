@@ -1,5 +1,5 @@
 """What a push carries of the policy: its state-dict tensors, with learner.lora the adapters alone or the merged
-weights (learner/lora.py), read bucket by bucket (learner/sync/buckets.py)."""
+weights (learner/lora.py), read bucket by bucket (learner/weights/buckets.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -9,7 +9,7 @@ import torch
 
 from turnstream.core.config_lora import LoraSection
 from turnstream.learner.lora import adapter_tensors, merged_tensors
-from turnstream.learner.sync.buckets import WeightBuckets
+from turnstream.learner.weights.buckets import WeightBuckets
 
 
 def policy_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
