@@ -1,47 +1,42 @@
-"""`turnstream bench trl`: turnstream beside Hugging Face TRL's GRPOTrainer on the same multi-turn task.
+"""`turnstream bench trl`: turnstream beside Hugging Face TRL's GRPOTrainer on the same multi-turn tasks, under the
+protocol of docs/learning.md ("Beside TRL").
 
-Systems, each run per task and seed: `trl` (GRPOTrainer with a rollout function that plays the task's own
+Systems (benchmarks/trl_systems.py): `trl` (GRPOTrainer with a rollout function that plays the task's own
 environment class through the actors' chat-token path, transformers' generation on the CPU:
-benchmarks/trl_runner.py, in a process of its own), `turnstream-async` (what `turnstream bench learning` runs: the
-built-in defaults through the real processes) and `turnstream-sync` (the same with buffer.eta = 0), so what
-the system gives is told apart from what the algorithm gives. Both start from the same checkpoint and
-tokenizer (`--model`), with the same reward (the environment's), batch (episodes per optimizer step),
-learning rate, gradient clip, temperature and turn and token caps; TRL's group size is `--group-size`
-(turnstream's default estimator has none). The bench process pins itself to `--cpus` before it starts
-anything, so every process of every system runs on the same cores. TRL's runs go first, before the vLLM
-server turnstream shares between its runs starts (its start-up is not timed, as in bench learning).
+benchmarks/trl_runner.py, a process of its own), `turnstream-async` (the defaults through the real processes),
+`turnstream-sync` (the same with buffer.eta = 0) and `turnstream-grpo` (grpo on groups of TRL's size, no entropy
+bonus: TRL's algorithm on turnstream's system). Each run starts every process it needs, turnstream's its own
+vLLM server too. The bench pins itself to `--cpus` before it starts anything, so every process of every system
+runs on the same cores. Per task and seed the systems run one after another, the order reversed on every
+other seed (benchmarks/trl_protocol.py).
 
-Per run: seconds (from the start of the run's first process) and episodes to the rolling success `--target`
-over `--window` episodes, or null within `--cap` seconds; generation tokens/s (sampled tokens over the
-seconds spent generating: TRL's rollouts, turnstream's servers with a request in flight) and learner
-tokens/s (trained tokens, prompt and completion, over the seconds of optimizer steps), and the floor: the
-seconds to the target had sampling cost nothing (the start-up to the first wait for samples, plus the optimizer
-steps' own seconds; benchmarks/learning.py). Per task and system: seeds that reached the target, medians. One JSON
-line last:
-{"results": {"<task>/<system>": {"reached", "seeds", "wall_s_median", "episodes_median", "gen_tokens_per_s",
-"train_tokens_per_s"}}, "ratio_wall": x, ...} where ratio_wall is turnstream-async's median wall time over
-TRL's on the first task (null unless both reached it), and ratio_wall_floor is turnstream-sync's median floor
-over the same: what no way of sampling could take turnstream below on these cores at the episodes it needed.
+Per run (<out>/records.jsonl): seconds to the rolling success `--target` over `--window` episodes on two clocks,
+cold (from the run's first process's launch) and warm (from its first sample request), or null within `--cap`
+seconds; episodes to it; generation tokens/s (sampled tokens over the seconds spent generating) and learner
+tokens/s (trained tokens over the seconds of optimizer steps); the floor (the seconds to the target had
+sampling cost nothing: the learner's start-up to its first wait for samples, plus its steps' own seconds, on
+the cold clock; warm_floor_s on the warm one); its CPU-seconds (its processes and their children), the bench's
+own, and the load average at its start and end. One JSON line last:
+{"results": {"<task>/<system>": {"reached", "seeds", "cold_s": {"median", "min", "max"}, "warm_s": {...}, ...}},
+ "ratios": {"<task>": {"<turnstream system>": {"warm", "warm_ci95", "cold", "cold_ci95"}}}, ...}: a system's
+median time over TRL's on the same clock, with a bootstrap interval.
+
+`--lr-grid A,B,C` runs every system at every rate on `--grid-seeds` instead, prints and writes
+<out>/lr_grid.json with each system's best rate per task, which a headline run reads with `--lr-from`.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
-import math
 import os
-import shutil
-import sys
-import time
 from pathlib import Path
 
-from benchmarks.learning import TASKS, aggregate, check_known, median_of, summarize_run
+from benchmarks.learning import check_known, median_of
+from benchmarks.trl_protocol import bootstrap_ratio, best_rates, dtype_name, per_system, run_order, spread
+from benchmarks.trl_systems import SYSTEMS, TRL_TASKS, model_of
 
 log = logging.getLogger("benchmarks.trl")
-
-SYSTEMS = ("trl", "turnstream-async", "turnstream-sync")
-# the turnstream systems: settings on top of the defaults (bench learning's estimator "spo" is the default one)
-TURNSTREAM = {"turnstream-async": [], "turnstream-sync": ["buffer.eta=0"]}
 
 
 def parse_args(argv):
@@ -49,204 +44,183 @@ def parse_args(argv):
 
     defaults = Config()
     p = argparse.ArgumentParser(prog="turnstream bench trl", description=__doc__.splitlines()[0])
-    p.add_argument("--tasks", default="goal_walk", help=f"of {', '.join(TASKS)}")
+    p.add_argument("--tasks", default="follow_signs,follow_signs_longtail,follow_signs_latency",
+                   help=f"of {', '.join(TRL_TASKS)}")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {', '.join(SYSTEMS)}")
-    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--seeds", default="0,1,2,3,4", help="the headline's seeds")
     p.add_argument("--target", type=float, default=0.9, help="rolling success to reach")
     p.add_argument("--window", type=int, default=256, help="episodes in the rolling success")
-    p.add_argument("--cap", type=float, default=420.0, help="seconds per run")
+    p.add_argument("--cap", type=float, default=420.0, help="seconds per run, on the cold clock")
     p.add_argument("--cpus", default="0,1", help="the CPU ids every process of every system is pinned to")
-    p.add_argument("--group-size", type=int, default=8, help="TRL's num_generations: episodes per task")
-    p.add_argument("--batch", type=int, default=None, help="episodes per optimizer step, both systems "
-                   f"(turnstream's buffer.batch_episodes); default turnstream's, {defaults.buffer.batch_episodes}")
-    p.add_argument("--lr", type=float, default=None, help="learning rate, both systems; default turnstream's for "
-                   "the task (bench learning's task settings, else learner.lr)")
+    p.add_argument("--group-size", type=int, default=8,
+                   help="TRL's num_generations and turnstream-grpo's tasks.group_size: episodes per task")
+    p.add_argument("--batch", type=int, default=None, help="episodes per optimizer step, every system "
+                   f"(turnstream's buffer.batch_episodes); default the task's, else {defaults.buffer.batch_episodes}")
+    p.add_argument("--lr", default=None, metavar="LR|SYSTEM=LR,...",
+                   help="learning rate for every system, or per system; default the rate turnstream resolves for the "
+                   "task and checkpoint")
+    p.add_argument("--lr-from", default=None, metavar="FILE", help="each system's rate per task from --lr-grid's "
+                   "lr_grid.json (its grid seeds must not be among --seeds)")
+    p.add_argument("--lr-grid", default=None, metavar="LR,LR,...",
+                   help="run every system at each rate on --grid-seeds and report each system's best, instead")
+    p.add_argument("--grid-seeds", default="100,101", help="--lr-grid's seeds (not the headline's)")
+    p.add_argument("--dtype", default=None, metavar="DTYPE|SYSTEM=DTYPE,...",
+                   help="the learners' precision: float32 (the default) or bfloat16 (bf16 autocast over fp32 "
+                   "master weights), for every system or per system")
     p.add_argument("--out", default="runs/bench-trl")
-    p.add_argument("--model", default="runs/tiny-model")
+    p.add_argument("--model", default=None, help="the checkpoint every task starts from; default the task's "
+                   "(runs/tiny-model; arithmetic: runs/smollm2-135m)")
     args = p.parse_args(argv)
-    check_known("bench trl", args, {"tasks": TASKS, "systems": SYSTEMS})
-    batch = args.batch or defaults.buffer.batch_episodes
-    if batch % args.group_size:
-        raise SystemExit(f"bench trl: --batch {batch} is not a multiple of --group-size {args.group_size}")
+    check_known("bench trl", args, {"tasks": TRL_TASKS, "systems": SYSTEMS})
+    if args.batch and args.batch % args.group_size:
+        raise SystemExit(f"bench trl: --batch {args.batch} is not a multiple of --group-size {args.group_size}")
+    systems, tasks = args.systems.split(","), args.tasks.split(",")
+    args.dtypes = per_system(args.dtype, systems, dtype_name, "--dtype")
+    lrs = per_system(args.lr, systems, float, "--lr")
+    args.lrs = {(task, system): lr for task in tasks for system, lr in lrs.items()}
+    if args.lr_from:
+        if args.lr:
+            raise SystemExit("bench trl: --lr and --lr-from both set; give one")
+        args.lrs = rates_from(Path(args.lr_from), tasks, systems, _ints(args.seeds))
+    if args.lr_grid and set(_ints(args.grid_seeds)) & set(_ints(args.seeds)):
+        raise SystemExit(f"bench trl: --grid-seeds {args.grid_seeds} share seeds with the headline's --seeds")
     return args
 
 
-def shared_settings(args) -> list[str]:
-    """The turnstream overrides of --batch and --lr (TRL is handed what turnstream resolves)."""
-    return ([f"buffer.batch_episodes={args.batch}"] if args.batch else []) + \
-        ([f"learner.lr={args.lr}"] if args.lr else [])
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
 
 
-# ---- TRL ------------------------------------------------------------------------------------------------
-
-def checkpoint_parameters(model_dir: str | Path) -> int:
-    """The parameters of a Hugging Face checkpoint, read from its safetensors headers without loading a weight."""
-    from safetensors import safe_open
-
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:  # a count of 0 would pass for the tiny model
-        raise FileNotFoundError(f"{model_dir}: no safetensors files to count the parameters of")
-    total = 0
-    for path in files:
-        with safe_open(path, "pt") as tensors:
-            total += sum(math.prod(tensors.get_slice(name).get_shape()) for name in tensors.keys())
-    return total
+def rates_from(path: Path, tasks: list[str], systems: list[str], seeds: list[int]) -> dict:
+    """The grid's rates per (task, system); a task or system the grid did not run keeps the default."""
+    grid = json.loads(path.read_text())
+    if set(grid["grid_seeds"]) & set(seeds):
+        raise SystemExit(f"bench trl: {path} chose its rates on seeds {grid['grid_seeds']}, which --seeds reuses")
+    best = grid["best_lr"]
+    return {(task, system): best.get(task, {}).get(system) for task in tasks for system in systems}
 
 
-def trl_spec(task: str, seed: int, run_dir: Path, args):
-    """TRL's run of a task: the caps and sampling settings are turnstream's config values, so both match."""
-    from benchmarks.learning import run_config
-    from benchmarks.trl_runner import TrlRunSpec
-    from turnstream.learner.scale_defaults import resolve
+# ---- the runs -----------------------------------------------------------------------------------------------
 
-    cfg = run_config(task, "spo", seed, "http://unused", _with_overrides(args, shared_settings(args)))
-    learner = resolve(cfg.learner, checkpoint_parameters(args.model))  # TRL is handed turnstream's rates as numbers
-    if cfg.actor.context_turns:
-        raise SystemExit(f"bench trl: {task} restarts its context every {cfg.actor.context_turns} turns "
-                         "(actor.context_turns), which the TRL runner does not")
-    return TrlRunSpec(
-        model=str(Path(args.model).resolve()), out=str(run_dir), env=cfg.env.name, env_args=cfg.env.args,
-        seed=seed, batch_episodes=cfg.buffer.batch_episodes, group_size=args.group_size, lr=learner.lr,
-        warmup_steps=learner.warmup_steps, max_grad_norm=learner.max_grad_norm, temperature=cfg.actor.temperature,
-        max_new_tokens=cfg.actor.max_new_tokens, max_turns=cfg.actor.max_turns,
-        max_context_tokens=cfg.vllm.max_model_len, window=args.window, target=args.target)
+def run_one(task: str, system: str, seed: int, args, run_name: str | None = None) -> dict:
+    from benchmarks.trl_systems import run_trl, run_turnstream
+
+    if system == "trl":
+        return run_trl(task, seed, args, run_name)
+    return run_turnstream(task, system, seed, args, run_name)
 
 
-def run_trl(task: str, seed: int, args) -> dict:
-    from benchmarks import child_env
-    from benchmarks.trl_runner import write_spec
-    from turnstream.processes import ProcessGroup, tail
-    from turnstream.progress import Progress
-    from turnstream.report import read_steps
+class Records:
+    """<out>/records.jsonl, rewritten per invocation, a line per run as it ends."""
 
-    run_dir = Path(args.out) / "runs" / f"{task}-trl-seed{seed}"
-    shutil.rmtree(run_dir, ignore_errors=True)  # a previous run's learner.jsonl would read as this one's
-    run_dir.mkdir(parents=True)
-    spec = write_spec(trl_spec(task, seed, run_dir, args), run_dir / "spec.json")
-    procs = ProcessGroup(run_dir)
-    progress = Progress(args.window, label=f"{task} trl seed={seed}")
-    t0, started = time.time(), time.monotonic()
-    child = procs.start("trl", [sys.executable, "-m", "benchmarks.trl_runner", "--spec", str(spec)],
-                        env=child_env(TRL_EXPERIMENTAL_SILENCE="1"))
-    try:
-        while child.proc.poll() is None and time.monotonic() - started < args.cap:
-            progress.update(read_steps(run_dir), time.monotonic() - started)
-            time.sleep(0.5)
-        failed = child.proc.poll() not in (None, 0)  # ended by itself, not at the target or max_steps
-    finally:
-        progress.close()
-        procs.stop_all()
-    if failed:
-        raise RuntimeError(f"bench trl: the TRL run failed:\n{tail(child.log_path)}")
-    steps = read_steps(run_dir)
-    generated, gen_s = sum(s["action_tokens"] for s in steps), sum(s["gen_s"] for s in steps)
-    return {**summarize_run(task, "trl", seed, steps, args.window, args.target, t0),
-            "tokens_generated": generated, "gen_busy_s": round(gen_s, 2), **rates(steps, generated, gen_s)}
+    def __init__(self, path: Path):
+        self.path, self.runs = path, []
+        path.write_text("")
+
+    def keep(self, r: dict) -> None:
+        self.runs.append(r)
+        with self.path.open("a") as f:
+            f.write(json.dumps(r) + "\n")
+        log.info("%s", json.dumps({k: v for k, v in r.items() if k != "curve"}))
 
 
-# ---- turnstream -----------------------------------------------------------------------------------------
-
-def _with_overrides(args, overrides: list[str]) -> argparse.Namespace:
-    """bench learning's arguments for one system's runs (its run_one and run_config read them)."""
-    return argparse.Namespace(**{**vars(args), "overrides": overrides})
-
-
-def run_turnstream(task: str, system: str, seed: int, url: str, args) -> dict:
-    from benchmarks.learning import run_config, run_one
-    from turnstream.report import read_steps
-
-    system_args = _with_overrides(args, [*shared_settings(args), *TURNSTREAM[system]])
-    system_args.out = str(Path(args.out) / system)  # run_one names run directories by task and estimator
-    r = run_one(task, "spo", seed, url, system_args)
-    steps = read_steps(run_config(task, "spo", seed, url, system_args).run.run_dir)
-    return {**r, "estimator": system, **rates(steps, r["tokens_generated"], r["gen_busy_s"])}
+def headline(args, records: Records) -> dict:
+    tasks, systems = args.tasks.split(","), args.systems.split(",")
+    for task, seed, system in run_order(tasks, systems, _ints(args.seeds)):
+        records.keep(run_one(task, system, seed, args))
+    summary = summarize(records.runs)
+    return {"results": summary, "ratios": {task: ratios(records.runs, task, systems) for task in tasks}}
 
 
-# ---- the comparison ---------------------------------------------------------------------------------------
+def lr_grid(args, records: Records) -> dict:
+    """Every system at every rate on the grid's seeds, interleaved as the headline; each system's best rate."""
+    tasks, grid = args.tasks.split(","), [float(x) for x in args.lr_grid.split(",")]
+    labels = [f"{system}@{lr:g}" for system in args.systems.split(",") for lr in grid]
+    for task, seed, label in run_order(tasks, labels, _ints(args.grid_seeds)):
+        system, lr = label.split("@")
+        args.lrs[(task, system)] = float(lr)
+        records.keep(run_one(task, system, seed, args, f"{task}-{system}-lr{lr}-seed{seed}"))
+    best = best_rates(records.runs)
+    (Path(args.out) / "lr_grid.json").write_text(json.dumps(
+        {"best_lr": best, "grid": grid, "grid_seeds": _ints(args.grid_seeds)}, indent=1) + "\n")
+    return {"best_lr": best, "grid": grid, "grid_seeds": args.grid_seeds,
+            "results": summarize([{**r, "estimator": f"{r['estimator']}@{r['lr']:g}"} for r in records.runs])}
 
-def rates(steps: list[dict], generated: float | None, gen_s: float | None) -> dict:
-    """Generation and learner tokens/s of one run (None where nothing was counted): sampled tokens over the
-    seconds spent generating, trained tokens over the seconds of the learner's steps."""
-    train_s = sum(s.get("step_s", 0.0) for s in steps)
-    return {"gen_tokens_per_s": round(generated / gen_s, 1) if generated and gen_s else None,
-            "train_tokens_per_s": round(sum(s["tokens"] for s in steps) / train_s, 1) if train_s else None}
 
+# ---- the figures --------------------------------------------------------------------------------------------
 
 def summarize(records: list[dict]) -> dict:
-    """bench learning's per-task-and-system summary, with the medians of the two rates."""
-    summary = aggregate(records)
+    """Per task and system: runs that reached the target, each clock's median with its spread, median episodes,
+    floors, rates, CPU-seconds and start-up."""
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        groups.setdefault(f"{r['task']}/{r['estimator']}", []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        hit = [r for r in rs if r["cold_s_to_target"] is not None]
+        out[key] = {"reached": len(hit), "seeds": len(rs),
+                    "cold_s": spread([r["cold_s_to_target"] for r in hit]),
+                    "warm_s": spread([r["warm_s_to_target"] for r in hit]),
+                    "episodes_median": median_of(r["episodes_to_target"] for r in hit),
+                    "floor_s_median": median_of(r["floor_s"] for r in hit),
+                    "warm_floor_s_median": median_of(r["floor_s"] - r["startup_s"] for r in hit
+                                                     if r["floor_s"] is not None and r["startup_s"] is not None),
+                    "startup_s_median": median_of(r["startup_s"] for r in rs),
+                    "cpu_s_median": median_of(r["cpu_s"] for r in rs),
+                    "gen_tokens_per_s": median_of(r.get("gen_tokens_per_s") for r in rs),
+                    "train_tokens_per_s": median_of(r.get("train_tokens_per_s") for r in rs)}
+    return out
+
+
+def ratios(records: list[dict], task: str, systems: list[str]) -> dict:
+    """Each turnstream system's median time over TRL's on the task, per clock, with a 95% bootstrap interval over
+    the runs that reached the target (None where a side has none)."""
+    def times(system: str, clock: str) -> list[float]:
+        return [r[f"{clock}_s_to_target"] for r in records if r["task"] == task and r["estimator"] == system
+                and r[f"{clock}_s_to_target"] is not None]
+
+    out = {}
+    for system in (s for s in systems if s != "trl"):
+        figures: dict = {}
+        for clock in ("warm", "cold"):
+            mine, trl = times(system, clock), times("trl", clock)
+            figures[clock] = round(median_of(mine) / median_of(trl), 3) if mine and trl else None
+            figures[f"{clock}_ci95"] = bootstrap_ratio(mine, trl)
+        out[system] = figures
+    return out
+
+
+def format_table(summary: dict) -> str:
+    def clock(s: dict) -> str:
+        return "-" if s["median"] is None else f"{s['median']:.1f} [{s['min']:.1f}, {s['max']:.1f}]"
+
+    lines = [f"{'task/system':<40}{'reached':>9}{'warm s [min, max]':>24}{'cold s [min, max]':>24}"
+             f"{'episodes':>10}{'warm floor s':>14}{'cpu s':>8}"]
     for key, s in summary.items():
-        rs = [r for r in records if f"{r['task']}/{r['estimator']}" == key]
-        for rate in ("gen_tokens_per_s", "train_tokens_per_s"):
-            s[rate] = median_of(r.get(rate) for r in rs)
-    return summary
-
-
-def ratio(summary: dict, task: str, system: str, figure: str = "wall_s_median") -> float | None:
-    """A system's median `figure` over TRL's median wall time on the task."""
-    mine, trl = summary.get(f"{task}/{system}", {}), summary.get(f"{task}/trl", {})
-    if mine.get(figure) is None or not trl.get("wall_s_median"):
-        return None
-    return round(mine[figure] / trl["wall_s_median"], 3)
+        floor, cpu = s["warm_floor_s_median"], s["cpu_s_median"]
+        lines.append(f"{key:<40}{s['reached']:>5}/{s['seeds']:<3}{clock(s['warm_s']):>24}{clock(s['cold_s']):>24}"
+                     f"{s['episodes_median'] or '-':>10}{'-' if floor is None else f'{floor:.1f}':>14}"
+                     f"{'-' if cpu is None else f'{cpu:.0f}':>8}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    from turnstream.core.config import VllmSection
-    from benchmarks.async_vs_sync import MAX_MODEL_LEN
-    from turnstream.preflight import ensure_model
-    from turnstream.processes import ProcessGroup
-    from turnstream.vllm_server import start_vllm_server
+    from turnstream.checks.preflight import ensure_model
 
     # every process started from here on (TRL, vLLM, the roles) inherits the pinning
     os.sched_setaffinity(0, [int(c) for c in args.cpus.split(",")])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ensure_model(args.model)
-    tasks, systems = args.tasks.split(","), args.systems.split(",")
-    seeds = [int(x) for x in args.seeds.split(",")]
-    records_path = out / "records.jsonl"
-    records_path.write_text("")
-    records: list[dict] = []
-
-    def keep(r: dict) -> None:
-        records.append(r)
-        with records_path.open("a") as f:
-            f.write(json.dumps(r) + "\n")
-        log.info("%s", json.dumps({k: v for k, v in r.items() if k != "curve"}))
-
-    if "trl" in systems:  # first, while no vLLM server shares the cores
-        for task in tasks:
-            for seed in seeds:
-                keep(run_trl(task, seed, args))
-    ours = [s for s in systems if s in TURNSTREAM]
-    if ours:
-        procs = ProcessGroup(out)
-        try:
-            url = start_vllm_server(procs, str(Path(args.model).resolve()),
-                                    VllmSection(max_model_len=MAX_MODEL_LEN), name="vllm-bench")
-            for task in tasks:
-                for system in ours:
-                    for seed in seeds:
-                        keep(run_turnstream(task, system, seed, url, args))
-        finally:
-            procs.stop_all()
-    summary = summarize(records)
-    for key, s in summary.items():
-        print(f"{key:<32} reached {s['reached']}/{s['seeds']}  wall s {s['wall_s_median']}  episodes "
-              f"{s['episodes_median']}  gen tok/s {s['gen_tokens_per_s']}  train tok/s {s['train_tokens_per_s']}  "
-              f"floor s {s['floor_s_median']}", flush=True)
-    keys = ("reached", "seeds", "wall_s_median", "episodes_median", "gen_tokens_per_s", "train_tokens_per_s",
-            "floor_s_median")
-    results = {key: {k: s[k] for k in keys} for key, s in summary.items()}
-    print(json.dumps({"results": results, "ratio_wall": ratio(summary, tasks[0], "turnstream-async"),
-                      "ratio_wall_sync": ratio(summary, tasks[0], "turnstream-sync"),
-                      # the synchronous run's learner alone (its steps have the cores to themselves): the ratio
-                      # no sampling path could take turnstream below on these cores, at the episodes it needed
-                      "ratio_wall_floor": ratio(summary, tasks[0], "turnstream-sync", "floor_s_median"),
-                      "ratio_wall_by_task": {t: ratio(summary, t, "turnstream-async") for t in tasks},
-                      "target": args.target, "window": args.window, "cap_s": args.cap, "seeds": args.seeds,
-                      "cpus": args.cpus, "versions": versions()}), flush=True)
+    for model in dict.fromkeys(model_of(task, args) for task in args.tasks.split(",")):
+        ensure_model(model)
+    records = Records(out / "records.jsonl")
+    result = lr_grid(args, records) if args.lr_grid else headline(args, records)
+    print(format_table(result["results"]), flush=True)
+    print(json.dumps({**result, "target": args.target, "window": args.window, "cap_s": args.cap,
+                      "seeds": args.seeds, "cpus": args.cpus, "group_size": args.group_size,
+                      "lr": {f"{t}/{s}": lr for (t, s), lr in args.lrs.items()}, "dtype": args.dtypes,
+                      "versions": versions()}), flush=True)
     return 0
 
 

@@ -7,12 +7,15 @@ must write tool calls in a chat template that knows tools, where a turnstream ta
 two of plain text. So the episodes are played by a `rollout_func` (TRL's documented hook for custom
 multi-turn rollouts) with transformers' `generate` (TRL's CPU path, no vLLM), through the same environment
 class and the same chat-token path (ChatTokens) the actors use; the environment's turns are masked out of
-the loss with `env_mask`. Sampling applies the environment's action mask as the actors do; TRL's loss then
-takes log-probs over the whole vocabulary, where turnstream's learner applies the mask too.
+the loss with `env_mask`. Every open episode's turn is sampled in one batched `generate`, and the turn's
+environment steps are then awaited together (a slow tool's waits overlap) before the next turn is sampled.
+Sampling applies the environment's action mask as the actors do; TRL's loss then takes log-probs over the whole
+vocabulary, where turnstream's learner applies the mask too.
 
 Every optimizer step appends one line to <out>/learner.jsonl with the keys turnstream's learner writes that
 the benchmarks read (episodes, return_mean, tokens, action_tokens, step_s, time, ...), plus the generation
-seconds and tokens, so both systems' runs are read and summarised by the same code. The run stops itself
+seconds and tokens and `first_sample_at`, the wall-clock time of the run's first `generate` call (the start of
+its warm clock), so both systems' runs are read and summarised by the same code. The run stops itself
 once the rolling success over `window` episodes reaches `target`, or after `max_steps` steps.
 """
 from __future__ import annotations
@@ -47,9 +50,21 @@ class TrlRunSpec:
     target: float = 0.9  # the rolling success that stops the run
     max_steps: int = 100_000  # optimizer steps at most (the caller's time cap stops it sooner)
     torch_threads: int = 0  # 0: torch's default (the CPUs the process may run on)
+    bf16: bool = False  # learner.precision = bf16: bf16 autocast over fp32 master weights (TRL's `bf16`)
 
 
 # ---- playing a batch of episodes ------------------------------------------------------------------------
+
+class SampleClock:
+    """The wall-clock time of the run's first generate call: where its warm clock starts."""
+
+    def __init__(self):
+        self.first: float | None = None
+
+    def mark(self) -> None:
+        if self.first is None:
+            self.first = time.time()
+
 
 @dataclass
 class Played:
@@ -104,14 +119,14 @@ def sample_turn(model, contexts: list[list[int]], max_tokens: int, allowed: list
     return replies
 
 
-async def play_batch(model, chat, make_env, seeds: list[int], spec: TrlRunSpec) -> list[Played]:
-    """Play one episode per seed, every open episode's turn sampled in one batch; the environment steps and the
-    chat tokens are the actors' (actors/play/env_loop.py)."""
+async def play_batch(model, chat, make_env, seeds: list[int], spec: TrlRunSpec,
+                     clock: SampleClock | None = None) -> list[Played]:
+    """Play one episode per seed, every open episode's turn sampled in one batch and the turn's environment
+    steps awaited together; the environment steps and the chat tokens are the actors' (actors/play/env_loop.py)."""
     envs = [make_env() for _ in seeds]
     played, contexts = [], []
-    for env, seed in zip(envs, seeds):
-        reset = await env.reset(seed)
-        first = chat.first_turn(reset.observation)
+    for reset in await asyncio.gather(*(env.reset(seed) for env, seed in zip(envs, seeds))):
+        first = chat.first_turn(reset.observation, reset.system)
         played.append(Played(prompt_ids=first))
         contexts.append(list(first))
     env0 = envs[0]
@@ -120,16 +135,18 @@ async def play_batch(model, chat, make_env, seeds: list[int], spec: TrlRunSpec) 
     open_ = [i for i in range(len(seeds)) if len(contexts[i]) + max_tokens <= spec.max_context_tokens]
     turn = 0
     while open_ and not (spec.max_turns and turn >= spec.max_turns):
+        if clock is not None:
+            clock.mark()
         replies = sample_turn(model, [contexts[i] for i in open_], max_tokens, allowed, chat.end_of_turn_id,
                               pad_id=chat.end_of_turn_id, temperature=spec.temperature)
+        steps = await asyncio.gather(*(envs[i].step(chat.decode(ids)) for i, (ids, _) in zip(open_, replies)))
         still = []
-        for i, (ids, lps) in zip(open_, replies):
+        for i, (ids, lps), step in zip(open_, replies, steps):
             p = played[i]
             p.completion_ids += ids
             p.env_mask += [1] * len(ids)
             p.logprobs += lps
             contexts[i] += ids
-            step = await envs[i].step(chat.decode(ids))
             p.episode_return += step.reward
             if step.done:
                 p.success = bool((step.info or {}).get("success", step.reward > 0))
@@ -144,8 +161,7 @@ async def play_batch(model, chat, make_env, seeds: list[int], spec: TrlRunSpec) 
             still.append(i)
         open_ = still
         turn += 1
-    for env in envs:
-        await env.close()
+    await asyncio.gather(*(env.close() for env in envs))
     return played
 
 
@@ -160,6 +176,7 @@ class StepLog:
         self.pending: dict = {}
         self.successes: list[bool] = []
         self.step = 0
+        self.clock = SampleClock()
 
     def rollout(self, played: list[Played], started: float, gen_s: float) -> None:
         self.successes += [p.success for p in played]
@@ -167,7 +184,8 @@ class StepLog:
             "episodes": len(played), "return_mean": sum(p.episode_return for p in played) / len(played),
             "success_mean": sum(p.success for p in played) / len(played),
             "tokens": sum(len(p.prompt_ids) + len(p.completion_ids) for p in played),
-            "action_tokens": sum(sum(p.env_mask) for p in played), "step_started": started, "gen_s": gen_s}
+            "action_tokens": sum(sum(p.env_mask) for p in played), "step_started": started, "gen_s": gen_s,
+            "first_sample_at": self.clock.first}
 
     def step_end(self, logs: dict) -> bool:
         """Write the finished step; True once the rolling success reached the target."""
@@ -215,7 +233,7 @@ def run(spec: TrlRunSpec) -> Path:
         model = trainer.accelerator.unwrap_model(trainer.model)
         was_training = model.training
         model.eval()
-        played = asyncio.run(play_batch(model, chat, make_env, [int(p) for p in prompts], spec))
+        played = asyncio.run(play_batch(model, chat, make_env, [int(p) for p in prompts], spec, log.clock))
         model.train(was_training)
         log.rollout(played, started, time.time() - started)
         return {"prompt_ids": [p.prompt_ids for p in played], "completion_ids": [p.completion_ids for p in played],
@@ -231,7 +249,7 @@ def run(spec: TrlRunSpec) -> Path:
                 control.should_training_stop = True
 
     config = GRPOConfig(
-        output_dir=str(out / "trl"), use_cpu=True, seed=spec.seed, bf16=False,
+        output_dir=str(out / "trl"), use_cpu=True, seed=spec.seed, bf16=spec.bf16,
         per_device_train_batch_size=spec.batch_episodes, gradient_accumulation_steps=1,
         num_generations=spec.group_size, learning_rate=spec.lr, lr_scheduler_type="constant_with_warmup",
         warmup_steps=spec.warmup_steps, max_grad_norm=spec.max_grad_norm, temperature=spec.temperature,
