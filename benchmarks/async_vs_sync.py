@@ -254,6 +254,7 @@ def reset_server(url: str, model_dir: str, weights_dir: Path) -> None:
 
     from turnstream.learner.sync.disk import DiskWeightSync
     from turnstream.learner.weights.buckets import WeightBuckets
+    from turnstream.learner.weights.buckets import WeightBuckets
 
     state = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     sync = DiskWeightSync([url], weights_dir, model_dir)

@@ -86,6 +86,7 @@ async def _bench_size(url: str, model_dir: Path, out: Path, rounds: int, load_n:
     from turnstream.actors.inference.chat_tokens import ChatTokens
     from turnstream.learner.sync.disk import DiskWeightSync
     from turnstream.learner.weights.buckets import WeightBuckets
+    from turnstream.learner.weights.buckets import WeightBuckets
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     params = sum(p.numel() for p in model.parameters())

@@ -17,8 +17,8 @@ from turnstream.learner.checkpoint import store
 from turnstream.learner.checkpoint.layout import tmp_name
 from turnstream.learner.parallel.ranks import broadcast
 from turnstream.learner.weights.buckets import WeightBuckets
-from turnstream.learner.sync.disk import write_source_rows
 from turnstream.learner.sync.probe import model_logprobs
+from turnstream.learner.weights.files import write_files
 
 log = logging.getLogger("turnstream.learner")
 
@@ -82,7 +82,7 @@ def follow(cfg: Config, trainer) -> None:
     rank, world = trainer.rank, trainer.world
     while (order := broadcast(None, rank, world)) is not None:
         if isinstance(order, Push) and order.directory is not None:
-            write_source_rows(order.directory, trainer.weight_buckets(order.dtype, order.bucket_bytes))
+            write_files(order.directory, trainer.weight_buckets(order.dtype, order.bucket_bytes))
         elif isinstance(order, Push):
             trainer.weight_buckets(order.dtype, order.bucket_bytes).finish()
         elif isinstance(order, Probe):

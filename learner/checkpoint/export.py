@@ -20,7 +20,7 @@ from turnstream.learner.checkpoint import layout, sharded
 from turnstream.learner.device import model_dtype
 from turnstream.learner.lora import merge
 from turnstream.learner.weights.buckets import TensorSpec, plan
-from turnstream.learner.sync.disk import ST_DTYPES, write_shards
+from turnstream.learner.weights.files import ST_DTYPES, write_shards
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

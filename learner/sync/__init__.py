@@ -10,8 +10,9 @@ The backends differ only in the transfer, and one is chosen once, from the confi
   workers (`backend = "nccl"` with `master_address` and `master_port`);
 - lora.py: with `[learner.lora]` pushing adapters, the adapters alone, loaded by every server as a LoRA
   adapter, whatever backend full weights use.
-What a push carries is source.py's (the policy's tensors, LoRA's adapters or merged weights), read bucket by
-bucket by buckets.py (`learner.push_bucket_mb`). learner/WEIGHT_SYNC.md describes the whole.
+What a push carries is learner/weights/'s: the policy's tensors, LoRA's adapters or merged weights (source.py),
+read bucket by bucket (buckets.py, `learner.push_bucket_mb`) and written as safetensors files (files.py).
+learner/WEIGHT_SYNC.md describes the whole.
 
 After a push, verify.py checks that each server serves the pushed weights (probe.py: a fixed probe's log-probs,
 the server's against the learner's); one that does not is relabelled outside the staleness bound, so actors skip
@@ -23,5 +24,6 @@ brings it to the latest version as soon as it answers `/health` again. Actors do
 while its version is outside the staleness bound (actors/inference/fleet.py).
 
 Used by learner/serve.py: `save(weights, version) -> path`, `await push(path, version, expected)`,
-`await set_version(version)`; `weights` is a state dict or, from the learner, a WeightBuckets source.
+`await set_version(version)`; `weights` is a WeightBuckets source (a state dict as it is: `WeightBuckets(state,
+None)`), which every backend reads the same way.
 """

@@ -17,6 +17,7 @@ from turnstream.protocol.http_links import silent_peer_connector
 
 if TYPE_CHECKING:
     from turnstream.learner.sync.verify import Expected, PushVerifier
+    from turnstream.learner.weights.buckets import WeightBuckets
 
 log = logging.getLogger("turnstream.learner")
 
@@ -49,9 +50,10 @@ class WeightSync(ABC):
     # ---- to implement ------------------------------------------------------------------------------
 
     @abstractmethod
-    def save(self, state_dict: dict, version: int) -> Any:
-        """Make the weights ready to push (a state dict, or the learner's WeightBuckets source); returns what
-        `push` takes, which the learner also announces as the weights' location."""
+    def save(self, weights: WeightBuckets, version: int) -> Any:
+        """Make the weights ready to push (read bucket by bucket, learner/weights/buckets.py; a state dict is
+        `WeightBuckets(state, None)`, one bucket as it is); returns what `push` takes, which the learner also
+        announces as the weights' location."""
 
     @abstractmethod
     async def _transfer(self, session: aiohttp.ClientSession, urls: list[str], payload: Any, version: int) -> None:

@@ -9,7 +9,7 @@ resume, the same control flow and version labels as the full-weight backends (le
 and loads it where the server does not hold it yet (a first push, a restarted server's re-sync).
 
 The servers need vLLM's runtime adapter loading: `--enable-lora --max-lora-rank R` and
-`VLLM_ALLOW_RUNTIME_LORA_UPDATING=1` (turnstream/vllm_server.py adds them when `[learner.lora]` is set). A
+`VLLM_ALLOW_RUNTIME_LORA_UPDATING=1` (turnstream/launch/vllm_server.py adds them when `[learner.lora]` is set). A
 server without it answers 404 (no route) or 400; the push then fails with that hint, and
 `learner.lora.push = "merged"` pushes full merged weights through the configured backend instead.
 """
@@ -43,15 +43,14 @@ class LoraAdapterSync(DiskWeightSync):
         self.lora = lora
         self.last_bytes = 0  # bytes of tensors in the last adapter saved (benchmarks/lora_push.py reads it)
 
-    def save(self, weights: dict | WeightBuckets, version: int) -> Path:
-        """The adapter directory of `version`; `weights` (a state dict, or the trainer's push source) holds the
-        adapters, under the model's names or the PEFT file's, and possibly more, which is left out. Adapters
-        are small: a sharded source's buckets are gathered whole before the file is written."""
+    def save(self, weights: WeightBuckets, version: int) -> Path:
+        """The adapter directory of `version`; `weights` holds the adapters, under the model's names or the PEFT
+        file's, and possibly more, which is left out. Adapters are small: a sharded source's buckets are
+        gathered whole before the file is written."""
         try:
             tensors = {name: t.detach() for name, t in weights.items()}
         finally:
-            if isinstance(weights, WeightBuckets):
-                weights.finish()  # the other ranks gather with us to the end, whatever happens here
+            weights.finish()  # a sharded source: the other ranks gather with us to the end, whatever happens here
         if any(is_adapter(k) for k in tensors):
             tensors = adapter_tensors(tensors)
         if not tensors:

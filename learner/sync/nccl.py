@@ -99,9 +99,9 @@ class NcclWeightSync(WeightSync):
         self.members: list[str] | None = None  # servers in the current group; None: no group
         self.groups_built = 0
 
-    def save(self, weights: dict | WeightBuckets, version: int) -> NcclPayload:
+    def save(self, weights: WeightBuckets, version: int) -> NcclPayload:
         # Nothing is written: the broadcast reads the learner's tensors during push(), before the next step.
-        return NcclPayload(version, weights if isinstance(weights, WeightBuckets) else WeightBuckets(weights, None))
+        return NcclPayload(version, weights)
 
     async def _build_group(self, session: aiohttp.ClientSession, urls: list[str]) -> None:
         await self._teardown(session)

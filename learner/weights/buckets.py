@@ -6,7 +6,7 @@ most `bucket_bytes` (a tensor larger than that is a bucket of its own). Under fs
 the same buckets in the same order and holds one bucket of full tensors at a time; rank 0 hands each bucket
 to the nccl backend, which broadcasts it, and drops it before the next is gathered. The disk backend gathers
 nothing: each rank writes the rows of its shards straight into the bucket's safetensors file
-(`rows_to_write`, learner/sync/disk.py). The names, shapes and dtypes of every tensor are known before
+(`rows_to_write`, learner/weights/files.py). The names, shapes and dtypes of every tensor are known before
 any is gathered (the nccl backend announces them to the servers first).
 
 A sharded source can be read once (its gathers are collectives that the other ranks join when rank 0
@@ -95,7 +95,7 @@ class WeightBuckets:
 
     def rows_to_write(self, directory: Path) -> list[list[tuple[TensorSpec, torch.Tensor]]]:
         """Sharded, for the disk backend: instead of gathers, every rank writes its own rows of each tensor into
-        the bucket files in `directory` (learner/sync/disk.py, write_source_rows). Announced to the other
+        the bucket files in `directory` (learner/weights/files.py, write_files). Announced to the other
         ranks by rank 0; returns each bucket's specs with the tensors (shards) to write."""
         self._start(directory)
         self._read_to_end = True

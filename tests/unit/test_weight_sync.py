@@ -13,6 +13,7 @@ from turnstream.learner.sync.base import WeightSyncError
 
 from turnstream.learner.sync.disk import DiskWeightSync
 from turnstream.learner.weights.buckets import WeightBuckets
+from turnstream.learner.weights.buckets import WeightBuckets
 
 from turnstream.learner.sync.nccl import NcclWeightSync
 from tests.unit.fake_vllm import FakeVllm
@@ -274,3 +275,25 @@ def test_push_overlaps_training_only_where_it_is_safe(overrides, overlaps):
 
     cfg = load_config(None, ["vllm.urls=['http://127.0.0.1:9']", *overrides])
     assert push_overlaps_training(cfg) is overlaps
+
+
+def test_every_backend_saves_one_type():
+    """save() takes a WeightBuckets source whatever the backend (a state dict is one bucket of it): the caller
+    builds it once, and no backend tells a dict from a source."""
+    import inspect
+
+    from turnstream.learner.sync.base import WeightSync
+    from turnstream.learner.sync.lora import LoraAdapterSync
+
+    for backend in (WeightSync, DiskWeightSync, LoraAdapterSync, NcclWeightSync):
+        assert str(inspect.signature(backend.save).parameters["weights"].annotation) == "WeightBuckets", backend
+
+
+def test_a_state_dict_is_pushed_as_one_bucket_of_its_tensors(tmp_path):
+    from safetensors.torch import load_file
+
+    state = _state()
+    path = DiskWeightSync([], tmp_path / "w", tmp_path).save(WeightBuckets(state, None), 2)
+    assert sorted(p.name for p in path.glob("*.safetensors")) == ["model.safetensors"]
+    written = load_file(path / "model.safetensors")
+    assert written.keys() == state.keys() and all(torch.equal(written[k], state[k]) for k in state)
