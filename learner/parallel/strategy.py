@@ -1,7 +1,8 @@
 """The parallel strategy of a Trainer: one process, DDP or FSDP2, chosen once when the Trainer is built
 (`strategy_for`). It is everything that differs between them: where the network's parameters live, the network
-that takes gradients, when gradients are reduced over ranks, how many forwards a rank runs, how the weights of
-a push are read, and how a checkpoint's optimizer and critic state go back into the network.
+that takes gradients, when gradients are reduced over ranks and how the loss is scaled for it, how many forwards
+a rank runs, how the weights of a push are read, the format its checkpoints are written in, and how a
+checkpoint's optimizer and critic state go back into the network.
 
 Data parallel in every form: every rank holds the same batch and computes the same advantages; micro-batches
 are dealt round-robin over ranks and gradients are summed across ranks. Because the loss carries batch-global
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 from turnstream.core.config_lora import LoraSection
+from turnstream.learner.checkpoint.formats import CheckpointFormat
 from turnstream.learner.device import Placement
 from turnstream.learner.parallel.ranks import sum_over_ranks
 from turnstream.learner.weights.buckets import WeightBuckets
@@ -30,8 +32,9 @@ class ParallelStrategy(ABC):
     # whether reading a push's weights is a collective every rank joins (then it must not interleave with a step)
     collective_push = False
 
-    def __init__(self, where: Placement, rank: int, world: int):
+    def __init__(self, where: Placement, rank: int, world: int, checkpoint_format: CheckpointFormat):
         self.where, self.rank, self.world = where, rank, world
+        self.checkpoint_format = checkpoint_format  # how its checkpoints are written (learner/checkpoint/formats.py)
 
     @property
     def device(self) -> torch.device:
@@ -59,6 +62,13 @@ class ParallelStrategy(ABC):
         """The context of a micro-batch's forward and backward in a pass whose gradient reaches the critic's
         `params` alone (episodes served to the critic alone); `last`: the rank's last of the pass."""
         return self.gradient_sync(train_net, last)
+
+    def backward(self, loss: torch.Tensor, own: bool) -> None:
+        """The backward of a micro-batch's loss; `own`: the micro-batch is this rank's share, not the stand-in of
+        an idle rank (which adds no gradient). The reduction over ranks averages the gradients (DDP's all-reduce,
+        FSDP2's reduce-scatter), while the loss's aggregation weights already divide by the global count
+        (learner/step/objective.py): the loss is scaled by the number of ranks to undo the average."""
+        (loss * (self.world if own else 0.0)).backward()
 
     def forwards(self, groups: int, mine: int) -> int:
         """How many forwards this rank runs over `groups` micro-batches, `mine` of them its own."""

@@ -180,7 +180,7 @@ class Trainer:
                 if x.values_from_forward and own:
                     fill_values(self.cfg, self.tracker, x, mb, values)
                 loss, part = value_term(self.cfg, x, mb, values, weights)
-                (loss * (self.world if own else 0.0)).backward()
+                self.parallel.backward(loss, own)
             if own:
                 parts.add(part)
         norm = self.parallel.clip_grad_norm(params, self.cfg.max_grad_norm)
@@ -200,8 +200,7 @@ class Trainer:
         logp, entropy = self._logprobs(logits, x.tb, mb, x.allowed)
         prox = proximal_logp(x, mb, logp, keep=own)
         loss, stats = microbatch_loss(self.cfg, x, mb, logp, entropy, prox, values, weights)
-        # DDP averages over ranks; the weights already divide by the global count, so undo the average
-        (loss * (self.world if own else 0.0)).backward()
+        self.parallel.backward(loss, own)
         return stats
 
     def _step_kl(self, x: StepInputs, every_episode: bool) -> tuple[torch.Tensor, float]:
