@@ -2,8 +2,9 @@
 
     main.py         the actor process (`turnstream actor`)
     play/           playing episodes: the slots, the episode players, the OpenAI-compatible endpoint
-    envs/           environments: shipped tasks, test probes, remote (HTTP), library adapters
-    environment.py  the Environment interface; registry.py its names (built-ins, then entry points)
+    envs/           environments: their names (registry.py: built-ins, then entry points), shipped tasks, test
+                    probes, remote (HTTP), library adapters
+    environment.py  the Environment interface
     inference/      sampling from vLLM: one request, the fleet of servers, chat-template tokens
     tasks/          which task each episode plays: orders, groups, SPO's curriculum, position, held-out split
     evaluation.py   rounds of held-out episodes, never streamed

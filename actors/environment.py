@@ -20,7 +20,7 @@ and its own win. A call past its limit abandons the episode as an `EnvError` of 
 (actors/envs/guard/). Under env.isolation = "process" the environment runs in a worker process, so every
 attribute the loop reads must be plain data (numbers, strings, lists), and so must `Step.info`.
 
-Names are looked up in actors/registry.py (these built-ins, then the entry points of other packages).
+Names are looked up in actors/envs/registry.py (these built-ins, then the entry points of other packages).
 """
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ def judge(policy_dir: Path, initial, chat, games: int, temperature: float) -> Co
     import torch
     from transformers import AutoModelForCausalLM
 
-    from turnstream.actors.registry import make_env
+    from turnstream.actors.envs.registry import make_env
 
     policy = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).eval()
     torch.manual_seed(0)

@@ -38,7 +38,7 @@ async def task_success(url: str, model_dir: str | Path, task: WarmTask, episodes
     from turnstream.actors.play.context import PlayContext, Sampling
     from turnstream.actors.play.env_loop import EnvironmentLoop
     from turnstream.actors.play.player import Episode
-    from turnstream.actors.registry import make_env
+    from turnstream.actors.envs.registry import make_env
 
     cfg = load_config(None, task.actor_settings())
     a = cfg.actor

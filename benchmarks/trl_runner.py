@@ -209,7 +209,7 @@ def run(spec: TrlRunSpec) -> Path:
     from trl import GRPOConfig, GRPOTrainer
 
     from turnstream.actors.inference.chat_tokens import ChatTokens
-    from turnstream.actors.registry import make_env as make_registered
+    from turnstream.actors.envs.registry import make_env as make_registered
 
     if spec.torch_threads:
         torch.set_num_threads(spec.torch_threads)

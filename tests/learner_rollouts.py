@@ -40,7 +40,7 @@ async def play_batch(env_name: str, env_args: dict, chat, sampler: TorchSampler,
     """Play one episode per seed in lockstep (one action token per turn); returns (episodes, successes)."""
     import numpy as np
 
-    from turnstream.actors.registry import make_env
+    from turnstream.actors.envs.registry import make_env
     from turnstream.buffer.store.episodes import Episode
     from turnstream.protocol.messages import TurnChunk
 

@@ -1,4 +1,4 @@
-"""Environments: the interface is actors/environment.py, the names are looked up in actors/registry.py.
+"""Environments: the interface is actors/environment.py, the names are looked up in actors/envs/registry.py.
 
     tasks/     the shipped environments: follow_signs (the demo), its longtail and latency variants, goal_walk,
                trail, sokoban, tictactoe, math_tool (with its sandbox); arithmetic and guess_number, free-text

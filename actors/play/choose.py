@@ -8,7 +8,7 @@ from turnstream.actors.envs.guard.hosts import host_for
 from turnstream.actors.envs.guard.settings import GuardSettings
 from turnstream.actors.play.env_loop import EnvironmentLoop
 from turnstream.actors.play.player import EpisodePlayer
-from turnstream.actors.registry import resolve
+from turnstream.actors.envs.registry import resolve
 
 log = logging.getLogger("turnstream.actor")
 

@@ -14,7 +14,7 @@ import torch
 from tests.learner_logprobs import action_logprobs
 from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.environment import Environment, Reset, Step
-from turnstream.actors.registry import make_env
+from turnstream.actors.envs.registry import make_env
 from turnstream.actors.tasks.orders import RandomOrder
 from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.inference.fleet import InferenceFleet

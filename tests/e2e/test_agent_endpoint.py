@@ -15,7 +15,7 @@ import torch
 from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.play.context import Sampling
-from turnstream.actors.registry import make_env
+from turnstream.actors.envs.registry import make_env
 from turnstream.actors.tasks.orders import RandomOrder
 from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.play.runner import EpisodeRunner

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import torch
 
-from turnstream.actors.registry import make_env
+from turnstream.actors.envs.registry import make_env
 from turnstream.buffer.store.episodes import Episode, flatten
 from turnstream.learner.batch import forward
 from turnstream.learner.batch.tensors import logprobs_from_action_logits, to_tensors

@@ -92,7 +92,7 @@ def test_every_module_imports_from_the_wheel_under_one_name(installed):
     assert not Path(report["file"]).is_relative_to(ROOT), "turnstream was imported from the checkout"
     for role in ROLES:
         assert f"turnstream.{role}" in report["modules"]
-    assert {"turnstream.learner.step.trainer", "turnstream.buffer.store.replay_store", "turnstream.actors.registry",
+    assert {"turnstream.learner.step.trainer", "turnstream.buffer.store.replay_store", "turnstream.actors.envs.registry",
             "turnstream.actors.envs.adapters.textarena_env", "turnstream.core.config"} <= set(report["modules"])
     assert report["shadowed"] == [], "bare top-level packages must not be installed"
     assert "turnstream.bench" not in report["modules"], "benchmarks stay in the checkout"

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from turnstream.actors.inference.chat_tokens import ChatTokens
-from turnstream.actors.registry import known_envs, make_env
+from turnstream.actors.envs.registry import known_envs, make_env
 from turnstream.actors.inference.client import InferenceError, parse_generation, parse_version
 
 

@@ -11,7 +11,7 @@ from turnstream.actors.environment import Environment, Reset, Step
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.play.context import Sampling
 from turnstream.actors.play.env_loop import EnvironmentLoop
-from turnstream.actors.registry import make_env
+from turnstream.actors.envs.registry import make_env
 from turnstream.actors.tasks.orders import Assignment, RandomOrder, SequentialOrder, make_order
 from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.play.runner import EpisodeRunner

@@ -7,7 +7,7 @@ import numpy as np
 
 from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.environment import EnvError, Environment, Reset, Step
-from turnstream.actors.registry import make_env
+from turnstream.actors.envs.registry import make_env
 from turnstream.actors.tasks.orders import RandomOrder
 from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.metrics import ActorMetrics

@@ -10,7 +10,7 @@ import pytest
 import reasoning_gym
 from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.environment import EnvError
-from turnstream.actors.registry import make_env
+from turnstream.actors.envs.registry import make_env
 from turnstream.actors.tasks.orders import RandomOrder
 from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.metrics import ActorMetrics

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from turnstream.actors.environment import Reset
-from turnstream.actors.registry import describe, known_envs, make_env
+from turnstream.actors.envs.registry import describe, known_envs, make_env
 from turnstream.actors.tasks.orders import make_order
 from turnstream.actors.envs.adapters.common import LibraryNotInstalled
 from turnstream.cli import main as cli_main
@@ -56,7 +56,7 @@ def test_a_missing_library_is_listed_and_fails_clearly(name, monkeypatch, capsys
 def test_a_plugin_that_fails_to_load_does_not_break_the_listing(monkeypatch, capsys):
     from importlib.metadata import EntryPoint
 
-    from turnstream.actors import registry
+    from turnstream.actors.envs import registry
 
     real = registry._entry_points()
     broken = EntryPoint("broken_plugin", "no_such_module_anywhere:Env", registry.ENTRY_POINT_GROUP)

@@ -11,7 +11,7 @@ import pytest
 import textarena as ta
 from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.environment import EnvError
-from turnstream.actors.registry import make_env
+from turnstream.actors.envs.registry import make_env
 from turnstream.actors.tasks.orders import RandomOrder, make_order
 from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.metrics import ActorMetrics

@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks.envs import ENVIRONMENTS, PhaseResult, format_table, main, phases, summary
 from turnstream.core.configtools import ConfigError
-from turnstream.actors.registry import make_env
+from turnstream.actors.envs.registry import make_env
 
 
 def test_every_probe_the_bench_plays_is_registered_with_its_args():

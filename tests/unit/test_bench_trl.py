@@ -12,7 +12,7 @@ from benchmarks.trl_runner import Played, TrlRunSpec, play_batch
 
 
 def _goal_walk():
-    from turnstream.actors.registry import make_env
+    from turnstream.actors.envs.registry import make_env
 
     return make_env("goal_walk")
 
@@ -126,7 +126,7 @@ class _ConcurrencyProbe:
     most = 0
 
     def __init__(self):
-        from turnstream.actors.registry import make_env
+        from turnstream.actors.envs.registry import make_env
 
         self.inner = make_env("follow_signs", junctions=[2])
         self.action_tokens, self.max_action_tokens = self.inner.action_tokens, self.inner.max_action_tokens

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from turnstream.actors.inference.chat_tokens import ChatTokens
-from turnstream.actors.registry import make_env
+from turnstream.actors.envs.registry import make_env
 from turnstream.actors.tasks.orders import RandomOrder
 from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.metrics import ActorMetrics

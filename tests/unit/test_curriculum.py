@@ -17,7 +17,7 @@ from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.play.context import Sampling
 from turnstream.actors.play.env_loop import EnvironmentLoop
-from turnstream.actors.registry import make_env
+from turnstream.actors.envs.registry import make_env
 from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.core.config import ConfigError, load_config
 from turnstream.learner.serve import changed_values

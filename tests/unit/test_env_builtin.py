@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from turnstream.actors.registry import known_envs, make_env
+from turnstream.actors.envs.registry import known_envs, make_env
 from turnstream.actors.envs import sokoban
 from turnstream.actors.envs.tasks.math_tool import parse_action
 from turnstream.actors.envs.tasks.sandbox import evaluate

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.environment import EnvError
-from turnstream.actors.registry import make_env
+from turnstream.actors.envs.registry import make_env
 from turnstream.actors.tasks.orders import RandomOrder
 from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.envs.remote.http_env import close_sessions

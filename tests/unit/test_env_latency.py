@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from turnstream.actors.registry import known_envs, make_env
+from turnstream.actors.envs.registry import known_envs, make_env
 
 
 def _env(**kwargs):

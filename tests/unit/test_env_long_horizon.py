@@ -12,7 +12,7 @@ from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.play.context import Sampling
 from turnstream.actors.play.env_loop import EnvironmentLoop
-from turnstream.actors.registry import describe, known_envs, make_env
+from turnstream.actors.envs.registry import describe, known_envs, make_env
 from turnstream.actors.tasks.orders import RandomOrder
 from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.play.runner import EpisodeRunner

@@ -13,7 +13,7 @@ from turnstream.actors.evaluation import Evaluator, round_plan
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.play.context import Sampling
 from turnstream.actors.play.env_loop import EnvironmentLoop
-from turnstream.actors.registry import make_env
+from turnstream.actors.envs.registry import make_env
 from turnstream.actors.tasks.eval_split import split_tasks
 from turnstream.actors.tasks.orders import RandomOrder, make_order
 from turnstream.actors.tasks.source import TaskSource

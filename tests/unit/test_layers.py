@@ -2,7 +2,9 @@
 
 ground (turnstream.core) <- protocol <- roles (actors, buffer, learner) <- roof (turnstream's own modules:
 CLI, launcher, demo, reports). A module imports only from its own layer or below, a
-role never imports another role, and no import cycle exists anywhere.
+role never imports another role, and no import cycle exists anywhere: neither between modules nor between the
+parts of a role (its sub-packages and its top-level modules), so that each part can be read below the ones
+that use it.
 """
 from __future__ import annotations
 
@@ -90,31 +92,74 @@ def test_the_package_root_holds_only_the_version():
     assert GRAPH["turnstream"] == set()
 
 
-def test_no_import_cycles():
-    """Depth-first search; any back edge is a cycle, named module by module."""
+def cycles(graph: dict) -> list[list[str]]:
+    """Depth-first search of `graph` (node -> the nodes it imports); each back edge is a cycle, node by node."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     path: list[str] = []
-    cycles: list[str] = []
+    found: list[list[str]] = []
 
-    def visit(module: str) -> None:
-        state[module] = 1
-        path.append(module)
-        for target in sorted(GRAPH[module]):
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph.get(node, ())):
             if state.get(target) == 1:
-                cycles.append(" -> ".join(path[path.index(target):] + [target]))
+                found.append(path[path.index(target):] + [target])
             elif target not in state:
                 visit(target)
         path.pop()
-        state[module] = 2
+        state[node] = 2
 
-    for module in sorted(GRAPH):
-        if module not in state:
-            visit(module)
-    assert not cycles, "\n".join(cycles)
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles():
+    found = cycles(GRAPH)
+    assert not found, "\n".join(" -> ".join(loop) for loop in found)
+
+
+def part_of_role(module: str) -> tuple[str, str] | None:
+    """(role, part) for a module inside a role: the sub-package it lies in, or the top-level module it is."""
+    for role in ROLES:
+        if module.startswith(role + "."):
+            first = module[len(role) + 1:].split(".")[0]
+            return role, f"{role}.{first}"
+    return None
+
+
+def part_graph() -> dict[str, dict[str, tuple[str, str]]]:
+    """part -> {part it imports: (one importing module, the module it imports)}, within each role."""
+    parts: dict[str, dict[str, tuple[str, str]]] = {}
+    for module, targets in GRAPH.items():
+        mine = part_of_role(module)
+        if mine is None:
+            continue
+        edges = parts.setdefault(mine[1], {})
+        for target in sorted(targets):
+            theirs = part_of_role(target)
+            if theirs is not None and theirs[0] == mine[0] and theirs[1] != mine[1]:
+                edges.setdefault(theirs[1], (module, target))
+    return parts
+
+
+def test_no_import_cycles_between_the_parts_of_a_role():
+    """A cycle between two sub-packages (or a sub-package and a top-level module) of one role, each edge named
+    by one import that makes it: the shared piece belongs below both."""
+    parts = part_graph()
+    found = cycles(parts)
+    named = ["; ".join(f"{a} -> {b} ({' imports '.join(parts[a][b])})" for a, b in zip(loop, loop[1:]))
+             for loop in found]
+    assert not found, "\n".join(named)
 
 
 def test_the_checker_sees_what_it_checks():
     # the graph must be read from the real tree: a role, its imports of protocol, and local imports
-    assert "turnstream.buffer.store.replay_store" in GRAPH and "turnstream.actors.registry" in GRAPH
+    assert "turnstream.buffer.store.replay_store" in GRAPH and "turnstream.actors.envs.registry" in GRAPH
     assert any(t.startswith("turnstream.protocol") for t in GRAPH["turnstream.buffer.server"])
-    assert "turnstream.actors.envs" in GRAPH["turnstream.actors.registry"]
+    assert "turnstream.actors.envs" in GRAPH["turnstream.actors.envs.registry"]
+    # the parts of a role: sub-packages and top-level modules, with the imports between them
+    parts = part_graph()
+    assert "turnstream.learner.step" in parts["turnstream.learner.main"]
+    assert "turnstream.learner.parallel" in parts["turnstream.learner.step"]

@@ -18,7 +18,7 @@ from turnstream.actors.play.context import Sampling
 from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.play.endpoint.chat_format import (BadRequest, Message, parse_request, parse_tool_calls, render,
                                            tool_call_constraint)
-from turnstream.actors.registry import make_env
+from turnstream.actors.envs.registry import make_env
 from turnstream.actors.tasks.orders import RandomOrder
 from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.play.runner import EpisodeRunner

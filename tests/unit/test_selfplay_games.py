@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from turnstream.actors.environment import Step
 from turnstream.actors.inference.chat_tokens import ChatTokens
-from turnstream.actors.registry import make_env
+from turnstream.actors.envs.registry import make_env
 from benchmarks.selfplay_games import OUTCOMES, outcome_of, play_games
 
 

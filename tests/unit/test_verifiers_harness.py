@@ -19,7 +19,7 @@ from tests.helpers import until
 from turnstream.actors.play.endpoint.address import EndpointAddress
 from turnstream.actors.play.player import Episode
 from turnstream.actors.play.verifiers.harness import shared_harness
-from turnstream.actors.registry import make_env
+from turnstream.actors.envs.registry import make_env
 from turnstream.core.configtools import ConfigError
 
 HARNESS_PYTHON = Path(__file__).resolve().parents[2] / ".venv-verifiers" / "bin" / "python"

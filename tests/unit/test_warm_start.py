@@ -14,7 +14,7 @@ from turnstream.actors.metrics import ActorMetrics
 from turnstream.actors.play.context import Sampling
 from turnstream.actors.play.env_loop import EnvironmentLoop
 from turnstream.actors.play.runner import EpisodeRunner
-from turnstream.actors.registry import make_env
+from turnstream.actors.envs.registry import make_env
 from turnstream.actors.tasks.orders import RandomOrder
 from turnstream.actors.tasks.source import TaskSource
 from turnstream.cli import main as cli_main

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from turnstream.actors.inference.chat_tokens import ChatTokens
-from turnstream.actors.registry import make_env
+from turnstream.actors.envs.registry import make_env
 from turnstream.core.config import Config
 from turnstream.core.configtools import ConfigError
 from turnstream.sft.run import context_limit, warm_start

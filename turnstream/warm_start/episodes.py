@@ -12,7 +12,7 @@ import asyncio
 import random
 from dataclasses import dataclass, field
 
-from turnstream.actors.registry import make_env
+from turnstream.actors.envs.registry import make_env
 from turnstream.warm_start.solvers import SOLVERS
 
 

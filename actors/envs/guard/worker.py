@@ -24,7 +24,7 @@ import traceback
 
 from turnstream.actors.environment import EnvError, Environment
 from turnstream.actors.envs.guard.wire import EnvAttributes, SyncWire, reset_to_wire, step_to_wire
-from turnstream.actors.registry import resolve
+from turnstream.actors.envs.registry import resolve
 
 PR_SET_PDEATHSIG = 1
 

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from turnstream.actors.environment import Environment
 
-from turnstream.actors.registry import make_env
+from turnstream.actors.envs.registry import make_env
 
 
 def make_app(*, delay_s: float = 0.0, fail_every: int = 0, max_envs: int = 4096) -> web.Application:

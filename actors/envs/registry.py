@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import sys
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import turnstream.actors.envs  # noqa: F401  (registers the shipped environments)
-from turnstream.actors.environment import REGISTERED, Environment
+from turnstream.actors.environment import REGISTERED
 
-if TYPE_CHECKING:  # the players pull in the tokenizer and the wire schema: `turnstream envs` needs neither
-    from turnstream.actors.play.player import EpisodePlayer
+# What a name stands for: a factory of an `Environment`, or an `EpisodePlayer` class (actors/play/player.py).
+# Typed as `object` here: environments sit below the players that play them, and play/choose.py tells them apart.
+Factory = Callable[..., object]
 
 ENTRY_POINT_GROUP = "turnstream.environments"
 
@@ -28,7 +29,7 @@ def _entry_points() -> dict[str, object]:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def resolve(name: str) -> Callable[..., "Environment | EpisodePlayer"]:
+def resolve(name: str) -> Factory:
     """The factory for `name`: built-ins first (a plugin cannot shadow a shipped environment)."""
     if name in REGISTERED:
         return REGISTERED[name]
@@ -43,7 +44,7 @@ def resolve(name: str) -> Callable[..., "Environment | EpisodePlayer"]:
     return factory
 
 
-def make_env(name: str, /, **kwargs) -> "Environment | EpisodePlayer":
+def make_env(name: str, /, **kwargs) -> object:
     return resolve(name)(**kwargs)
 
 
