@@ -1,19 +1,19 @@
 """Rank 0 of the learner: batches in from the buffer, each trained version out to the vLLM servers (weight
-sync), then to the buffer and actors (a version announcement on the PUB), then into the step's log line."""
+sync), then to the buffer and actors (a version announcement on the PUB). The loop tells its helpers (the
+record, the audit, the periodic checkpoints, the metrics, the step's log line, the trackers) what happened
+through typed events (learner/events.py), and runs under the role's lifecycle beside its background tasks
+(protocol/role_process.py): one that fails stops the learner with its error."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
 
 import zmq
 import zmq.asyncio
 
-from turnstream.core.audit import open_audit
 from turnstream.core.config import Config
 from turnstream.core.urls_file import watch_urls_file
 from turnstream.learner.batch_client import BatchClient
@@ -21,12 +21,14 @@ from turnstream.learner.checkpoint.layout import latest, version_of
 from turnstream.learner.device import served_dtype
 from turnstream.learner.metrics import LearnerMetrics
 from turnstream.learner.parallel.ranks import broadcast
-from turnstream.learner.record.writer import StepRecorder, generator_state
-from turnstream.learner.rank_commands import probe_logprobs, push_source, save_checkpoint as write_checkpoint
+from turnstream.learner.events import LearnerStopped, Listeners, StepTrained, VersionPublished, VersionSaved
+from turnstream.learner.listeners import listeners_for, save_checkpoint
+from turnstream.learner.record.writer import generator_state
+from turnstream.learner.rank_commands import probe_logprobs, push_source
 from turnstream.learner.sync.base import WeightSync, WeightSyncError
 from turnstream.learner.sync.factory import verifier_from_config, weight_sync_from_config
 from turnstream.learner.sync.verify import Expected
-from turnstream.learner.trackers import Trackers, open_trackers
+from turnstream.learner.trackers import open_trackers
 from turnstream.learner.step.trainer import NothingToTrain, Trainer
 from turnstream.protocol.auth import (count_refusals, keys_for, make_server, refusal_counter, refusal_monitor,
                                       start_authenticator)
@@ -40,7 +42,8 @@ log = logging.getLogger("turnstream.learner")
 
 @dataclass
 class Endpoints:
-    """The learner's sockets: version PUB, buffer client."""
+    """The learner's sockets: version PUB, buffer client; `refusals` counts refused subscribers (CURVE), a
+    background task of the role's (RoleProcess.run stops it)."""
     ctx: zmq.asyncio.Context
     pub: zmq.asyncio.Socket
     batches: BatchClient
@@ -48,8 +51,6 @@ class Endpoints:
     refusals: asyncio.Task | None
 
     async def close(self) -> None:
-        if self.refusals is not None:
-            self.refusals.cancel()
         if self.authenticator is not None:
             self.authenticator.stop()
         self.ctx.destroy(linger=0)
@@ -66,23 +67,35 @@ def open_endpoints(cfg: Config, metrics: LearnerMetrics) -> Endpoints:
         make_server(pub, curve)
         # refused subscribers are counted (and logged sparingly), as the buffer counts refused peers
         refusals = asyncio.create_task(count_refusals(
-            refusal_monitor(pub), refusal_counter(metrics.auth_failures, "pub", log)))
+            refusal_monitor(pub), refusal_counter(metrics.auth_failures, "pub", log)), name="refusal counter")
     pub.bind(bind_address(net.listen_host, net.learner_pub_port))
     batches = BatchClient(ctx, bind_address(net.buffer_address, net.buffer_serve_port), net.max_message_bytes, curve)
     return Endpoints(ctx, pub, batches, authenticator, refusals)
 
 
+def background_tasks(cfg: Config, sync: WeightSync, endpoints: Endpoints) -> list[asyncio.Task]:
+    """What runs beside the loop for as long as it does: the weight-sync watcher (re-syncs servers that missed a
+    push once they answer again), the servers' list file, the refusal counter."""
+    tasks = [asyncio.create_task(sync.watch(), name="weight-sync watcher")]
+    if cfg.vllm.urls_file:
+        tasks.append(asyncio.create_task(watch_urls_file(Path(cfg.vllm.urls_file), sync.set_urls,
+                                                         cfg.vllm.health_interval_s), name="vllm.urls_file watcher"))
+    if endpoints.refusals is not None:
+        tasks.append(endpoints.refusals)
+    return tasks
+
+
 @dataclass
 class Publisher:
-    """Each trained version, in order: pushed into the servers, then announced, then its line logged. With
-    `overlap` the push runs while the next step trains; there is still only one push at a time."""
+    """Each trained version, in order: pushed into the servers, then announced, then heard by the listeners
+    (VersionPublished: the step's metrics, log line, trackers). With `overlap` the push runs while the next step
+    trains; there is still only one push at a time."""
     sync: WeightSync
     pub: zmq.asyncio.Socket
     metrics: LearnerMetrics
-    log_file: TextIO
+    listeners: Listeners
     started: float
     overlap: bool
-    trackers: Trackers  # [logging] trackers: TensorBoard, W&B
     publishing: asyncio.Task | None = None
 
     async def submit(self, path, version: int, stats: dict, values: dict[str, float],
@@ -114,16 +127,7 @@ class Publisher:
                                                                  prompt_values=list(values.values()))))
         # push_started and step_started (wall clock) show in the log whether a push overlapped the next step
         stats.update(push_s=push_s, push_started=push_started, wall_s=time.monotonic() - self.started, time=time.time())
-        self.metrics.record(stats)
-        self.metrics.wait_seconds.observe(stats["wait_s"])
-        if push_s == push_s:  # not NaN
-            self.metrics.push_seconds.observe(push_s)
-        self.log_file.write(json.dumps(stats) + "\n")
-        self.log_file.flush()
-        self.trackers.step(stats)
-        log.info("step %d: return %.3f, loss %.4f, staleness max %d, step %.2fs, push %.2fs, wait %.2fs",
-                 stats["version"], stats["return_mean"], stats["policy_loss"], stats["staleness_max"],
-                 stats["step_s"], push_s, stats["wait_s"])
+        await self.listeners.emit(VersionPublished(version, stats))
 
 
 def push_overlaps_training(cfg: Config, collective_push: bool = False) -> bool:
@@ -142,7 +146,9 @@ def push_overlaps_training(cfg: Config, collective_push: bool = False) -> bool:
 
 
 async def serve(cfg: Config, trainer: Trainer, world: int, resumed_from: Path | None = None) -> None:
-    """`resumed_from`: the checkpoint the trainer was restored from, named in the record's start file."""
+    """`resumed_from`: the checkpoint the trainer was restored from, named in the record's start file. The loop
+    runs under the role's lifecycle beside its background tasks: a background task that fails stops the loop
+    as SIGTERM would, and its error is raised."""
     lc, run_dir = cfg.learner, Path(cfg.run.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     trackers = open_trackers(cfg)  # first: a missing tracker package exits before any push
@@ -163,25 +169,27 @@ async def serve(cfg: Config, trainer: Trainer, world: int, resumed_from: Path | 
                            health=lambda: {"version": trainer.version}) as role:
         log.info("learner: metrics port %d, %d vLLM server(s), %d rank(s), estimator %s", role.metrics_port,
                  len(cfg.vllm.urls), world, lc.estimator)
-        recorder = StepRecorder.start(cfg, trainer.version, world, resumed_from) if lc.record else None
-        await train_and_publish(cfg, trainer, world, sync, push_dtype, metrics, trackers, role.stop, recorder)
+        listeners = listeners_for(cfg, trainer, world, resumed_from, metrics, trackers)
+        endpoints = open_endpoints(cfg, metrics)
+        try:
+            loop = asyncio.create_task(train_and_publish(cfg, trainer, world, sync, push_dtype, metrics, endpoints,
+                                                         listeners, role.stop), name="learner loop")
+            await role.run(loop, background_tasks(cfg, sync, endpoints))
+        finally:
+            await endpoints.close()
 
 
-async def train_and_publish(cfg: Config, trainer: Trainer, world: int, sync, push_dtype, metrics: LearnerMetrics,
-                            trackers: Trackers, stop: asyncio.Event, recorder: StepRecorder | None = None) -> None:
+async def train_and_publish(cfg: Config, trainer: Trainer, world: int, sync: WeightSync, push_dtype,
+                            metrics: LearnerMetrics, endpoints: Endpoints, listeners: Listeners,
+                            stop: asyncio.Event) -> None:
     """Batch in, step, push and announce, until stopped or at learner.max_steps; then checkpoint and release
-    the other ranks. With a `recorder` (learner.record), each step's record is written while its weights are
-    saved, and is durable before the version is checkpointed, pushed or logged (learner/record/format.py)."""
-    lc, run_dir = cfg.learner, Path(cfg.run.run_dir)
-    endpoints = open_endpoints(cfg, metrics)
+    the other ranks. Each step is told to the `listeners` (learner/events.py): StepTrained once trained,
+    VersionSaved once its weights are saved and before its push, VersionPublished once announced; LearnerStopped
+    last."""
+    lc = cfg.learner
     await endpoints.pub.send_multipart(encode(VersionAnnouncement(trainer.version)))
-    audit = open_audit(run_dir, "learner")  # None unless TURNSTREAM_AUDIT=1 (tests/fault/)
-    background = [asyncio.create_task(sync.watch())]  # re-syncs servers that missed a push once they answer again
-    if cfg.vllm.urls_file:
-        background.append(asyncio.create_task(watch_urls_file(Path(cfg.vllm.urls_file), sync.set_urls,
-                                                              cfg.vllm.health_interval_s)))
-    publisher = Publisher(sync, endpoints.pub, metrics, (run_dir / "learner.jsonl").open("a"), time.monotonic(),
-                          push_overlaps_training(cfg, trainer.parallel.collective_push), trackers)
+    publisher = Publisher(sync, endpoints.pub, metrics, listeners, time.monotonic(),
+                          push_overlaps_training(cfg, trainer.parallel.collective_push))
     log.info("weight pushes %s the next step", "overlap" if publisher.overlap else "precede")
     try:
         while not stop.is_set() and not (lc.max_steps and trainer.version >= lc.max_steps):
@@ -191,43 +199,23 @@ async def train_and_publish(cfg: Config, trainer: Trainer, world: int, sync, pus
                 continue
             wait_s = time.monotonic() - waited
             step_started = time.time()
-            rng_before = generator_state(trainer.generator) if recorder is not None else b""
+            generator_before = generator_state(trainer.generator)
             stats = await train_on(trainer, batch, world, metrics)
             if stats is None:
                 continue
-            recording = None
-            if recorder is not None:  # written while the weights are saved; awaited before the version shows
-                recording = asyncio.create_task(asyncio.to_thread(recorder.write_step, trainer.version, batch,
-                                                                  rng_before, stats["step_s"]))
-            if audit is not None:  # before the checkpoint, so a checkpointed step always has its line
-                audit.write({"version": trainer.version, "batch_version": batch.learner_version,
-                             "episodes": list(batch.episode_ids), "prompt_keys": list(batch.prompt_keys),
-                             "tokens": [int(n) for n in batch.episode_offsets[1:] - batch.episode_offsets[:-1]],
-                             "staleness_max": stats["staleness_max"]})
+            await listeners.emit(StepTrained(trainer.version, batch, stats, generator_before))
             # disk: the weights are gathered and written here; nccl: gathered as the push broadcasts them
             path = await asyncio.to_thread(sync.save, push_source(cfg, trainer, push_dtype), trainer.version)
             expected = await expected_of(sync, trainer, push_dtype)  # before the next step changes the weights
-            if recording is not None:  # record_wait_s: what recording adds to the step's critical path
-                waited_record = time.monotonic()
-                written = await recording
-                stats.update(record_bytes=written.bytes, record_s=written.seconds,
-                             record_wait_s=time.monotonic() - waited_record)
-            if lc.checkpoint_every and trainer.version % lc.checkpoint_every == 0:
-                stats["checkpoint_s"] = await save_checkpoint(cfg, trainer)
+            stats.update(await listeners.emit(VersionSaved(trainer.version)))
             stats.update(wait_s=wait_s, step_started=step_started)
             await publisher.submit(path, trainer.version, stats, changed_values(trainer, batch), expected)
         await publisher.drain()
         await checkpoint_on_stop(cfg, trainer)  # before the other ranks are released: they write their shards
     finally:
         await publisher.drain()  # the last version still reaches the servers and the buffer
-        for task in background:
-            task.cancel()
         broadcast(None, 0, world)  # release the other ranks
-        publisher.log_file.close()
-        trackers.close()
-        if audit is not None:
-            audit.close()
-        await endpoints.close()
+        await listeners.emit(LearnerStopped(trainer.version))
 
 
 async def expected_of(sync: WeightSync, trainer: Trainer, dtype) -> Expected | None:
@@ -290,13 +278,6 @@ async def train_on(trainer: Trainer, batch: Batch, world: int, metrics: LearnerM
         metrics.rejected_batches.inc()
         log.error("skipped a batch: %s", exc)
     return None
-
-
-async def save_checkpoint(cfg: Config, trainer: Trainer) -> float:
-    """A checkpoint of the current version (learner/rank_commands.py picks the format); returns its seconds."""
-    started = time.monotonic()
-    await asyncio.to_thread(write_checkpoint, cfg, trainer)
-    return time.monotonic() - started
 
 
 async def checkpoint_on_stop(cfg: Config, trainer: Trainer) -> None:

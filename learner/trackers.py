@@ -1,7 +1,8 @@
 """Experiment trackers (`[logging] trackers`): every learner step's stats, and the evaluation success rate the
 actors append to <run_dir>/eval.jsonl, written to TensorBoard event files and to a W&B run.
 
-Rank 0 calls `Trackers.step` with the stats dict it logs to learner.jsonl (learner/serve.py). Both axes are
+Trackers listen to the learner's loop (learner/events.py): each VersionPublished's stats, the line rank 0 logs to
+learner.jsonl, go to `Trackers.step`, and LearnerStopped closes them. Both axes are
 the learner version: a step's numbers at the version it produced, an evaluation round at the version it
 played. W&B wants one monotonic step per run, and evaluation rounds arrive late and out of step with
 training, so each axis there is its own step metric (`learner/version`, `eval/version`).
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from turnstream.core.configtools import ConfigError
+from turnstream.learner.events import LearnerEvent, LearnerStopped, VersionPublished
 
 log = logging.getLogger("turnstream.learner")
 
@@ -145,6 +147,13 @@ class Trackers:
 
     def __init__(self, sinks: dict[str, Sink], evals: EvalRounds | None):
         self.sinks, self.evals = sinks, evals
+
+    async def on_event(self, event: LearnerEvent) -> dict[str, float]:
+        if isinstance(event, VersionPublished):
+            self.step(dict(event.stats))
+        elif isinstance(event, LearnerStopped):
+            self.close()
+        return {}
 
     def step(self, stats: dict) -> None:
         if not self.sinks:

@@ -1,10 +1,12 @@
 """The life of a role's process, shared by the actor, the buffer and the learner: SIGTERM/SIGINT set one stop
 event, `/metrics` and `/healthz` are served for as long as the role runs, and the role's long-running tasks
 are awaited until the first of them ends or a stop is asked for, then cancelled, with the first failure
-raised again so that the process exits non-zero."""
+raised again so that the process exits non-zero. A role whose work ends on its own once stopped (the learner's
+loop finishes its step, pushes and checkpoints) hands it to `RoleProcess.run` beside its background tasks."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from dataclasses import dataclass, field
 from typing import Callable
@@ -13,6 +15,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from turnstream.protocol.http_metrics import start_metrics_server
+
+log = logging.getLogger("turnstream.role")
 
 
 @dataclass
@@ -46,6 +50,19 @@ class RoleProcess:
         await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
         stopper.cancel()
         return self.stop.is_set() and not any(t.done() for t in tasks)
+
+    async def run(self, work: asyncio.Task, background: list[asyncio.Task]) -> None:
+        """Await `work`, which ends on its own once `stop` is set, beside the `background` tasks that serve it
+        and never end by themselves. One that ends first (a failure) is logged and sets `stop`, so that `work`
+        ends as on SIGTERM; then the background is cancelled and the first failure raised, `work`'s first."""
+        if not await self.until_stopped([work, *background]) and not work.done():
+            for task in background:
+                if task.done():
+                    failure = None if task.cancelled() else task.exception()
+                    log.error("%s ended (%r): stopping", task.get_name(), failure)
+            self.stop.set()
+        await asyncio.wait([work])
+        await finish([work, *background])
 
 
 async def finish(tasks: list[asyncio.Task]) -> None:

@@ -228,6 +228,15 @@ class Trainer:
         out["explained_variance"] = explained_variance(x.old_values[m], targets[m])
         return out
 
+    # ---- what inspection reads ----------------------------------------------------------------------
+
+    def proximal_pass(self, tb: TensorBatch, *, values: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What a step on `tb` would read before its first update, from the weights as they are now: the policy's
+        log-probs of every action token (pi_prox, no dropout) and, with `values`, the critic's values
+        (`turnstream inspect`)."""
+        self._set_eval()
+        return self._no_grad_pass(tb, tb.allowed.to(self.device), values=values)
+
     # ---- helpers ------------------------------------------------------------------------------------
 
     @torch.no_grad()

@@ -50,9 +50,8 @@ def view_with_trainer(trainer, batch: Batch) -> LearnerView:
     if kept is None:
         return empty_view(batch, "the learner dropped every episode of this batch")
     tb = to_tensors(kept, trainer.vocab_size, trainer.pad_id)
-    trainer._set_eval()  # no dropout: the step's own pi_prox
     value_based = cfg.estimator in estimators.VALUE_BASED
-    logp, values = trainer._no_grad_pass(tb, tb.allowed.to(trainer.device), values=value_based)
+    logp, values = trainer.proximal_pass(tb, values=value_based)  # the step's own pi_prox
     advantages = estimators.for_config(cfg, trainer.tracker, kept, tb, values,
                                        estimators.token_agent_ids(kept, tb) if cfg.agent_norm else None)
     return _placed(batch, kept, tb, advantages.token_adv.numpy(), logp.numpy(), "", dropped)
