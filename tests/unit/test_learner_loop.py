@@ -72,9 +72,10 @@ async def test_listeners_hear_each_step_in_order_and_their_figures_reach_its_lin
         metrics = LearnerMetrics()
         sync = weight_sync_from_config(cfg, tmp_path / "run" / "weights", None)
         heard, endpoints = Heard(), open_endpoints(cfg, metrics)
+        dtype = served_dtype(cfg.vllm.dtype, cfg.model.path)
         try:
-            await asyncio.wait_for(train_and_publish(cfg, trainer, 1, sync, served_dtype(cfg.vllm.dtype, cfg.model.path),
-                                                     metrics, endpoints, Listeners([heard]), asyncio.Event()), 60)
+            await asyncio.wait_for(train_and_publish(cfg, trainer, 1, sync, dtype, metrics, endpoints,
+                                                     Listeners([heard]), asyncio.Event()), 60)
         finally:
             await endpoints.close()
         assert [(type(e), e.version) for e in heard.events] == [
@@ -90,7 +91,9 @@ async def test_listeners_hear_each_step_in_order_and_their_figures_reach_its_lin
     await _with_buffer(4, test)
 
 
-async def test_the_configured_listeners_record_checkpoint_and_log_each_step(tmp_path, tiny_model):
+async def test_the_configured_listeners_record_audit_checkpoint_and_log_each_step(tmp_path, tiny_model, monkeypatch):
+    monkeypatch.setenv("TURNSTREAM_AUDIT", "1")
+
     async def test(serve_port):
         cfg = _config(tmp_path, tiny_model, serve_port)
         cfg.learner.record, cfg.learner.checkpoint_every = True, 1
@@ -108,6 +111,8 @@ async def test_the_configured_listeners_record_checkpoint_and_log_each_step(tmp_
         assert s["record_bytes"] > 0
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-000001", "step-000002"]
     assert sorted(p.name for p in incarnation_dir(run, 0).glob("step-*")) == [step_file(1), step_file(2)]
+    audit = [json.loads(line) for line in (run / "audit" / "learner.jsonl").read_text().splitlines()]
+    assert [(a["version"], a["episodes"]) for a in audit[1:]] == [(1, ["e0", "e1"]), (2, ["e2", "e3"])]
 
 
 class WatcherFailed(RuntimeError):
