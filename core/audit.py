@@ -2,7 +2,7 @@
 
 Off by default; `TURNSTREAM_AUDIT=1` in a role's environment turns it on. The buffer (buffer/audit.py)
 then appends a line per acked chunk key and per served or dropped episode to
-`<run_dir>/audit/buffer.jsonl`, the learner (learner/serve.py) a line per trained batch to
+`<run_dir>/audit/buffer.jsonl`, the learner (learner/listeners.py) a line per trained batch to
 `<run_dir>/audit/learner.jsonl`; tests/fault/ joins them to check that no acked chunk is lost and no
 episode is trained twice. Every process start writes a `start` line first, so incarnations can be told
 apart after a restart.
