@@ -3,7 +3,7 @@
 Ports set to 0 are chosen by the launcher (`turnstream up` / `demo`), which writes the resolved file into the
 run directory and hands that file to every role. Loading checks types, bounds and the rules between fields;
 the checks that need role code (environment name, rate limiter, CURVE keys) are the CLI's pre-flight
-(turnstream/preflight.py).
+(turnstream/checks/preflight.py).
 """
 from __future__ import annotations
 

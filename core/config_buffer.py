@@ -4,7 +4,7 @@ The group size of group sampling is the actors' (`tasks.group_size`, core/config
 group fits in a batch spans both tables, so it is the Config's (core/config.py).
 
 The rate limiter's deadlock rule reads buffer/store/ratelimit.py, so it runs in the pre-flight
-(turnstream/preflight.py), not here.
+(turnstream/checks/preflight.py), not here.
 """
 from __future__ import annotations
 

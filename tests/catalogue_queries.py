@@ -1,8 +1,8 @@
-"""Questions the tests ask of the metric catalogue (turnstream/metrics_catalogue.py)."""
+"""Questions the tests ask of the metric catalogue (turnstream/reference/metrics.py)."""
 from __future__ import annotations
 
 from turnstream.core import build_info
-from turnstream.metrics_catalogue import catalogue, registry_specs, role_registries
+from turnstream.reference.metrics import catalogue, registry_specs, role_registries
 
 
 def roles_with_build_info() -> set[str]:

@@ -9,7 +9,7 @@ own (the switch). Nothing is added to the machine's own namespace, and no addres
 
 Every namespace the cluster made is deleted when the block ends, also when the test fails; deleting a
 namespace deletes its end of each veth pair, and with it the pair. Processes started in a host are the test's
-to stop (by PID: turnstream.processes.ProcessGroup). Needs root and iproute2: `cluster_unavailable()` says why
+to stop (by PID: turnstream.launch.processes.ProcessGroup). Needs root and iproute2: `cluster_unavailable()` says why
 a cluster cannot be made here, for the tests to skip with.
 """
 from __future__ import annotations

@@ -25,9 +25,9 @@ from tests.helpers import wait_for_child
 from benchmarks.chaos_audit import held_in_log
 from turnstream.core.config import Config
 from turnstream.keygen import main as keygen
-from turnstream.processes import Child, ProcessGroup
+from turnstream.launch.processes import Child, ProcessGroup
 from turnstream.protocol.auth import ALLOWED_DIR, CLIENT_SECRET, SERVER_PUBLIC, SERVER_SECRET
-from turnstream.report import read_steps
+from turnstream.reports.run_log import read_steps
 
 VLLM_PORT, INGEST_PORT, SERVE_PORT, PUB_PORT = 8000, 5555, 5556, 5557
 BUFFER_METRICS, LEARNER_METRICS, ACTOR_METRICS = 9100, 9101, 9102  # actor i: 9102 + i

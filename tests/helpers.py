@@ -18,7 +18,7 @@ from turnstream.protocol.chunk_batch import pack
 from turnstream.protocol.codec import encode
 from turnstream.protocol.messages import AckBatch, TurnChunk
 from turnstream.core.config import Config
-from turnstream.processes import ProcessGroup, free_port, tail
+from turnstream.launch.processes import ProcessGroup, free_port, tail
 
 
 def chunk(episode_id: str, turn: int, *, seq: int, done: bool = False, actor_id: str = "actor-t", epoch: int = 1,

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from tests.cluster import Cluster, cluster_unavailable
 from tests.helpers import wait_for_child
-from turnstream.processes import ProcessGroup
+from turnstream.launch.processes import ProcessGroup
 
 CONTROLLER = "controller"
 DAEMONS = ("munged", "slurmctld", "slurmd", "slurmstepd")

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
 
 def _wait(predicate, timeout_s: float, what: str, procs) -> None:
-    from turnstream.processes import tail
+    from turnstream.launch.processes import tail
 
     def logs() -> str:
         return "\n".join(f"--- {c.name}\n{tail(c.log_path, 15)}" for c in procs.children)
@@ -56,7 +56,7 @@ def _stop_holding_open_episodes(run_dir, child, actor_id: str) -> set[str]:
 
 def test_actors_join_and_leave_a_running_buffer_and_learner(vllm_url, tiny_model, tmp_path):
     from turnstream.core.config import Config
-    from turnstream.processes import ProcessGroup, free_port
+    from turnstream.launch.processes import ProcessGroup, free_port
 
     cfg = Config()
     cfg.run.run_dir = str(tmp_path)

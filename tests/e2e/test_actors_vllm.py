@@ -163,8 +163,8 @@ def _chunk_is_sound(c, vocab: int) -> bool:
 def test_fleet_survives_one_of_two_servers_killed_mid_run(vllm_url, tiny_model, tmp_path):
     """A second real server joins the session's; it is SIGKILLed (by PID) while episodes run."""
     from turnstream.core.config import VllmSection
-    from turnstream.processes import ProcessGroup, free_port, tail
-    from turnstream.vllm_server import vllm_command, wait_healthy
+    from turnstream.launch.processes import ProcessGroup, free_port, tail
+    from turnstream.launch.vllm_server import vllm_command, wait_healthy
 
     procs = ProcessGroup(tmp_path)
     port = free_port()

@@ -33,7 +33,7 @@ def _try(fn, *args):
 
 
 def test_every_adapter_feeds_the_buffer_and_the_learner(vllm_url, tiny_model, tmp_path):
-    from turnstream.processes import ProcessGroup, free_port, tail
+    from turnstream.launch.processes import ProcessGroup, free_port, tail
 
     cfg = session_server_config(vllm_url, tiny_model, tmp_path)
     cfg.actor.concurrent_episodes = 4

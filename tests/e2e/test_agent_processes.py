@@ -22,7 +22,7 @@ def jsonl(path) -> list[dict]:
 def train_through_processes(cfg, vllm_url, tiny_model, tmp_path, inspect=lambda procs: None):
     """Buffer, learner and one actor on `cfg` until the learner took STEPS steps: (the learner's steps, the
     actor's metrics, the audited batches, what `inspect(procs)` returned while every role ran)."""
-    from turnstream.processes import ProcessGroup, free_port
+    from turnstream.launch.processes import ProcessGroup, free_port
 
     cfg.actor.metrics_port = free_port()
     config = tmp_path / "run.toml"

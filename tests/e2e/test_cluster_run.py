@@ -13,7 +13,7 @@ from tests.cluster import Cluster, cluster_unavailable
 from tests.cluster_stack import (ACTOR_METRICS, BUFFER_METRICS, LEARNER_METRICS, VLLM_PORT, ClusterStack,
                                  episodes_played, hosts)
 from tests.helpers import poll_until
-from turnstream.report import rolling_success
+from turnstream.reports.run_log import rolling_success
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm,
               pytest.mark.skipif(bool(reason := cluster_unavailable()), reason=reason or "")]

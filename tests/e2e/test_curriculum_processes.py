@@ -22,7 +22,7 @@ STEPS, WARMUP_STEPS, BATCH = 20, 4, 32
 
 def trained_prompt_keys(order: str, vllm_url, tiny_model, tmp_path) -> list[list[str]]:
     """The prompt keys of every trained batch (the learner's audit lines) of a run with `order`."""
-    from turnstream.processes import ProcessGroup
+    from turnstream.launch.processes import ProcessGroup
 
     tmp_path.mkdir(parents=True)
     cfg = session_server_config(vllm_url, tiny_model, tmp_path)

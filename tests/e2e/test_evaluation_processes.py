@@ -17,7 +17,7 @@ SPLIT, EVERY, STEPS, ROUNDS = 0.25, 2, 4, 3
 def test_held_out_tasks_are_evaluated_every_few_versions_and_never_trained_on(vllm_url, tiny_model, tmp_path):
     from turnstream.actors.tasks.eval_split import split_tasks
     from turnstream.actors.envs.registry import make_env
-    from turnstream.processes import ProcessGroup, free_port
+    from turnstream.launch.processes import ProcessGroup, free_port
 
     cfg = session_server_config(vllm_url, tiny_model, tmp_path)
     cfg.env.name = "follow_signs"

@@ -31,8 +31,8 @@ LORA = LoraSection(rank=8, alpha=16.0)  # every projection of the decoder layers
 @pytest.fixture(scope="module")
 def lora_url(tiny_model, tmp_path_factory):
     """A server that loads adapters at run time (turnstream's vLLM command with learner.lora); stopped by PID."""
-    from turnstream.processes import ProcessGroup
-    from turnstream.vllm_server import start_vllm_server
+    from turnstream.launch.processes import ProcessGroup
+    from turnstream.launch.vllm_server import start_vllm_server
 
     procs = ProcessGroup(tmp_path_factory.mktemp("vllm-lora"))
     try:  # a server that does not start prints its log's tail

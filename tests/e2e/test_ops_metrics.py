@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import launcher_running, stop_launcher
 
 from tests.catalogue_queries import roles_with_build_info
-from turnstream.metrics_catalogue import KNOWN_DEVIATIONS, lint_exposition
+from turnstream.reference.metrics import KNOWN_DEVIATIONS, lint_exposition
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 

@@ -20,7 +20,7 @@ import yaml
 from tests.fault.stack import restore_vllm
 from tests.fault.test_restart_roles import UpRun, run_config
 from tests.helpers import poll_until
-from turnstream.processes import ProcessGroup, free_port, tail
+from turnstream.launch.processes import ProcessGroup, free_port, tail
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 PROMETHEUS = shutil.which("prometheus")

@@ -57,8 +57,8 @@ class SkippingLoraSync(SkipsLoads, LoraAdapterSync):
 @pytest.fixture(scope="module")
 def lora_url(tiny_model, tmp_path_factory):
     """A server that loads adapters at run time; stopped by PID."""
-    from turnstream.processes import ProcessGroup
-    from turnstream.vllm_server import start_vllm_server
+    from turnstream.launch.processes import ProcessGroup
+    from turnstream.launch.vllm_server import start_vllm_server
 
     procs = ProcessGroup(tmp_path_factory.mktemp("vllm-lora-verify"))
     try:

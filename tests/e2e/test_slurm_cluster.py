@@ -18,8 +18,8 @@ import pytest
 from tests.helpers import poll_until
 from tests.slurm_cluster import SlurmCluster, slurm_unavailable
 from turnstream.core.config import Config
-from turnstream.processes import tail
-from turnstream.report import read_steps, rolling_success
+from turnstream.launch.processes import tail
+from turnstream.reports.run_log import read_steps, rolling_success
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm,
               pytest.mark.skipif(bool(reason := slurm_unavailable()), reason=reason or "")]

@@ -17,7 +17,7 @@ GROUP = 4
 
 
 def test_an_actor_completes_whole_groups_and_grpo_trains_on_them(vllm_url, tiny_model, tmp_path):
-    from turnstream.processes import ProcessGroup, free_port, tail
+    from turnstream.launch.processes import ProcessGroup, free_port, tail
 
     cfg = session_server_config(vllm_url, tiny_model, tmp_path)
     cfg.env.name = "follow_signs"

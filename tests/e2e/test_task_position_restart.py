@@ -20,7 +20,7 @@ TASKS, CONCURRENT, KILL_AT = 128, 2, 30
 
 def test_a_restarted_actor_goes_on_with_its_epoch(vllm_url, tiny_model, tmp_path):
     from turnstream.actors.tasks.position import position_path
-    from turnstream.processes import ProcessGroup
+    from turnstream.launch.processes import ProcessGroup
 
     cfg = session_server_config(vllm_url, tiny_model, tmp_path)
     cfg.env.name, cfg.env.args = "follow_signs", {"junctions": [7]}

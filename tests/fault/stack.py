@@ -18,7 +18,7 @@ from tests.fault.ledger import Ledger
 from tests.fault.probes import rss_bytes
 from tests.helpers import poll_until, scrape
 from turnstream.core.config import Config
-from turnstream.processes import Child, tail
+from turnstream.launch.processes import Child, tail
 
 PROXY = Path(__file__).with_name("tcp_proxy.py")
 ROLES = ("buffer", "learner", "actor-0", "actor-1")

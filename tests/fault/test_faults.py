@@ -24,8 +24,8 @@ from tests.fault.probes import (http_attacks, listening_ports, rss_bytes, zmq_un
 from tests.fault.stack import BUFFER_RSS_CAP, FaultStack, fault_config, restore_vllm, start_proxy
 from tests.helpers import http_json
 from benchmarks.chaos_audit import held_in_log
-from turnstream.launcher import LocalStack
-from turnstream.processes import free_port
+from turnstream.launch.processes import free_port
+from turnstream.launch.stack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 ACTORS = ("actor-0", "actor-1")

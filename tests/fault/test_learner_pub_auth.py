@@ -17,7 +17,7 @@ from turnstream.protocol import auth
 from tests.helpers import scrape, wait_for_child
 from turnstream.core.config import Config
 from turnstream.keygen import main as keygen
-from turnstream.processes import ProcessGroup, free_port
+from turnstream.launch.processes import ProcessGroup, free_port
 
 
 def _connect_and_watch(sock: zmq.Socket, addr: str, timeout_s: float = 20.0) -> set[int]:

@@ -21,7 +21,7 @@ import pytest
 from tests.fault.ledger import Ledger
 from tests.helpers import http_json, poll_until, process_group_gone, scrape
 from turnstream.core.config import Config, load_config
-from turnstream.processes import tail
+from turnstream.launch.processes import tail
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 

@@ -22,7 +22,7 @@ from turnstream.protocol.messages import CreditGrant, CreditRequest, VersionAnno
 from tests.helpers import chunk, chunk_frames, in_process_buffer, scrape, stop_in_process_buffer, until
 from turnstream.core.config import Config
 from turnstream.keygen import main as keygen
-from turnstream.processes import ProcessGroup, free_port
+from turnstream.launch.processes import ProcessGroup, free_port
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """A role given an address it cannot bind, or a peer whose name does not resolve, stops at start with one line
-naming the setting (turnstream/address_checks.py), exit status 2, never a traceback: the real role CLI,
+naming the setting (turnstream/checks/addresses.py), exit status 2, never a traceback: the real role CLI,
 `turnstream buffer | learner | actor --config X`, as a subprocess.
 
 Nothing is sent anywhere: 10.77.0.99 is on the test clusters' private subnet, which no interface of this

@@ -13,7 +13,7 @@ from turnstream.protocol.messages import (AckBatch, Batch, BatchRequest, CreditG
                                VersionAnnouncement)
 from tests.helpers import acks_in, chunk, chunk_frames, scrape, wait_for_child
 from turnstream.core.config import Config
-from turnstream.processes import ProcessGroup, free_port
+from turnstream.launch.processes import ProcessGroup, free_port
 
 
 @pytest.fixture

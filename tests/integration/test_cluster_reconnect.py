@@ -16,7 +16,7 @@ import pytest
 
 from tests.cluster import Cluster, cluster_unavailable
 from tests.helpers import poll_until
-from turnstream.processes import ProcessGroup
+from turnstream.launch.processes import ProcessGroup
 from turnstream.protocol.http_links import SILENT_PEER_S
 from turnstream.protocol.sockets import CONNECT_TIMEOUT_MS
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import poll_until, scrape, session_server_config
-from turnstream.processes import ProcessGroup, free_port, tail
+from turnstream.launch.processes import ProcessGroup, free_port, tail
 
 pytestmark = pytest.mark.vllm
 

@@ -12,9 +12,9 @@ import torch
 from tests.helpers import http_json
 from tests.learner_batches import synthetic_batch
 from turnstream.core.config import LearnerSection, VllmSection
+from turnstream.launch.processes import ProcessGroup
+from turnstream.launch.vllm_server import start_vllm_server
 from turnstream.learner.checkpoint import store
-from turnstream.processes import ProcessGroup
-from turnstream.vllm_server import start_vllm_server
 
 pytestmark = pytest.mark.vllm
 LOGPROB_TOLERANCE = 1e-4  # as tests/e2e/test_vllm_roundtrip.py: fp32 weights on both sides

@@ -17,7 +17,7 @@ from turnstream.protocol.codec import decode, encode
 from turnstream.protocol.messages import CreditRequest
 from tests.helpers import acks_in, chunk, chunk_frames, http_json, wait_for_child
 from turnstream.core.config import Config
-from turnstream.processes import ProcessGroup, free_port
+from turnstream.launch.processes import ProcessGroup, free_port
 
 pytestmark = pytest.mark.vllm
 

@@ -15,9 +15,9 @@ from tests.chat_transcripts import Conversation, transcript
 from tests.helpers import play_episodes
 from turnstream.actors.inference.chat_tokens import ChatTokens
 from turnstream.core.config import VllmSection
-from turnstream.processes import ProcessGroup
+from turnstream.launch.processes import ProcessGroup
+from turnstream.launch.vllm_server import start_vllm_server
 from turnstream.sft.transcripts import Limit, TranscriptRenderer
-from turnstream.vllm_server import start_vllm_server
 
 pytestmark = pytest.mark.vllm
 

@@ -12,7 +12,7 @@ import time
 import pytest
 import zmq
 
-from turnstream.processes import ProcessGroup, free_port
+from turnstream.launch.processes import ProcessGroup, free_port
 from tests.helpers import http_json, restore_served_weights, session_server_config, wait_for_child
 from tests.integration.test_learner_resume import FakeActor
 from tests.unit.test_trackers import eval_line, tensorboard_scalars, wandb_history

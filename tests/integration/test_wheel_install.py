@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from turnstream.bench_command import NOT_IN_A_CHECKOUT
+from turnstream.cli.bench import NOT_IN_A_CHECKOUT
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())

@@ -5,7 +5,7 @@ import asyncio
 
 from aiohttp import web
 
-from turnstream.processes import free_port
+from turnstream.launch.processes import free_port
 
 
 class FakeVllm:

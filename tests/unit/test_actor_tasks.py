@@ -16,7 +16,7 @@ from turnstream.actors.tasks.orders import Assignment, RandomOrder, SequentialOr
 from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.core.config import ConfigError, load_config
-from turnstream.preflight import preflight
+from turnstream.checks.preflight import preflight
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
 
 

@@ -9,7 +9,7 @@ import pytest
 from turnstream.actors.inference.fleet import InferenceFleet
 from turnstream.core.urls_file import read_urls_file, watch_urls_file
 from turnstream.core.config import ConfigError, load_config
-from turnstream.preflight import preflight
+from turnstream.checks.preflight import preflight
 from tests.unit.fake_vllm import FakeVllm
 
 REPO = Path(__file__).resolve().parents[2]

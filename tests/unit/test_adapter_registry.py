@@ -16,7 +16,7 @@ from turnstream.actors.envs.adapters.common import LibraryNotInstalled
 from turnstream.cli import main as cli_main
 from turnstream.core.config import load_config
 from turnstream.core.configtools import ConfigError
-from turnstream.preflight import preflight
+from turnstream.checks.preflight import preflight
 
 ROOT = Path(__file__).resolve().parents[2]
 ADAPTERS = {"textarena": ("textarena", "textarena"), "textworld": ("textworld", "textworld"),

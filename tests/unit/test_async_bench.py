@@ -154,7 +154,7 @@ def test_median_curve_holds_finished_runs_and_skips_times_before_any_start():
 
 
 def test_progress_line_names_the_run():
-    from turnstream.progress import Progress
+    from turnstream.reports.progress import Progress
 
     p = Progress(128, label="follow_signs eta=2 seed=0")
     assert p.line([], 3.0) == "follow_signs eta=2 seed=0: waiting for the first learner step (3s)"

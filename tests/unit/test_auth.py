@@ -12,7 +12,7 @@ from turnstream.core.config import load_config
 from turnstream.core.config_network import curve_enabled, is_loopback
 from turnstream.core.configtools import ConfigError
 from turnstream.keygen import main as keygen
-from turnstream.preflight import preflight
+from turnstream.checks.preflight import preflight
 
 
 def test_keygen_writes_both_pairs_and_the_allow_list(tmp_path):

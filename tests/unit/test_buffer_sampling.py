@@ -7,8 +7,8 @@ import time
 import pytest
 
 from turnstream.buffer.store.ratelimit import BlockedClock, Cancelled, Gate, RateLimiter, limiter_problem
+from turnstream.checks.preflight import preflight
 from turnstream.core.config import ConfigError, load_config
-from turnstream.preflight import preflight
 from tests.unit.test_store import ID, chunk, ingest, make_store, metric, metrics_of
 
 

@@ -13,9 +13,9 @@ from turnstream.actors.environment import Environment, register
 
 from turnstream.core.config import (TINY_MODEL_PATH, BufferSection, Config, ConfigError, LearnerSection, SpoSection,
                                     load_config)
+from turnstream.checks.preflight import ensure_model, preflight
 from turnstream.core.config_fields import Section
 from turnstream.core.configtools import dump_toml, from_dict
-from turnstream.preflight import ensure_model, preflight
 
 REPO = Path(__file__).resolve().parents[2]
 

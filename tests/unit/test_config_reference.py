@@ -5,15 +5,16 @@ import typing
 
 from pydantic import Field
 
-from turnstream.config_reference import DOC_PATH, main, render_markdown, tables, toml_value, type_name
 from turnstream.core.config import Config
 from turnstream.core.config_fields import Section
+from turnstream.reference.configuration import DOC_PATH, main, render_markdown, tables, toml_value, type_name
 
 
 def test_docs_configuration_md_is_up_to_date():
-    assert DOC_PATH.exists(), "run: python -m turnstream.config_reference --write"
+    assert DOC_PATH.exists(), "run: python -m turnstream.reference.configuration --write"
     assert DOC_PATH.read_text() == render_markdown(), (
-        "docs/configuration.md differs from the config models; run: python -m turnstream.config_reference --write")
+        "docs/configuration.md differs from the config models; run: "
+        "python -m turnstream.reference.configuration --write")
 
 
 def _leaf_keys(section: Section, path: str = "") -> set[str]:
@@ -55,7 +56,7 @@ def test_types_defaults_and_rules_read_as_toml():
 
 
 def test_check_flag_reports_a_stale_file(tmp_path, monkeypatch, capsys):
-    import turnstream.config_reference as ref
+    import turnstream.reference.configuration as ref
 
     stale = tmp_path / "configuration.md"
     stale.write_text("# old\n")

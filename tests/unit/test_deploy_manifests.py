@@ -1,6 +1,6 @@
 """deploy/compose, deploy/k8s, deploy/slurm and the Dockerfile: they parse, hold the required fields, run
 commands the CLI accepts (the learner's through torchrun, whose own parser reads its rendezvous settings)
-and vLLM commands that match turnstream/vllm_server.py, with run configurations that load, and never expose
+and vLLM commands that match turnstream/launch/vllm_server.py, with run configurations that load, and never expose
 vLLM's development routes."""
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ import pytest
 import yaml
 from torch.distributed.run import get_args_parser as torchrun_parser
 
+from turnstream.checks.preflight import preflight
 from turnstream.cli import build_parser, main
 from turnstream.core.config import Config, VllmSection
 from turnstream.core.configtools import from_dict
 from turnstream.keygen import main as keygen_main
-from turnstream.preflight import preflight
-from turnstream.vllm_server import vllm_command
+from turnstream.launch.vllm_server import vllm_command
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -350,7 +350,7 @@ def test_sbatch_commands_match_the_cli():
 
 
 def test_the_vllm_command_is_the_launcher_s(tmp_path, monkeypatch):
-    """`turnstream vllm`, which the Slurm template starts on each worker node, execs turnstream/vllm_server.py's
+    """`turnstream vllm`, which the Slurm template starts on each worker node, execs turnstream/launch/vllm_server.py's
     command with its environment, on network.bind_host and the given port."""
     config = tmp_path / "run.toml"
     config.write_text(f'[model]\npath = "{tmp_path}"\n'
@@ -434,7 +434,7 @@ def test_sbatch_learner_torchrun_rendezvous_on_the_head_node(tmp_path):
     assert run["network"]["buffer_host"] == run["network"]["learner_host"] == NODE_ADDRESSES["node10"]
     assert run["vllm"]["urls"] == ["http://10.0.0.11:8000", "http://10.0.0.12:8000"]
     assert run["learner"]["parallel"] == "fsdp2"
-    # a restarted learner comes back at most buffer.eta versions behind (turnstream/launcher.py)
+    # a restarted learner comes back at most buffer.eta versions behind (turnstream/launch/stack.py)
     assert run["learner"]["checkpoint_every"] == run["buffer"]["eta"]
     targets = json.loads((tmp_path / "run" / "prometheus-targets.json").read_text())
     # every actor of the job (ACTORS_PER_NODE=2 on each worker) has an index of its own, and with it a metrics

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from turnstream.core.config import Config
-from turnstream.launcher import resolve, write_scrape_targets
-from turnstream.scrape_targets import discovery_files
+from turnstream.launch.scrape_targets import discovery_files, write_scrape_targets
+from turnstream.launch.stack import resolve
 from tests.catalogue_queries import all_series_names
 
 ROOT = Path(__file__).resolve().parents[2]

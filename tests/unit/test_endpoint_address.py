@@ -1,5 +1,5 @@
 """Where the actor's OpenAI-compatible endpoint binds and what its episodes' base URLs name (actor.endpoint_*),
-and the start-up checks of the addresses a role binds and the peers it reaches (turnstream/address_checks.py).
+and the start-up checks of the addresses a role binds and the peers it reaches (turnstream/checks/addresses.py).
 Across hosts: tests/integration/test_cluster_agent_endpoint.py; through the role CLI:
 tests/integration/test_bad_addresses.py."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ from prometheus_client import CollectorRegistry
 from turnstream.actors.play.endpoint.address import EndpointAddress
 from turnstream.actors.play.endpoint.metrics import AgentMetrics
 from turnstream.actors.play.endpoint.server import OpenAIEndpoint
-from turnstream.address_checks import bind_problem, check_role_addresses, resolve_problem
+from turnstream.checks.addresses import bind_problem, check_role_addresses, resolve_problem
 from turnstream.core.config import ConfigError, load_config
-from turnstream.processes import free_port
+from turnstream.launch.processes import free_port
 
 
 def test_by_default_the_endpoint_binds_loopback_on_a_free_port_and_urls_name_loopback():
@@ -84,7 +84,7 @@ def test_each_role_names_the_setting_of_an_address_it_cannot_bind(role, setting)
 
 def test_a_learner_name_that_does_not_resolve_yet_is_a_warning_a_buffer_name_an_error(monkeypatch, caplog):
     # no name is looked up here: the resolver's answer is given
-    monkeypatch.setattr("turnstream.address_checks.resolve_problem", lambda host: f"{host} does not resolve here")
+    monkeypatch.setattr("turnstream.checks.addresses.resolve_problem", lambda host: f"{host} does not resolve here")
     cfg = load_config(overrides=['network.learner_host="learner"', 'network.buffer_host="buffer"',
                                  "network.learner_pub_port=5557"])
     check_role_addresses(cfg, "buffer")  # the learner may start after the buffer

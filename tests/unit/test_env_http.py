@@ -21,7 +21,7 @@ from turnstream.actors.play.context import Sampling
 from turnstream.actors.play.env_loop import EnvironmentLoop
 from turnstream.actors.play.runner import EpisodeRunner
 from tests.unit.fakes import CollectingLink, ScriptedClient, streams
-from turnstream.processes import ProcessGroup, free_port
+from turnstream.launch.processes import ProcessGroup, free_port
 
 
 async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:

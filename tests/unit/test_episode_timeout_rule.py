@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from turnstream.actors.environment import Environment, register
+from turnstream.checks.preflight import preflight
 from turnstream.core.config import ConfigError, load_config
-from turnstream.preflight import preflight
 
 
 @register("test_slow_tool_step_limit")

@@ -19,9 +19,9 @@ from turnstream.actors.tasks.orders import RandomOrder, make_order
 from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.core.config import ConfigError, load_config
-from turnstream.preflight import preflight
-from turnstream.report import main as report_main
-from turnstream.report import pooled_evals, read_evals
+from turnstream.checks.preflight import preflight
+from turnstream.reports.figures import main as report_main
+from turnstream.reports.run_log import pooled_evals, read_evals
 from tests.helpers import until
 from tests.unit.fakes import CollectingLink, ScriptedClient
 

@@ -22,7 +22,7 @@ from turnstream.actors.play.env_loop import EnvironmentLoop
 from turnstream.actors.play.runner import ABANDONED, EpisodeRunner
 from turnstream.actors.tasks.orders import RandomOrder
 from turnstream.actors.tasks.source import TaskSource
-from turnstream.processes import free_port
+from turnstream.launch.processes import free_port
 from tests.helpers import until
 from tests.unit.fake_vllm import FakeVllm
 from tests.unit.fakes import CollectingLink

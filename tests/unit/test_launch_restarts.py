@@ -1,4 +1,4 @@
-"""The launcher's restart policy (turnstream/supervisor.py) on real child processes, with a test clock; the
+"""The launcher's restart policy (turnstream/launch/supervisor.py) on real child processes, with a test clock; the
 staged stop order; the [launch] table; the refusal of a used run directory without --resume."""
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ import pytest
 
 from turnstream.core.config import Config, load_config
 from turnstream.core.configtools import ConfigError
-from turnstream.launcher import check_run_dir, restart_checkpoint_every
-from turnstream.launcher_metrics import LauncherMetrics
-from turnstream.processes import ProcessGroup
-from turnstream.supervisor import RoleFailed, Supervisor
+from turnstream.launch.metrics import LauncherMetrics
+from turnstream.launch.processes import ProcessGroup
+from turnstream.launch.stack import restart_checkpoint_every
+from turnstream.launch.supervisor import RoleFailed, Supervisor
+from turnstream.launch.up import check_run_dir
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -130,7 +131,7 @@ def test_a_role_exiting_by_itself_ends_the_run_but_a_finished_learner_is_the_cal
 
 def test_the_cli_prints_one_line_and_exits_1_for_a_failed_role(tmp_path, monkeypatch):
     """RoleFailed leaves the CLI as the role's log tail and one last line, never a traceback."""
-    import turnstream.launcher as launcher
+    import turnstream.launch.up as launcher
     from turnstream.cli import main
 
     def failing_up(cfg, resume=False):

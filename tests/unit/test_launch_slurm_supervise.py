@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from turnstream.processes import free_port
+from turnstream.launch.processes import free_port
 
 SUPERVISE = Path(__file__).resolve().parents[2] / "deploy" / "slurm" / "supervise.sh"
 

@@ -11,10 +11,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from turnstream.core.config import Config
-from turnstream.launcher import resolve, write_scrape_targets
-from turnstream.launcher_metrics import LauncherMetrics, MetricsThread
-from turnstream.metrics_catalogue import lint_exposition
-from turnstream.processes import ProcessGroup, free_port, free_port_block
+from turnstream.launch.metrics import LauncherMetrics, MetricsThread
+from turnstream.launch.processes import ProcessGroup, free_port, free_port_block
+from turnstream.launch.scrape_targets import write_scrape_targets
+from turnstream.launch.stack import resolve
+from turnstream.reference.metrics import lint_exposition
 
 
 def _get(url: str) -> tuple[int, str]:

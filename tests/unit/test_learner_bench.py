@@ -124,7 +124,7 @@ def test_bench_groups_reads_the_buffers_group_counters():
 
     from benchmarks.groups import buffer_counters
     from turnstream.buffer.metrics import BufferMetrics
-    from turnstream.processes import free_port
+    from turnstream.launch.processes import free_port
 
     metrics = BufferMetrics()
     metrics.groups_served.inc(3)

@@ -128,7 +128,7 @@ def test_unknown_target_module_is_a_config_error():
 
 
 def test_servers_load_adapters_at_run_time_only_for_adapter_pushes():
-    from turnstream.vllm_server import vllm_command
+    from turnstream.launch.vllm_server import vllm_command
 
     argv, env = vllm_command("/m", "127.0.0.1", 8000, VllmSection(), LoraSection(rank=12))
     assert argv[argv.index("--max-lora-rank") + 1] == "16" and "--enable-lora" in argv  # vLLM's next size

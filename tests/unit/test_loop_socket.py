@@ -9,7 +9,7 @@ import zmq
 import zmq.asyncio
 
 from turnstream.protocol.loop_socket import LoopSocket
-from turnstream.processes import free_port
+from turnstream.launch.processes import free_port
 
 pytestmark = pytest.mark.asyncio
 

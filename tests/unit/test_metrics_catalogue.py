@@ -5,14 +5,14 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from turnstream.core import build_info
-from turnstream.metrics_catalogue import (DOC_PATH, KNOWN_DEVIATIONS, ROLES, catalogue, lint_catalogue,
+from turnstream.reference.metrics import (DOC_PATH, KNOWN_DEVIATIONS, ROLES, catalogue, lint_catalogue,
                                           lint_exposition, lint_metric, names_by_role, render_markdown)
 
 
 def test_docs_metrics_md_is_up_to_date():
-    assert DOC_PATH.exists(), "run: python -m turnstream.metrics_catalogue --write"
+    assert DOC_PATH.exists(), "run: python -m turnstream.reference.metrics --write"
     assert DOC_PATH.read_text() == render_markdown(), (
-        "docs/metrics.md differs from the metric classes; run: python -m turnstream.metrics_catalogue --write")
+        "docs/metrics.md differs from the metric classes; run: python -m turnstream.reference.metrics --write")
 
 
 def test_every_role_has_metrics_and_names_are_unique():

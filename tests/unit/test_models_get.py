@@ -78,8 +78,8 @@ def test_a_current_folder_is_left_as_it_is(fake_model, tmp_path, capsys):
 
 
 def test_a_config_naming_a_model_not_yet_got_says_how_to_get_it(tmp_path):
+    from turnstream.checks.preflight import ensure_model
     from turnstream.core.configtools import ConfigError
-    from turnstream.preflight import ensure_model
 
     with pytest.raises(ConfigError, match="write it with `turnstream models get smollm2-135m`"):
         ensure_model(str(tmp_path / "smollm2-135m"), "model.path")

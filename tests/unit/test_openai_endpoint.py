@@ -23,7 +23,7 @@ from turnstream.actors.tasks.orders import RandomOrder
 from turnstream.actors.tasks.source import TaskSource
 from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.core.config import ConfigError
-from turnstream.metrics_catalogue import lint_exposition
+from turnstream.reference.metrics import lint_exposition
 from tests.unit.fakes import CollectingLink, ScriptedClient
 
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]

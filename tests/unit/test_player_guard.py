@@ -18,8 +18,8 @@ from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.actors.play.verifiers.player import VerifiersPlayer
 from turnstream.actors.tasks.orders import RandomOrder
 from turnstream.actors.tasks.source import TaskSource
+from turnstream.checks.preflight import preflight
 from turnstream.core.config import ConfigError, load_config
-from turnstream.preflight import preflight
 from tests.unit.fakes import CollectingLink, ScriptedClient
 
 ENTRY = "tests.unit.test_player_guard:"

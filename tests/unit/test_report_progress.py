@@ -5,9 +5,9 @@ import io
 import json
 import logging
 
-from turnstream.progress import Progress
-from turnstream.report import (REPORT_FILES, main, plot_learning_curve, read_steps, rolling_success,
-                               staleness_totals, throughput, write_report)
+from turnstream.reports.figures import REPORT_FILES, main, plot_learning_curve, write_report
+from turnstream.reports.progress import Progress
+from turnstream.reports.run_log import read_steps, rolling_success, staleness_totals, throughput
 
 
 def _steps(n: int = 6) -> list[dict]:
@@ -89,7 +89,7 @@ def test_progress_rewrites_one_line_on_a_tty():
 def test_progress_logs_periodically_without_a_tty(caplog):
     out = io.StringIO()
     p = Progress(256, stream=out, interval_s=10.0)
-    with caplog.at_level(logging.INFO, logger="turnstream.progress"):
+    with caplog.at_level(logging.INFO, logger="turnstream.reports.progress"):
         for t in range(0, 30):
             p.update(_steps(2), float(t))
         p.update(_steps(2), 30.5, force=True)

@@ -7,7 +7,7 @@ from importlib import metadata
 import pytest
 
 from turnstream.core.config import VllmSection
-from turnstream.vllm_server import vllm_command, vllm_is_cpu_build
+from turnstream.launch.vllm_server import vllm_command, vllm_is_cpu_build
 
 
 def _installed(monkeypatch, versions: dict[str, str]) -> None:

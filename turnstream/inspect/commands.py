@@ -55,7 +55,7 @@ def run_regenerate(args) -> int:
 
 @contextlib.contextmanager
 def _record_errors_as_config_errors():
-    """A missing or unreadable record, or a step it does not hold: one line naming it, exit 2 (turnstream/cli.py)."""
+    """A missing or unreadable record, or a step it does not hold: one line naming it, exit 2 (turnstream/cli/)."""
     from turnstream.core.configtools import ConfigError
     from turnstream.learner.record.reader import RecordError
 

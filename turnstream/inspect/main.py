@@ -19,7 +19,7 @@ from turnstream.inspect.step_page import StepPage, step_page
 from turnstream.inspect.text import episode_lines, record_lines, step_lines
 from turnstream.inspect.tokens import token_text
 from turnstream.learner.record.reader import RecordedStep, RecordError, open_record
-from turnstream.report import steps_by_version
+from turnstream.reports.run_log import steps_by_version
 
 log = logging.getLogger("turnstream.inspect")
 

@@ -179,8 +179,8 @@ def _no_weights(o: Outcome) -> Outcome:
 def local_vllm(cfg: Config, log_dir: Path) -> Iterator[str]:
     """A vLLM server of the run's model with the run's [vllm] settings on a free local port, for the duration;
     yields its URL."""
-    from turnstream.processes import ProcessGroup
-    from turnstream.vllm_server import start_vllm_server
+    from turnstream.launch.processes import ProcessGroup
+    from turnstream.launch.vllm_server import start_vllm_server
 
     procs = ProcessGroup(log_dir)
     try:

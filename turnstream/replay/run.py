@@ -94,7 +94,7 @@ def _argv(args: argparse.Namespace, **changed) -> list[str]:
 
 
 def _torchrun(ranks: int) -> list[str]:
-    from turnstream.processes import free_port
+    from turnstream.launch.processes import free_port
 
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr",
             "127.0.0.1", "--master-port", str(free_port()), "-m", "turnstream.cli", "replay"]
@@ -284,7 +284,7 @@ def _summary(args, record, start, steps, started: float, results: list[dict], lo
 def _stats_against_run(run_dir: Path, replayed: list[dict]) -> dict:
     """Means over the replayed steps of COMPARED_STATS, the run's (learner.jsonl, the last line of a version: the
     lineage's) beside the replay's, with the number of steps they are over."""
-    from turnstream.report import steps_by_version
+    from turnstream.reports.run_log import steps_by_version
 
     logged = steps_by_version(run_dir)
     versions = [s["version"] for s in replayed]

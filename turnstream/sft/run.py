@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from turnstream.checks.preflight import ensure_model
 from turnstream.core.config import Config
 from turnstream.core.configtools import ConfigError
-from turnstream.preflight import ensure_model
 from turnstream.sft.transcripts import Limit, Refused, Rendered, TranscriptRenderer
 
 log = logging.getLogger("turnstream.sft")

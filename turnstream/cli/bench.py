@@ -15,8 +15,8 @@ from turnstream.core.configtools import ConfigError
 
 FOLDER = "benchmarks"
 NOT_IN_A_CHECKOUT = f"bench: {FOLDER}/ is not here: `turnstream bench` runs from a source checkout"
-# the folder the turnstream package was imported from: in an editable install, the checkout's turnstream/
-PACKAGE_DIR = Path(__file__).resolve().parent
+# the turnstream package's folder: in an editable install, the checkout's turnstream/
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 ALIASES = {"async": "async_vs_sync"}  # `async` is a Python keyword
 
 

@@ -6,9 +6,9 @@ import logging
 import sys
 from typing import TextIO
 
-from turnstream.report import rolling_success
+from turnstream.reports.run_log import rolling_success
 
-log = logging.getLogger("turnstream.progress")
+log = logging.getLogger("turnstream.reports.progress")
 
 
 class Progress:

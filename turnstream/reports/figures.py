@@ -1,89 +1,22 @@
 """Plots of a run directory's learner.jsonl: `turnstream report RUN_DIR` and the demo's learning curve.
 
-One learner.jsonl line per optimizer step (learner/serve.py): return_mean, episodes, tokens, version,
-policy_loss, step_kl, approx_kl, entropy, clip_fraction, grad_norm, staleness_hist/_mean/_max, step_s, wait_s, push_s
-(NaN when the push failed), wall_s and time. Plots skip keys a log does not have, so older runs and other
-estimators still get every plot their log supports.
-
-With held-out evaluation (`tasks.eval_split`, actors/evaluation.py) the actors append one eval.jsonl line per
-round and actor ({"version", "success", "episodes", "time", "actor"}); the success plots then get a second
-panel: evaluation success against learner version (the actors' lines of one version pooled), next to the
-training batches' mean return at the same versions.
+Plots skip keys a log does not have, so older runs and other estimators still get every plot their log supports.
+With held-out evaluation (`tasks.eval_split`) the success plots get a second panel: evaluation success against
+learner version (the actors' lines of one version pooled), next to the training batches' mean return at the
+same versions.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
-from turnstream.plotting import pyplot
+from turnstream.reports.plotting import pyplot
+from turnstream.reports.run_log import (pooled_evals, read_evals, read_steps, rolling_success, staleness_totals,
+                                        start_time, throughput)
 
 REPORT_FILES = ("success.png", "staleness.png", "throughput.png", "losses.png", "weight_sync.png")
 LOSS_KEYS = ("policy_loss", "value_loss", "step_kl", "approx_kl", "entropy", "clip_fraction", "grad_norm",
              "is_weight_mean", "is_weight_truncated_fraction")
-
-
-def read_steps(run_dir: str | Path) -> list[dict]:
-    return _read_jsonl(Path(run_dir) / "learner.jsonl")
-
-
-def steps_by_version(run_dir: str | Path) -> dict[int, dict]:
-    """learner.jsonl by the version each line's step produced. A version a restarted learner trained again keeps
-    its last line, the lineage's; a line torn by a kill (anywhere in the file: the restarted learner goes on after
-    it) is skipped."""
-    path = Path(run_dir) / "learner.jsonl"
-    lines: dict[int, dict] = {}
-    if path.is_file():
-        for raw in path.read_text().splitlines():
-            try:
-                entry = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(entry, dict) and "version" in entry:
-                lines[int(entry["version"])] = entry
-    return lines
-
-
-def read_evals(run_dir: str | Path) -> list[dict]:
-    """The eval.jsonl lines of a run (none without held-out evaluation)."""
-    return _read_jsonl(Path(run_dir) / "eval.jsonl")
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line being written right now
-    return records
-
-
-def pooled_evals(evals: list[dict]) -> list[tuple[int, float, int]]:
-    """(version, success, episodes) per evaluation round, the actors' parts pooled, by version."""
-    pooled: dict[int, list[float]] = {}
-    for e in evals:
-        totals = pooled.setdefault(int(e["version"]), [0.0, 0])
-        totals[0] += e["success"] * e["episodes"]
-        totals[1] += e["episodes"]
-    return [(v, won / n, int(n)) for v, (won, n) in sorted(pooled.items()) if n]
-
-
-def rolling_success(steps: list[dict], window_episodes: int) -> float:
-    """Episode-weighted mean return of the newest batches covering at least `window_episodes` episodes."""
-    total, weighted = 0, 0.0
-    for s in reversed(steps):
-        total += s["episodes"]
-        weighted += s["return_mean"] * s["episodes"]
-        if total >= window_episodes:
-            break
-    return weighted / total if total else 0.0
-
-
-def _start(steps: list[dict], t0: float | None) -> float:
-    return t0 if t0 is not None else steps[0]["time"] - steps[0]["wall_s"]
 
 
 def plot_learning_curve(run_dir: str | Path, out: str | Path | None = None, t0: float | None = None) -> Path:
@@ -99,7 +32,7 @@ def plot_learning_curve(run_dir: str | Path, out: str | Path | None = None, t0: 
 
 def _success_axes(ax, steps: list[dict], t0: float | None, window: int = 256) -> None:
     if steps:
-        start = _start(steps, t0)
+        start = start_time(steps, t0)
         xs = [s["time"] - start for s in steps]
         ax.plot(xs, [s["return_mean"] for s in steps], marker=".", label="batch success")
         ax.plot(xs, [rolling_success(steps[: i + 1], window) for i in range(len(steps))],
@@ -140,54 +73,41 @@ def _finite(v) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v)
 
 
-def staleness_totals(steps: list[dict]) -> dict[int, int]:
-    """Action tokens trained at each staleness (policy versions behind), over the whole run."""
-    totals: dict[int, int] = {}
-    for s in steps:
-        for k, n in (s.get("staleness_hist") or {}).items():
-            totals[int(k)] = totals.get(int(k), 0) + int(n)
-    return dict(sorted(totals.items()))
-
-
-def throughput(steps: list[dict], t0: float | None = None) -> list[tuple[float, float, float]]:
-    """(seconds since start, trained tokens/s, trained episodes/s) per step, over the time since the
-    previous step, i.e. the rate the whole pipeline delivered to the learner."""
-    out = []
-    if not steps:
-        return out
-    prev = _start(steps, t0)
-    for s in steps:
-        dt = s["time"] - prev
-        if dt > 0:
-            out.append((s["time"] - _start(steps, t0), s.get("tokens", 0) / dt, s.get("episodes", 0) / dt))
-        prev = s["time"]
-    return out
-
-
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None, t0: float | None = None) -> list[Path]:
     """One PNG per topic in <run_dir>/report (or out_dir); returns their paths in REPORT_FILES order."""
     plt = pyplot()
     steps = read_steps(run_dir)
     out_dir = Path(out_dir or Path(run_dir) / "report")
     out_dir.mkdir(parents=True, exist_ok=True)
-    name = Path(run_dir).name
-    start = _start(steps, t0) if steps else 0.0
-    xs = [s["time"] - start for s in steps]
+    figures = {
+        "success.png": ("success and reward", lambda: _success_figure(plt, run_dir, t0)),
+        "staleness.png": ("staleness of trained tokens", lambda: _staleness_figure(plt, steps, t0)),
+        "throughput.png": ("throughput into the learner", lambda: _throughput_figure(plt, steps, t0)),
+        "losses.png": ("learner losses and diagnostics", lambda: _losses_figure(plt, steps)),
+        "weight_sync.png": ("weight-sync latency and learner time", lambda: _weight_sync_figure(plt, steps)),
+    }
     paths = []
-
-    def save(fig, filename: str, title: str) -> None:
-        fig.suptitle(f"turnstream {name}: {title}")
+    for filename in REPORT_FILES:
+        title, draw = figures[filename]
+        fig = draw()
+        fig.suptitle(f"turnstream {Path(run_dir).name}: {title}")
         fig.tight_layout()
-        path = out_dir / filename
-        fig.savefig(path, dpi=90)
+        fig.savefig(out_dir / filename, dpi=90)
         plt.close(fig)
-        paths.append(path)
+        paths.append(out_dir / filename)
+    return paths
 
-    save(_success_figure(plt, run_dir, t0), "success.png", "success and reward")
 
+def _seconds(steps: list[dict], t0: float | None) -> list[float]:
+    start = start_time(steps, t0) if steps else 0.0
+    return [s["time"] - start for s in steps]
+
+
+def _staleness_figure(plt, steps: list[dict], t0: float | None):
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     totals = staleness_totals(steps)
     if totals:
+        xs = _seconds(steps, t0)
         left.bar(list(totals), list(totals.values()))
         left.set_xticks(list(totals))
         right.plot(xs, [s.get("staleness_mean", float("nan")) for s in steps], label="mean")
@@ -198,8 +118,10 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, t0: flo
         _no_data(right)
     left.set(xlabel="staleness (policy versions behind)", ylabel="action tokens trained", title="distribution")
     right.set(xlabel="wall-clock seconds", ylabel="staleness (versions)", title="per step")
-    save(fig, "staleness.png", "staleness of trained tokens")
+    return fig
 
+
+def _throughput_figure(plt, steps: list[dict], t0: float | None):
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     rates = throughput(steps, t0)
     if rates:
@@ -211,8 +133,10 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, t0: flo
     bottom.set(xlabel="wall-clock seconds", ylabel="trained episodes / s")
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
-    save(fig, "throughput.png", "throughput into the learner")
+    return fig
 
+
+def _losses_figure(plt, steps: list[dict]):
     keys = [k for k in LOSS_KEYS if any(_finite(s.get(k)) for s in steps)]
     cols = 3
     rows = max(1, math.ceil(len(keys) / cols))
@@ -225,8 +149,10 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, t0: flo
         ax.axis("off")
     if not keys:
         _no_data(axes.flat[0])
-    save(fig, "losses.png", "learner losses and diagnostics")
+    return fig
 
+
+def _weight_sync_figure(plt, steps: list[dict]):
     fig, ax = plt.subplots(figsize=(8, 4))
     if steps:
         versions = [s["version"] for s in steps]
@@ -241,8 +167,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, t0: flo
         _no_data(ax)
     ax.set(xlabel="learner step (policy version)", ylabel="seconds")
     ax.grid(alpha=0.3)
-    save(fig, "weight_sync.png", "weight-sync latency and learner time")
-    return paths
+    return fig
 
 
 def main(run_dir: str | Path) -> int:

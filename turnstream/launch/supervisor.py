@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from turnstream.core.config_launch import LaunchSection
-from turnstream.launcher_metrics import LauncherMetrics, role_of
-from turnstream.processes import Child, ProcessGroup, tail
+from turnstream.launch.metrics import LauncherMetrics, role_of
+from turnstream.launch.processes import Child, ProcessGroup, tail
 
 log = logging.getLogger("turnstream.launcher")
 

@@ -19,7 +19,7 @@ from turnstream.core.config import Config
 from turnstream.core.config_network import is_wildcard
 from turnstream.core.configtools import ConfigError
 
-log = logging.getLogger("turnstream.address_checks")
+log = logging.getLogger("turnstream.checks.addresses")
 
 
 def check_role_addresses(cfg: Config, role: str) -> None:

@@ -15,7 +15,7 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from turnstream.core.build_info import register_build_info
-from turnstream.processes import ProcessGroup
+from turnstream.launch.processes import ProcessGroup
 
 # Process names are "<role>" or "<role>-<index>"; the role is the bounded label, the index is not exported
 # (Prometheus series per actor index would grow with the fleet, and `sum by (role)` is what alerts need).

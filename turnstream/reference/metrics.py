@@ -1,6 +1,6 @@
 """The metric catalogue, generated from the code: every role's metric classes on fresh registries.
 
-`python -m turnstream.metrics_catalogue --write` regenerates docs/metrics.md; a unit test fails when the file
+`python -m turnstream.reference.metrics --write` regenerates docs/metrics.md; a unit test fails when the file
 and the code disagree, so the catalogue cannot drift. `lint_metric` and `lint_exposition` hold the naming
 rules (Prometheus conventions, see docs/metrics.md) for the catalogue and for live scrapes alike.
 """
@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from turnstream.core import build_info
 
 ROLES = ("launcher", "buffer", "learner", "actor")
-DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
+DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 # Name words that are units. A histogram must end in one; the catalogue's unit column is the last one found.
 UNITS = {
@@ -81,8 +81,8 @@ def role_registries() -> dict[str, CollectorRegistry]:
     from turnstream.actors.metrics import ActorMetrics
     from turnstream.actors.play.endpoint.metrics import AgentMetrics
     from turnstream.buffer.metrics import BufferMetrics
+    from turnstream.launch.metrics import LauncherMetrics
     from turnstream.learner.metrics import LearnerMetrics
-    from turnstream.launcher_metrics import LauncherMetrics
 
     actor = ActorMetrics(CollectorRegistry()).registry
     AgentMetrics(actor)  # registered on the actor's registry by its first endpoint episode (actors/play/endpoint/)
@@ -205,7 +205,7 @@ def render_markdown() -> str:
     lines = [
         "# Metric catalogue",
         "",
-        "Generated from the code by `python -m turnstream.metrics_catalogue --write`; "
+        "Generated from the code by `python -m turnstream.reference.metrics --write`; "
         "`tests/unit/test_metrics_catalogue.py` fails when this file is out of date.",
         "",
         "Every role (launcher, buffer, learner, each actor) serves these on its own `/metrics` (Prometheus text) "
@@ -237,7 +237,7 @@ def render_markdown() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m turnstream.metrics_catalogue", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m turnstream.reference.metrics", description=__doc__)
     p.add_argument("--write", action="store_true", help=f"write {DOC_PATH.relative_to(DOC_PATH.parents[1])}")
     p.add_argument("--check", action="store_true", help="exit 1 if the file is out of date or a name breaks a rule")
     args = p.parse_args(argv)
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, why in problems.items():
             print(f"{name}: {'; '.join(why)}", file=sys.stderr)
         if stale:
-            print(f"{DOC_PATH} is out of date: run python -m turnstream.metrics_catalogue --write", file=sys.stderr)
+            print(f"{DOC_PATH} is out of date: run python -m turnstream.reference.metrics --write", file=sys.stderr)
         return 1 if problems or stale else 0
     else:
         sys.stdout.write(text)

@@ -20,8 +20,8 @@ from typing import Callable
 
 from turnstream.core.config import Config
 from turnstream.core.urls_file import read_urls_file, write_urls_file
-from turnstream.processes import Child, ProcessGroup, free_port
-from turnstream.vllm_server import answers, vllm_command
+from turnstream.launch.processes import Child, ProcessGroup, free_port
+from turnstream.launch.vllm_server import answers, vllm_command
 
 log = logging.getLogger("turnstream.launcher")
 FROZEN = "vllm-frozen"

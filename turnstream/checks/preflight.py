@@ -13,7 +13,7 @@ from pathlib import Path
 from turnstream.core.config import TINY_MODEL_PATH, Config
 from turnstream.core.configtools import ConfigError
 
-log = logging.getLogger("turnstream.preflight")
+log = logging.getLogger("turnstream.checks.preflight")
 
 
 def preflight(cfg: Config) -> Config:
@@ -29,7 +29,7 @@ def preflight(cfg: Config) -> Config:
 def _check_env(cfg: Config):
     """The run's environment, built once: the name and arguments are right if it builds."""
     from turnstream.actors.play.player import EpisodePlayer
-    from turnstream.actors.registry import known_envs, make_env, resolve
+    from turnstream.actors.envs.registry import known_envs, make_env, resolve
 
     if cfg.env.name not in known_envs():
         raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}; known: {', '.join(known_envs())}")

@@ -1,25 +1,22 @@
-"""`turnstream up`: every role as a separate local process (vLLM servers, buffer, learner, actors)."""
+"""Every role as a separate local process (vLLM servers, buffer, learner, actors), started and stopped together:
+`LocalStack`, which `turnstream up`, the demo, tests and benchmarks run."""
 from __future__ import annotations
 
 import copy
 import logging
 import signal
 import sys
-import time
 from pathlib import Path
 
+from turnstream.checks.preflight import ensure_models, preflight
 from turnstream.core.config import Config
-from turnstream.core.configtools import ConfigError
 from turnstream.core.urls_file import write_urls_file
-from turnstream.launcher_metrics import LauncherMetrics, MetricsThread, role_of
-from turnstream.preflight import ensure_models, preflight
-from turnstream.processes import Child, ProcessGroup, free_port, free_port_block, tail
-from turnstream.scrape_targets import remove_discovery_files, write_scrape_targets
-from turnstream.supervisor import RoleFailed, Supervisor
-from turnstream.vllm_restart import VllmRestarts
-from turnstream.vllm_server import vllm_command, wait_healthy
-
-__all__ = ["LocalStack", "RoleFailed", "resolve", "up", "write_scrape_targets"]
+from turnstream.launch.metrics import LauncherMetrics, MetricsThread, role_of
+from turnstream.launch.processes import Child, ProcessGroup, free_port, free_port_block, tail
+from turnstream.launch.scrape_targets import remove_discovery_files, write_scrape_targets
+from turnstream.launch.supervisor import RoleFailed, Supervisor
+from turnstream.launch.vllm_restart import VllmRestarts
+from turnstream.launch.vllm_server import vllm_command, wait_healthy
 
 log = logging.getLogger("turnstream.launcher")
 VLLM_STOP_TIMEOUT_S = 20.0
@@ -140,7 +137,7 @@ class LocalStack:
         tmp.replace(self.config_path)  # atomic: a role restarting now reads the old file or the new one
         write_scrape_targets(self.cfg, self.metrics_port)
 
-    # ---- restart hooks (turnstream/supervisor.py) ---------------------------------------------------
+    # ---- restart hooks (launch/supervisor.py) --------------------------------------------------------
     def relaunch(self, child: Child) -> Child:
         if role_of(child.name) == "vllm":
             return self.vllm.relaunch(child)
@@ -184,44 +181,3 @@ class LocalStack:
     def check_alive(self) -> None:
         """Restart what failed under the restart policy; RoleFailed for a failure it does not restart."""
         self.supervisor.tick()
-
-
-RUN_MARKERS = ("config.resolved.toml", "learner.jsonl", "checkpoints", "buffer-wal")
-
-
-def check_run_dir(cfg: Config, resume: bool) -> None:
-    """A run directory holds one run: a second `up` there without --resume would mix two runs' data."""
-    run_dir = Path(cfg.run.run_dir)
-    used = [m for m in RUN_MARKERS if (run_dir / m).exists()]
-    if used and not resume:
-        raise ConfigError(f"run.run_dir: {run_dir} already holds a run ({', '.join(used)}); add --resume to "
-                          "continue it, or choose another run.run_dir")
-    if resume:
-        cfg.learner.resume = True  # the latest checkpoint; the buffer's log and the task positions are read anyway
-        log.info("resuming the run in %s" if used else "nothing to resume in %s: starting a new run", run_dir)
-
-
-def up(cfg: Config, resume: bool = False) -> int:
-    """Run until the learner finishes max_steps, the time limit passes, or Ctrl-C/SIGTERM."""
-    from turnstream.progress import Progress
-    from turnstream.report import read_steps
-
-    check_run_dir(cfg, resume)
-    started = time.monotonic()
-    progress = Progress(cfg.run.rolling_episodes)
-    with LocalStack(cfg) as stack:
-        log.info("all roles running; logs in %s, launcher metrics on port %d", stack.run_dir / "logs",
-                 stack.metrics_port)
-        try:
-            while time.monotonic() - started < cfg.run.time_limit_s:
-                learner = next(c for c in stack.procs.children if c.name == "learner")
-                if learner.proc.poll() == 0:
-                    return 0
-                stack.check_alive()
-                progress.update(read_steps(stack.run_dir), time.monotonic() - started)
-                time.sleep(1.0)
-        except KeyboardInterrupt:
-            log.info("interrupted; stopping every role")
-        finally:
-            progress.close()
-    return 0

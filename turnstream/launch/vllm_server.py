@@ -108,7 +108,7 @@ def start_vllm_server(procs, model_path: str, cfg: VllmSection, name: str = "vll
     """Start one server under `procs` on a free port, wait for /health and return its URL.
 
     On failure the server's last log lines go to stderr, since they are the only clue to why."""
-    from turnstream.processes import free_port, tail
+    from turnstream.launch.processes import free_port, tail
 
     port = free_port(host)
     argv, env = vllm_command(model_path, host, port, cfg, lora)

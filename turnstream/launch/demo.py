@@ -6,10 +6,10 @@ import shutil
 import time
 
 from turnstream.core.config import Config
-from turnstream.launcher import LocalStack
-from turnstream.progress import Progress
-from turnstream.report import (plot_learning_curve, pooled_evals, read_evals, read_steps, rolling_success,
-                               write_report)
+from turnstream.launch.stack import LocalStack
+from turnstream.reports.figures import plot_learning_curve, write_report
+from turnstream.reports.progress import Progress
+from turnstream.reports.run_log import pooled_evals, read_evals, read_steps, rolling_success
 
 
 def run_demo(cfg: Config) -> dict:

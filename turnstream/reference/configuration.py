@@ -1,6 +1,6 @@
 """The configuration reference, generated from the pydantic models of the run configuration.
 
-`python -m turnstream.config_reference --write` regenerates docs/configuration.md from `Config` (every table,
+`python -m turnstream.reference.configuration --write` regenerates docs/configuration.md from `Config` (every table,
 every key with its type, bounds, default and `description`, and the rules between keys that loading checks);
 a unit test fails when the file and the models disagree, so the reference cannot drift from the code.
 """
@@ -24,7 +24,7 @@ from pydantic_core import PydanticUndefined
 from turnstream.core.config import Config
 from turnstream.core.config_fields import Section
 
-DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 _BOUNDS = ((annotated_types.Gt, "gt", ">"), (annotated_types.Ge, "ge", ">="),
            (annotated_types.Lt, "lt", "<"), (annotated_types.Le, "le", "<="))
@@ -211,7 +211,7 @@ def render_markdown() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from the configuration models by `python -m turnstream.config_reference --write`; "
+        "Generated from the configuration models by `python -m turnstream.reference.configuration --write`; "
         "`tests/unit/test_config_reference.py` fails when this file is out of date.",
         "",
         "One TOML file configures every role, one table per section below. A key left out takes its default "
@@ -245,7 +245,7 @@ def render_markdown() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m turnstream.config_reference", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m turnstream.reference.configuration", description=__doc__)
     action = p.add_mutually_exclusive_group()
     action.add_argument("--write", action="store_true", help="write docs/configuration.md")
     action.add_argument("--check", action="store_true", help="exit 1 if docs/configuration.md is out of date")
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.write:
         DOC_PATH.write_text(text)
     elif not DOC_PATH.is_file() or DOC_PATH.read_text() != text:
-        sys.stderr.write(f"{DOC_PATH} is out of date: run python -m turnstream.config_reference --write\n")
+        sys.stderr.write(f"{DOC_PATH} is out of date: run python -m turnstream.reference.configuration --write\n")
         return 1
     return 0
 
