@@ -88,7 +88,7 @@ def actor_bench_config(out: Path, model: str, url: str, *, concurrency: int, max
     """The config of one actor and a buffer on free ports with `url`'s server and no learner (whose admission room is
     made so large that credits never limit the actor), under `out`; `pin`: both on CPU 1 (the server on CPU 0)."""
     from turnstream.core.config import Config
-    from turnstream.processes import free_port
+    from turnstream.launch.processes import free_port
 
     cfg = Config()
     cfg.run.run_dir = str(out)
@@ -113,10 +113,10 @@ def actor_bench_config(out: Path, model: str, url: str, *, concurrency: int, max
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     from turnstream.actors.inference.chat_tokens import ChatTokens
+    from turnstream.checks.preflight import ensure_model
     from turnstream.core.config import VllmSection
-    from turnstream.preflight import ensure_model
-    from turnstream.processes import ProcessGroup, tail
-    from turnstream.vllm_server import start_vllm_server
+    from turnstream.launch.processes import ProcessGroup, tail
+    from turnstream.launch.vllm_server import start_vllm_server
 
     ensure_model(args.model)  # the actor reads its tokenizer even when --url names a running server
     out = Path(args.out)

@@ -182,10 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.cpus:
         os.sched_setaffinity(0, {int(c) for c in a.cpus.split(",")})
+    from turnstream.checks.preflight import ensure_model
     from turnstream.core.config import VllmSection
-    from turnstream.preflight import ensure_model
-    from turnstream.processes import ProcessGroup
-    from turnstream.vllm_server import start_vllm_server
+    from turnstream.launch.processes import ProcessGroup
+    from turnstream.launch.vllm_server import start_vllm_server
 
     ensure_model(a.model)
     procs = ProcessGroup(Path(a.out))

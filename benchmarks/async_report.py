@@ -12,7 +12,7 @@ import json
 import statistics
 from pathlib import Path
 
-from turnstream.plotting import pyplot
+from turnstream.reports.plotting import pyplot
 
 RECORDS = "records.jsonl"
 PLOT = "async_vs_sync.png"

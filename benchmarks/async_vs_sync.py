@@ -165,9 +165,9 @@ def run_config(env: str, eta: int, seed: int, url: str, args):
 
 
 def run_one(env: str, eta: int, seed: int, url: str, args) -> RunRecord:
-    from turnstream.launcher import LocalStack
-    from turnstream.progress import Progress
-    from turnstream.report import read_steps, rolling_success
+    from turnstream.launch.stack import LocalStack
+    from turnstream.reports.progress import Progress
+    from turnstream.reports.run_log import read_steps, rolling_success
 
     cfg = run_config(env, eta, seed, url, args)
     shutil.rmtree(cfg.run.run_dir, ignore_errors=True)  # the learner appends to learner.jsonl and resumes
@@ -202,7 +202,7 @@ def train_until(stack, started: float, cap: float, window: int, target: float, p
                 on_poll=lambda: None) -> float | None:
     """Poll a running stack until the rolling success over `window` trained episodes reaches `target`, or `cap`
     seconds after `started` (time.monotonic()); the seconds to the target, or None."""
-    from turnstream.report import read_steps, rolling_success
+    from turnstream.reports.run_log import read_steps, rolling_success
 
     while time.monotonic() - started < cap:
         stack.check_alive()
@@ -217,7 +217,7 @@ def train_until(stack, started: float, cap: float, window: int, target: float, p
 
 def record(env, eta, seed, args, steps, reached_s, wall, first: Snapshot | None, last: Snapshot | None, t0,
            rolling) -> RunRecord:
-    from turnstream.report import staleness_totals
+    from turnstream.reports.run_log import staleness_totals
 
     if first is not None and last is not None and last.at > first.at:
         window = last.at - first.at
@@ -278,9 +278,9 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     from benchmarks.async_report import RECORDS, plot
     from turnstream.core.config import Config, VllmSection
-    from turnstream.preflight import ensure_model
-    from turnstream.processes import ProcessGroup
-    from turnstream.vllm_server import start_vllm_server
+    from turnstream.checks.preflight import ensure_model
+    from turnstream.launch.processes import ProcessGroup
+    from turnstream.launch.vllm_server import start_vllm_server
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

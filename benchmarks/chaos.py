@@ -74,7 +74,7 @@ class KillSchedule:
 
 
 def _learner_version(stack) -> int:
-    from turnstream.report import read_steps
+    from turnstream.reports.run_log import read_steps
 
     steps = read_steps(stack.run_dir)
     return steps[-1]["version"] if steps else 0
@@ -82,9 +82,9 @@ def _learner_version(stack) -> int:
 
 def run(args) -> dict:
     from turnstream.core.config import load_config
-    from turnstream.launcher import LocalStack
-    from turnstream.processes import group_alive
-    from turnstream.report import read_steps, rolling_success
+    from turnstream.launch.processes import group_alive
+    from turnstream.launch.stack import LocalStack
+    from turnstream.reports.run_log import read_steps, rolling_success
 
     overrides = ["actor.num_processes=2", "launch.max_restarts=1000", f"run.run_dir={json.dumps(args.out)}",
                  "run.name=\"chaos\"", *args.overrides]

@@ -75,7 +75,7 @@ def bench_raw(n: int, obs, arrays) -> tuple[float, dict]:
     chunk (CpuClock.stop)."""
     import zmq
 
-    from turnstream.processes import free_port
+    from turnstream.launch.processes import free_port
 
     port, ctl = free_port(), free_port()
     frames = [bytes(f) for f in chunk_frames(obs, arrays)]  # the same bytes for every message
@@ -110,7 +110,7 @@ def bench_ack_only(n: int, obs, arrays, window: int, ack_delay_ms: float) -> tup
     link and its acks without the buffer's work (decode, validation, storage, credits), timed as ours."""
     import zmq
 
-    from turnstream.processes import free_port
+    from turnstream.launch.processes import free_port
 
     port, ctl = free_port(), free_port()
     child = subprocess.Popen([sys.executable, "-c", ACKER, str(port), str(ctl), str(ack_delay_ms / 1000)])
@@ -140,7 +140,7 @@ def bench_ours(n: int, obs, arrays, *, wal: bool, window: int, workdir: Path,
                ack_delay_ms: float | None = None) -> tuple[float, dict]:
     """Seconds from the first BufferLink.send to the last ack from a real buffer process, and CPU per chunk."""
     from turnstream.core.config import Config
-    from turnstream.processes import ProcessGroup, free_port
+    from turnstream.launch.processes import ProcessGroup, free_port
 
     cfg = Config()
     name = f"{wal}-{ack_delay_ms}-{obs.size}"

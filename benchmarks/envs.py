@@ -142,7 +142,7 @@ def _config(phase: Phase, url: str, out: Path, args):
 
 
 def run_phase(phase: Phase, url: str, args, round_: int = 0) -> PhaseResult:
-    from turnstream.processes import ProcessGroup, tail
+    from turnstream.launch.processes import ProcessGroup, tail
 
     out = Path(args.out) / f"{round_}-{phase.name.replace('/', '-')}"
     shutil.rmtree(out, ignore_errors=True)
@@ -256,11 +256,11 @@ def format_table(results: list[PhaseResult], ratios: dict) -> str:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    from turnstream.checks.preflight import ensure_model
     from turnstream.core.config import VllmSection
     from turnstream.core.configtools import ConfigError
-    from turnstream.preflight import ensure_model
-    from turnstream.processes import ProcessGroup
-    from turnstream.vllm_server import start_vllm_server
+    from turnstream.launch.processes import ProcessGroup
+    from turnstream.launch.vllm_server import start_vllm_server
 
     envs = [e.strip() for e in args.envs.split(",") if e.strip()]
     unknown = [e for e in envs if e not in ENVIRONMENTS]

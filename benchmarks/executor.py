@@ -44,8 +44,8 @@ def group_cpu_seconds(pgid: int) -> float:
 
 def run_one(executor: str, index: int, args) -> dict:
     from turnstream.core.config import load_config
-    from turnstream.launcher import LocalStack
-    from turnstream.report import read_steps
+    from turnstream.launch.stack import LocalStack
+    from turnstream.reports.run_log import read_steps
 
     cfg = load_config(None, ["run.name=demo", f"vllm.executor={executor}"])
     cfg.run.run_dir = str(Path(args.out) / "runs" / f"{index:02d}-{executor}")

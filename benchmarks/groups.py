@@ -55,8 +55,8 @@ def buffer_counters(port: int) -> dict[str, float]:
 
 def run_one(estimator: str, url: str, args) -> dict:
     from turnstream.core.config import load_config
-    from turnstream.launcher import LocalStack
-    from turnstream.report import read_steps, rolling_success
+    from turnstream.launch.stack import LocalStack
+    from turnstream.reports.run_log import read_steps, rolling_success
 
     cfg = load_config(args.config, [*args.overrides, f"learner.estimator={estimator}",
                                     f"tasks.group_size={args.group_size}", "buffer.sampling=group"])
@@ -83,10 +83,10 @@ def run_one(estimator: str, url: str, args) -> dict:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    from turnstream.checks.preflight import ensure_model
     from turnstream.core.config import VllmSection, load_config
-    from turnstream.preflight import ensure_model
-    from turnstream.processes import ProcessGroup
-    from turnstream.vllm_server import start_vllm_server
+    from turnstream.launch.processes import ProcessGroup
+    from turnstream.launch.vllm_server import start_vllm_server
 
     model = load_config(args.config, args.overrides).model.path
     ensure_model(model)

@@ -53,7 +53,7 @@ def _spec(args) -> dict:
 
 
 def _launch(spec: dict, ranks: int, out: Path) -> list[dict]:
-    from turnstream.processes import free_port
+    from turnstream.launch.processes import free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr",
            "127.0.0.1", "--master-port", str(free_port()), "-m", "benchmarks.learner_parallel",

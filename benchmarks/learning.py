@@ -34,7 +34,7 @@ import statistics
 import time
 from pathlib import Path
 
-from turnstream.plotting import pyplot
+from turnstream.reports.plotting import pyplot
 
 from benchmarks.async_vs_sync import COUNTERS, MAX_MODEL_LEN, reset_server, scrape, train_until, turn_latency
 
@@ -135,9 +135,9 @@ def run_config(task: str, estimator: str, seed: int, url: str, args):
 
 
 def run_one(task: str, estimator: str, seed: int, url: str, args) -> dict:
-    from turnstream.launcher import LocalStack
-    from turnstream.progress import Progress
-    from turnstream.report import read_steps
+    from turnstream.launch.stack import LocalStack
+    from turnstream.reports.progress import Progress
+    from turnstream.reports.run_log import read_steps
 
     cfg = run_config(task, estimator, seed, url, args)
     shutil.rmtree(cfg.run.run_dir, ignore_errors=True)  # the learner appends to learner.jsonl and resumes
@@ -161,7 +161,7 @@ def summarize_run(task: str, estimator: str, seed: int, steps: list[dict], windo
     """Episodes and seconds (since t0, wall clock: learner.jsonl stamps steps with time.time()) to the first step
     whose rolling success reached the target (None if none did). `max_staleness`: the policy's bound, past which
     a turn served to the critic alone (buffer.critic_replay) is one the bound would have dropped."""
-    from turnstream.report import rolling_success
+    from turnstream.reports.run_log import rolling_success
 
     episodes, reached, upto = 0, None, steps
     for i, s in enumerate(steps):
@@ -200,7 +200,7 @@ def _learner_ready(first: dict) -> float:
 
 def curve(steps: list[dict], window: int) -> list[list[float]]:
     """[episodes trained, rolling success] after every step."""
-    from turnstream.report import rolling_success
+    from turnstream.reports.run_log import rolling_success
 
     episodes, out = 0, []
     for i, s in enumerate(steps):
@@ -278,10 +278,10 @@ def format_table(summary: dict) -> str:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    from turnstream.checks.preflight import ensure_model
     from turnstream.core.config import Config, VllmSection
-    from turnstream.preflight import ensure_model
-    from turnstream.processes import ProcessGroup
-    from turnstream.vllm_server import start_vllm_server
+    from turnstream.launch.processes import ProcessGroup
+    from turnstream.launch.vllm_server import start_vllm_server
 
     check_known("bench learning", args, {"tasks": TASKS, "estimators": ESTIMATORS})
     out = Path(args.out)

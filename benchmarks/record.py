@@ -46,8 +46,8 @@ def parse_args(argv):
 def run_one(record: bool, index: int, url: str, args) -> dict:
     from benchmarks.async_vs_sync import MAX_MODEL_LEN, reset_server
     from turnstream.core.config import load_config
-    from turnstream.launcher import LocalStack
-    from turnstream.report import read_steps
+    from turnstream.launch.stack import LocalStack
+    from turnstream.reports.run_log import read_steps
 
     cfg = load_config(None, ["run.name=demo", *args.overrides, f"learner.record={str(record).lower()}"])
     cfg.vllm.urls, cfg.vllm.max_model_len, cfg.model.path = [url], MAX_MODEL_LEN, args.model
@@ -101,10 +101,10 @@ def replay(run: dict, jobs: int, server_start_s: float | None) -> dict:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     from benchmarks.async_vs_sync import MAX_MODEL_LEN
+    from turnstream.checks.preflight import ensure_model
     from turnstream.core.config import VllmSection
-    from turnstream.preflight import ensure_model
-    from turnstream.processes import ProcessGroup
-    from turnstream.vllm_server import start_vllm_server
+    from turnstream.launch.processes import ProcessGroup
+    from turnstream.launch.vllm_server import start_vllm_server
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -53,8 +53,8 @@ def parse_args(argv):
 def train(estimator: str, seed: int, url: str, args) -> tuple[Path | None, list[dict], float]:
     """A self-play run of `args.steps` learner steps; its last pushed weights (None if it pushed none)."""
     from turnstream.inspect.weights import kept_weights
-    from turnstream.launcher import LocalStack
-    from turnstream.report import read_steps
+    from turnstream.launch.stack import LocalStack
+    from turnstream.reports.run_log import read_steps
 
     cfg = run_config(TASK, estimator, seed, url, args)
     shutil.rmtree(cfg.run.run_dir, ignore_errors=True)
@@ -106,10 +106,10 @@ def main(argv: list[str]) -> int:
     from transformers import AutoModelForCausalLM
 
     from turnstream.actors.inference.chat_tokens import ChatTokens
+    from turnstream.checks.preflight import ensure_model
     from turnstream.core.config import Config, VllmSection
-    from turnstream.preflight import ensure_model
-    from turnstream.processes import ProcessGroup
-    from turnstream.vllm_server import start_vllm_server
+    from turnstream.launch.processes import ProcessGroup
+    from turnstream.launch.vllm_server import start_vllm_server
 
     check_known("bench selfplay", args, {"estimators": ESTIMATORS})
     out = Path(args.out)

@@ -81,8 +81,8 @@ def main(argv: list[str]) -> int:
     names = [t for t in args.tasks.split(",") if t] or list(trained) or list(DEFAULT_TASKS)
     tasks = {name: (WarmTask(name, trained[name]["args"], trained[name]["context_turns"]) if name in trained
                     else task_named(name)) for name in names}
-    from turnstream.processes import ProcessGroup
-    from turnstream.vllm_server import start_vllm_server
+    from turnstream.launch.processes import ProcessGroup
+    from turnstream.launch.vllm_server import start_vllm_server
 
     procs = ProcessGroup(Path("runs") / "bench-start-success")
     try:

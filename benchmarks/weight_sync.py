@@ -124,9 +124,9 @@ async def _bench_size(url: str, model_dir: Path, out: Path, rounds: int, load_n:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     from turnstream.core.config import VllmSection
-    from turnstream.processes import ProcessGroup
+    from turnstream.launch.processes import ProcessGroup
     from turnstream.tiny_model import make_tiny_model
-    from turnstream.vllm_server import start_vllm_server
+    from turnstream.launch.vllm_server import start_vllm_server
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
