@@ -3,4 +3,5 @@ import sys
 
 from turnstream.cli.program import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing every module (the wheel's check) must not run the command line
+    sys.exit(main())
