@@ -254,7 +254,6 @@ def reset_server(url: str, model_dir: str, weights_dir: Path) -> None:
 
     from turnstream.learner.sync.disk import DiskWeightSync
     from turnstream.learner.weights.buckets import WeightBuckets
-    from turnstream.learner.weights.buckets import WeightBuckets
 
     state = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     sync = DiskWeightSync([url], weights_dir, model_dir)
@@ -277,8 +276,8 @@ def grid(args) -> list[tuple[str, int, int]]:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     from benchmarks.async_report import RECORDS, plot
-    from turnstream.core.config import Config, VllmSection
     from turnstream.checks.preflight import ensure_model
+    from turnstream.core.config import Config, VllmSection
     from turnstream.launch.processes import ProcessGroup
     from turnstream.launch.vllm_server import start_vllm_server
 

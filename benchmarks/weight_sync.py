@@ -86,7 +86,6 @@ async def _bench_size(url: str, model_dir: Path, out: Path, rounds: int, load_n:
     from turnstream.actors.inference.chat_tokens import ChatTokens
     from turnstream.learner.sync.disk import DiskWeightSync
     from turnstream.learner.weights.buckets import WeightBuckets
-    from turnstream.learner.weights.buckets import WeightBuckets
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     params = sum(p.numel() for p in model.parameters())
@@ -125,8 +124,8 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     from turnstream.core.config import VllmSection
     from turnstream.launch.processes import ProcessGroup
-    from turnstream.tiny_model import make_tiny_model
     from turnstream.launch.vllm_server import start_vllm_server
+    from turnstream.tiny_model import make_tiny_model
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -276,7 +276,6 @@ def restore_served_weights(url, tiny_model, tmp_path):
 
     from turnstream.learner.sync.disk import DiskWeightSync
     from turnstream.learner.weights.buckets import WeightBuckets
-    from turnstream.learner.weights.buckets import WeightBuckets
 
     sync = DiskWeightSync([url], tmp_path / "restore", tiny_model)
     state = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()

@@ -20,7 +20,6 @@ from turnstream.learner import lora
 from turnstream.learner.sync.disk import DiskWeightSync
 from turnstream.learner.sync.lora import LoraAdapterSync
 from turnstream.learner.weights.buckets import WeightBuckets
-from turnstream.learner.weights.buckets import WeightBuckets
 from turnstream.learner.weights.source import serving_state_dict
 
 pytestmark = pytest.mark.vllm

@@ -21,11 +21,10 @@ from turnstream.learner.metrics import LearnerMetrics
 from turnstream.learner.sync.base import WeightSync, WeightSyncError, post
 from turnstream.learner.sync.disk import DiskWeightSync
 from turnstream.learner.sync.lora import LoraAdapterSync
-from turnstream.learner.weights.buckets import WeightBuckets
-from turnstream.learner.weights.buckets import WeightBuckets
 from turnstream.learner.sync.probe import model_logprobs
-from turnstream.learner.weights.source import serving_state_dict
 from turnstream.learner.sync.verify import PushVerifier, tolerance_for
+from turnstream.learner.weights.buckets import WeightBuckets
+from turnstream.learner.weights.source import serving_state_dict
 
 pytestmark = pytest.mark.vllm
 

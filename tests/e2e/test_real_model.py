@@ -21,10 +21,9 @@ from turnstream.core.config import LearnerSection
 from turnstream.learner.batch.tensors import to_tensors
 from turnstream.learner.step.trainer import Trainer
 from turnstream.learner.sync.disk import DiskWeightSync
-from turnstream.learner.weights.buckets import WeightBuckets
-from turnstream.learner.weights.buckets import WeightBuckets
 from turnstream.learner.sync.probe import model_logprobs
 from turnstream.learner.sync.verify import PushVerifier
+from turnstream.learner.weights.buckets import WeightBuckets
 
 pytestmark = pytest.mark.vllm
 

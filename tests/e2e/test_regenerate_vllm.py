@@ -20,7 +20,6 @@ from turnstream.inspect.regenerate import regenerate
 from turnstream.learner.record.writer import StepRecorder
 from turnstream.learner.sync.disk import DiskWeightSync
 from turnstream.learner.weights.buckets import WeightBuckets
-from turnstream.learner.weights.buckets import WeightBuckets
 from tests.helpers import play_episodes
 
 pytestmark = pytest.mark.vllm

@@ -14,7 +14,6 @@ from turnstream.buffer.store.episodes import Episode, flatten
 from turnstream.learner.batch.tensors import to_tensors
 from turnstream.learner.sync.disk import DiskWeightSync
 from turnstream.learner.weights.buckets import WeightBuckets
-from turnstream.learner.weights.buckets import WeightBuckets
 from tests.helpers import http_json, play_episodes
 from tests.learner_logprobs import action_logprobs
 

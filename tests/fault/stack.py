@@ -172,7 +172,6 @@ def restore_vllm(url: str, model: Path, scratch: Path) -> None:
 
     from turnstream.learner.sync.disk import DiskWeightSync
     from turnstream.learner.weights.buckets import WeightBuckets
-    from turnstream.learner.weights.buckets import WeightBuckets
 
     sync = DiskWeightSync([url], scratch / "restore", model)
     state = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).state_dict()

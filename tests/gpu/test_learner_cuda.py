@@ -120,7 +120,6 @@ def test_pushed_weights_are_cast_to_the_served_dtype(tmp_path):
     from turnstream.learner.weights.source import serving_state_dict
     from turnstream.learner.sync.disk import DiskWeightSync
     from turnstream.learner.weights.buckets import WeightBuckets
-    from turnstream.learner.weights.buckets import WeightBuckets
 
     model = _tiny_lm().cuda()
     state = serving_state_dict(model, torch.bfloat16)

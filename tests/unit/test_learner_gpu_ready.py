@@ -183,7 +183,6 @@ def test_pushed_weights_have_the_served_dtype(tmp_path):
 
     from turnstream.learner.sync.disk import DiskWeightSync
     from turnstream.learner.weights.buckets import WeightBuckets
-    from turnstream.learner.weights.buckets import WeightBuckets
 
     model = tiny_causal_lm()
     model.save_pretrained(tmp_path / "model")

@@ -62,7 +62,6 @@ def test_adapter_push_is_a_peft_adapter_that_gives_the_trained_model(tmp_path):
 
     from turnstream.learner.sync.lora import LoraAdapterSync
     from turnstream.learner.weights.buckets import WeightBuckets
-    from turnstream.learner.weights.buckets import WeightBuckets
 
     model, _ = _trained()
     pushed = push_tensors(model.state_dict(), LORA)

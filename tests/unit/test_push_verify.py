@@ -15,7 +15,6 @@ from turnstream.learner.metrics import LearnerMetrics
 from turnstream.learner.sync.base import WeightSyncError
 from turnstream.learner.sync.disk import DiskWeightSync
 from turnstream.learner.weights.buckets import WeightBuckets
-from turnstream.learner.weights.buckets import WeightBuckets
 from turnstream.learner.sync.probe import PROBE_LENGTH, model_logprobs, probe_tokens, prompt_logprobs
 from turnstream.learner.sync.verify import PushVerifier, compare, tolerance_for
 

@@ -13,7 +13,6 @@ from turnstream.learner.sync.base import WeightSyncError
 
 from turnstream.learner.sync.disk import DiskWeightSync
 from turnstream.learner.weights.buckets import WeightBuckets
-from turnstream.learner.weights.buckets import WeightBuckets
 
 from turnstream.learner.sync.nccl import NcclWeightSync
 from tests.unit.fake_vllm import FakeVllm

@@ -14,7 +14,6 @@ from turnstream.learner.sync.disk import DiskWeightSync
 from turnstream.learner.sync.factory import weight_sync_from_config
 from turnstream.learner.sync.lora import LoraAdapterSync
 from turnstream.learner.weights.buckets import WeightBuckets
-from turnstream.learner.weights.buckets import WeightBuckets
 
 SEQUENCE = ["pause?mode=keep&clear_cache=false", "load_lora_adapter", "update_weight_version", "resume"]
 LORA = LoraSection(rank=2, alpha=4.0, target_modules=["q_proj"])
