@@ -138,34 +138,65 @@ def _quiet_threads() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # torchrun warns otherwise
 
 
+def _start_after_lost_step(version: int, checkpoints: dict, emit):
+    """Where the replay goes on after a step that was taken but not recorded: the first checkpoint at or after
+    it, or None (the replay stops) when none follows."""
+    from turnstream.replay.rebuild import Start
+
+    after = sorted(v for v in checkpoints if v >= version)
+    emit(f"step {version} is lost (taken but not recorded)" + (
+        f": continuing from checkpoint {after[0]}" if after else
+        " and no checkpoint follows it: the replay stops here"), flush=True)
+    return Start(after[0], checkpoints[after[0]]) if after else None
+
+
+def _stats_file(out: Path):
+    out.mkdir(parents=True, exist_ok=True)
+    return (out / "replay.jsonl").open("w")
+
+
+def _compare_with_checkpoint(trainer, version: int, checkpoints: dict, out: Path, rank: int,
+                             world: int) -> dict | None:
+    """The replayed weights at `version` against the run's own checkpoint there: a result on rank 0, else None."""
+    from turnstream.learner.checkpoint import store
+    from turnstream.learner.checkpoint.layout import tmp_name
+    from turnstream.learner.parallel.ranks import broadcast
+    from turnstream.replay.compare import compare
+
+    tmp = broadcast(tmp_name(version, os.getpid()), rank, world)
+    mine = None
+    if rank == 0 or store.writes_sharded(trainer):  # a sharded save is a collective
+        mine = store.save(out / "compare", trainer, checkpoints[version] / "model", keep=1, tmp=tmp)
+    if rank != 0:
+        return None
+    result = compare(checkpoints[version], mine)
+    shutil.rmtree(mine, ignore_errors=True)
+    return {"version": version, "equal": result.equal, "max_abs_diff": result.max_abs_diff,
+            "differing": len(result.counted_differences),
+            "first_difference": next(iter(result.counted_differences), ""), "summary": result.summary()}
+
+
 def _replay(args, record, start, steps, cfg, started: float) -> int:
     import torch
 
-    from turnstream.learner.checkpoint import store
-    from turnstream.learner.checkpoint.layout import tmp_name
     from turnstream.learner.main import start_rank
-    from turnstream.learner.parallel.ranks import broadcast, shutdown
-    from turnstream.replay.compare import compare
-    from turnstream.replay.rebuild import Start, Stepper, build, run_checkpoints
+    from turnstream.learner.parallel.ranks import shutdown
+    from turnstream.replay.rebuild import Stepper, build, run_checkpoints
 
     run_dir = Path(args.run_dir)
-    if args.deterministic:
-        torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(bool(args.deterministic))
     rank, world = start_rank(cfg)
     out = Path(args.out) if args.out else run_dir / "replay"
     emit = print if rank == 0 else (lambda *a, **k: None)
     checkpoints = run_checkpoints(run_dir)
     results, lost, replayed = [], [], []
-    uncompared: list[list[int]] = []  # [first, last] of each run of replayed steps no checkpoint followed
-    unchecked_from = None  # the first replayed step since the last comparison
+    uncompared, unchecked_from = [], None  # [first, last] of steps no checkpoint followed; first since the last one
     try:
         stepper = Stepper(build(cfg, start, rank, world))
         emit(f"replaying steps {steps[0].version}..{steps[-1].version} of {run_dir} from {start.describe()} on "
              f"{world} rank(s), {stepper.trainer.device}" + (f", with {' '.join(args.set)}" if args.set else ""),
              flush=True)
-        if rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
-        stats_file = (out / "replay.jsonl").open("w") if rank == 0 else None
+        stats_file = _stats_file(out) if rank == 0 else None
         for recorded in steps:
             if stepper.trainer.version >= recorded.version:  # a checkpoint past a lost step covered it
                 continue
@@ -173,16 +204,12 @@ def _replay(args, record, start, steps, cfg, started: float) -> int:
                 lost.append(recorded.version)
                 uncompared += _unchecked(unchecked_from, stepper.trainer.version)
                 unchecked_from = None
-                after = sorted(v for v in checkpoints if v >= recorded.version)
-                if not after:
-                    emit(f"step {recorded.version} is lost (taken but not recorded) and no checkpoint follows it: "
-                         "the replay stops here", flush=True)
+                restart = _start_after_lost_step(recorded.version, checkpoints, emit)
+                if restart is None:
                     break
-                emit(f"step {recorded.version} is lost (taken but not recorded): continuing from checkpoint "
-                     f"{after[0]}", flush=True)
                 del stepper
                 gc.collect()
-                stepper = Stepper(build(cfg, Start(after[0], checkpoints[after[0]]), rank, world))
+                stepper = Stepper(build(cfg, restart, rank, world))
                 continue
             stats = stepper.step(recorded)
             replayed.append(stats)
@@ -191,18 +218,10 @@ def _replay(args, record, start, steps, cfg, started: float) -> int:
                 stats_file.write(json.dumps(stats) + "\n")
             if recorded.version in checkpoints:
                 unchecked_from = None
-                tmp = broadcast(tmp_name(recorded.version, os.getpid()), rank, world)
-                mine = None
-                if rank == 0 or store.writes_sharded(stepper.trainer):  # a sharded save is a collective
-                    mine = store.save(out / "compare", stepper.trainer, checkpoints[recorded.version] / "model",
-                                      keep=1, tmp=tmp)
-                if rank == 0:
-                    result = compare(checkpoints[recorded.version], mine)
-                    shutil.rmtree(mine, ignore_errors=True)
-                    results.append({"version": recorded.version, "equal": result.equal,
-                                    "max_abs_diff": result.max_abs_diff, "differing": len(result.counted_differences),
-                                    "first_difference": next(iter(result.counted_differences), "")})
-                    emit(f"step {recorded.version}: {result.summary()}", flush=True)
+                result = _compare_with_checkpoint(stepper.trainer, recorded.version, checkpoints, out, rank, world)
+                if result is not None:
+                    results.append(result)
+                    emit(f"step {recorded.version}: {result.pop('summary')}", flush=True)
         if stats_file is not None:
             stats_file.close()
         uncompared += _unchecked(unchecked_from, stepper.trainer.version)
