@@ -11,7 +11,9 @@ from turnstream.core.config_lora import LoraSection
 from turnstream.core.configtools import require
 
 
-CRITIC_ESTIMATORS = ("turn_gae", "token_gae", "turn_td")  # the estimators that read a value function
+# the estimators that read a value function: the config checks them here, below the learner, and
+# tests/unit/test_estimator_registry.py holds them equal to the learner's estimators whose needs_critic is true
+CRITIC_ESTIMATORS = ("turn_gae", "token_gae", "turn_td")
 
 # "auto": the learner chooses the value from the size of the policy it trains (learner/scale_defaults.py)
 NonNegativeOrAuto = Annotated[float, Field(ge=0)] | Literal["auto"]

@@ -229,10 +229,9 @@ async def expected_of(sync: WeightSync, trainer: Trainer, dtype) -> Expected | N
 
 
 def changed_values(trainer: Trainer, batch: Batch) -> dict[str, float]:
-    """The SPO tracker's values of the batch's prompts, which this step folded in (none for other estimators)."""
-    if trainer.cfg.estimator != "spo":
-        return {}
-    return {key: trainer.tracker.value(key) for key in dict.fromkeys(batch.prompt_keys)}
+    """The per-prompt values of the batch's prompts that this step changed (SPO's tracker; none for the estimators
+    that keep none), which the actors' curriculum reads."""
+    return trainer.estimator.changed_values(batch.prompt_keys)
 
 
 # A batch request is a long poll of this many seconds. The buffer counts a batch consumed once it sends it, so a

@@ -2,10 +2,11 @@
 
 For every configuration below, a fresh tiny model trains 3 steps on fixed synthetic batches with a fixed seed;
 OUT.json maps the configuration's name to sha256 digests of its parameters, its optimizer state, the weights a
-push would carry, the SPO tracker, and the step statistics (timings left out). Two runs of the same code give
-the same file, so comparing the file written before a refactor with the one written after it shows whether the
-refactor changed any arithmetic. One process covers the estimators, micro-batching, packing, LoRA, the
-reference model and the critic modes; two gloo ranks (spawned) cover ddp and fsdp2.
+push would carry, the estimator's checkpoint state (SPO's tracker), and the step statistics (timings left out).
+Two runs of the same code give the same file, so comparing the file written before a refactor with the one
+written after it shows whether the refactor changed any arithmetic. One process covers the estimators,
+micro-batching, packing, LoRA, the reference model and the critic modes; two gloo ranks (spawned) cover ddp and
+fsdp2.
 """
 from __future__ import annotations
 
@@ -140,7 +141,7 @@ def fingerprint(name: str, fields: dict, critic_dir: str) -> dict:
     return {"parameters": _digest(trainer.net.named_parameters()),
             "optimizer": _digest(_optimizer_tensors(trainer)),
             "push_bf16": _digest(_push_tensors(trainer)),
-            "tracker": hashlib.sha256(json.dumps(trainer.tracker.state_dict(), sort_keys=True).encode()).hexdigest(),
+            "tracker": hashlib.sha256(json.dumps(trainer.estimator.state_dict(), sort_keys=True).encode()).hexdigest(),
             "stats": hashlib.sha256(json.dumps(stats, sort_keys=True).encode()).hexdigest(),
             "version": trainer.version}
 

@@ -28,7 +28,7 @@ class SingleFile(CheckpointFormat):
 
     def save(self, root: Path, trainer, source_model_dir: str | Path, keep: int, tmp: str | None) -> Path | None:
         return single_file.save(root, trainer.version, trainer.net.model, source_model_dir, file_state(trainer),
-                                trainer.tracker.state_dict(), keep)
+                                trainer.estimator.state_dict(), keep)
 
 
 class Sharded(CheckpointFormat):
@@ -37,5 +37,5 @@ class Sharded(CheckpointFormat):
     collective = True
 
     def save(self, root: Path, trainer, source_model_dir: str | Path, keep: int, tmp: str | None) -> Path | None:
-        return sharded.save(root, trainer, source_model_dir, trainer.tracker.state_dict(), keep,
+        return sharded.save(root, trainer, source_model_dir, trainer.estimator.state_dict(), keep,
                             tmp or tmp_name(trainer.version, os.getpid()))

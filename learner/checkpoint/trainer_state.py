@@ -71,4 +71,4 @@ def _load_meta(trainer, meta: dict, tracker_state: dict) -> None:
     trainer.version = int(meta["version"])
     trainer.scheduler.load_state_dict(meta["scheduler"])
     set_rng_state(meta["rng"], trainer.generator)
-    trainer.tracker.load_state_dict(tracker_state)
+    trainer.estimator.load_state_dict(tracker_state)

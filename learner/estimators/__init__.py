@@ -1,3 +1,4 @@
-"""Advantage estimators: the formulas as plain numpy functions (advantages.py), the SPO tracker (spo.py), the
-value networks of the critic-based estimators (critic.py), and the one interface from a batch to per-token
-advantages and critic targets for `learner.estimator` (compute.py). Worked examples: docs/estimators.md."""
+"""Advantage estimators: one interface (base.py), one class per estimator in its own module, chosen once from
+`learner.estimator` by the registry (registry.py); the formulas as plain numpy functions (advantages.py), what they
+read of a batch (episodes.py), SPO's tracker (tracker.py), the value networks of the critic-based estimators
+(critic.py). Worked examples: docs/estimators.md."""

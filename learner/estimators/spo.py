@@ -1,7 +1,7 @@
-"""Single-stream Policy Optimisation: a persistent per-prompt Beta tracker as the baseline.
+"""Single-stream Policy Optimisation (`spo`): a persistent per-prompt Beta tracker (tracker.py) as the baseline,
+read before the update and folded after it.
 
-Formulas and worked examples: docs/estimators.md, "SPO". Rewards are taken as success evidence in [0, 1]
-(clipped), which keeps the Beta reading valid for fractional rewards.
+Formulas and worked examples: docs/estimators.md, "SPO".
 """
 from __future__ import annotations
 
@@ -10,45 +10,54 @@ import math
 import numpy as np
 import torch
 
-from turnstream.learner.batch.tensors import TensorBatch
+from turnstream.core.config import LearnerSection
+from turnstream.learner.batch.tensors import TensorBatch, episode_marks
+from turnstream.learner.estimators.base import Advantages, Estimator, per_token
+from turnstream.learner.estimators.tracker import SpoTracker
+from turnstream.protocol.messages import Batch
 
 
-class SpoTracker:
-    """Per prompt key a Beta(alpha, beta) over its success rate; old evidence decays by rho per new outcome.
+class Spo(Estimator):
+    """Each episode's return against its prompt's tracked success rate, normalised over the batch under the
+    action-token measure (SPO++) or per episode (spo.normalize = "sequence"), broadcast to its action tokens."""
 
-    rho_min, rho_max, d_half: the config's `learner.spo` numbers (rho = 2^(-D / d_half), clipped)."""
+    name = "spo"
+    reads_learner_state = True
 
-    def __init__(self, rho_min: float = 0.875, rho_max: float = 0.96, d_half: float = 0.06):
-        self.rho_min, self.rho_max, self.d_half = rho_min, rho_max, d_half
-        self.state: dict[str, tuple[float, float]] = {}  # prompt key -> (alpha, beta)
+    def __init__(self, cfg: LearnerSection):
+        super().__init__(cfg)
+        self.tracker = SpoTracker(cfg.spo.rho_min, cfg.spo.rho_max, cfg.spo.d_half)
 
-    def value(self, key: str) -> float:
-        alpha, beta = self.state.get(key, (0.5, 0.5))  # Jeffreys prior for an unseen prompt
-        return alpha / (alpha + beta)
+    def advantages(self, batch: Batch, tb: TensorBatch, old_values: torch.Tensor | None,
+                   agent_ids: np.ndarray | None, episodes: np.ndarray | None = None,
+                   cut_values: torch.Tensor | None = None) -> Advantages:
+        returns = np.asarray(batch.returns, np.float64)
+        baselines = self.tracker.values(batch.prompt_keys)  # read before the update
+        episode_adv = normalize_advantages(returns - baselines, tb.tokens_per_episode, self.cfg.spo.normalize)
+        baseline_mean = float(baselines.mean()) if tb.num_episodes else 0.0
+        return per_token(episode_adv[tb.act_episode.numpy()], agent_ids, baseline_mean)
 
-    def values(self, keys: list[str]) -> np.ndarray:
-        """value() of each key, in order."""
-        return np.array([self.value(k) for k in keys], dtype=np.float64)
+    @property
+    def folds_updated_policy(self) -> bool:
+        return self.cfg.spo.drift == "updated"  # the drift against the updated policy, not pi_prox
 
-    def rho(self, divergence: float) -> float:
-        raw = 2.0 ** (-divergence / self.d_half)
-        return min(max(raw, self.rho_min), self.rho_max)
+    def after_step(self, batch: Batch, tb: TensorBatch, prox_logp: torch.Tensor,
+                   new_logp: torch.Tensor) -> dict[str, float]:
+        logp = new_logp if self.folds_updated_policy else prox_logp
+        replayed = episode_marks(batch.replayed, len(batch.episode_ids))
+        return {"spo_rho_mean": fold_batch(self.tracker, batch.prompt_keys, batch.returns, tb, logp, replayed)}
 
-    def update(self, key: str, reward: float, divergence: float) -> float:
-        """Fold one outcome in, forgetting old evidence faster the further the policy moved. Returns rho."""
-        r = min(max(reward, 0.0), 1.0)
-        alpha, beta = self.state.get(key, (0.5, 0.5))
-        rho = self.rho(divergence)
-        self.state[key] = (rho * alpha + r, rho * beta + (1.0 - r))
-        return rho
+    def success_estimates(self, prompt_keys: list[str]) -> np.ndarray:
+        return self.tracker.values(prompt_keys)
+
+    def changed_values(self, prompt_keys: list[str]) -> dict[str, float]:
+        return {key: self.tracker.value(key) for key in dict.fromkeys(prompt_keys)}
 
     def state_dict(self) -> dict:
-        return {"config": {"rho_min": self.rho_min, "rho_max": self.rho_max, "d_half": self.d_half},
-                "state": {k: list(v) for k, v in self.state.items()}}
+        return self.tracker.state_dict()
 
-    def load_state_dict(self, d: dict) -> None:
-        self.rho_min, self.rho_max, self.d_half = (float(d["config"][k]) for k in ("rho_min", "rho_max", "d_half"))
-        self.state = {k: (float(a), float(b)) for k, (a, b) in d["state"].items()}
+    def load_state_dict(self, state: dict) -> None:
+        self.tracker.load_state_dict(state)
 
 
 def fold_batch(tracker: SpoTracker, prompt_keys: list[str], returns: list[float], tb: TensorBatch,

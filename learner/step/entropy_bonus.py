@@ -19,28 +19,28 @@ import numpy as np
 import torch
 
 from turnstream.core.config import LearnerSection
-from turnstream.learner.estimators.spo import SpoTracker
+from turnstream.learner.estimators.base import Estimator
 from turnstream.learner.batch.tensors import TensorBatch, max_entropy
 from turnstream.protocol.messages import Batch
 
 
-def _uniform(batch: Batch, tracker: SpoTracker) -> np.ndarray:
+def _uniform(batch: Batch, estimator: Estimator) -> np.ndarray:
     return np.ones(len(batch.prompt_keys))
 
 
-def _outcome_variance(batch: Batch, tracker: SpoTracker) -> np.ndarray:
-    v = tracker.values(batch.prompt_keys)
+def _outcome_variance(batch: Batch, estimator: Estimator) -> np.ndarray:
+    v = estimator.success_estimates(batch.prompt_keys)
     return 4.0 * v * (1.0 - v)
 
 
-EPISODE_WEIGHTS: dict[str, Callable[[Batch, SpoTracker], np.ndarray]] = {
+EPISODE_WEIGHTS: dict[str, Callable[[Batch, Estimator], np.ndarray]] = {
     "uniform": _uniform, "outcome_variance": _outcome_variance}
 
 
-def entropy_scale(cfg: LearnerSection, batch: Batch, tb: TensorBatch, tracker: SpoTracker,
+def entropy_scale(cfg: LearnerSection, batch: Batch, tb: TensorBatch, estimator: Estimator,
                   vocab_size: int) -> torch.Tensor | None:
     """[N] per action token, or None without a bonus (entropy_coef 0)."""
     if not cfg.entropy_coef:
         return None
-    per_episode = torch.from_numpy(EPISODE_WEIGHTS[cfg.entropy_weight](batch, tracker).astype(np.float32))
+    per_episode = torch.from_numpy(EPISODE_WEIGHTS[cfg.entropy_weight](batch, estimator).astype(np.float32))
     return per_episode[tb.act_episode] / max_entropy(tb, vocab_size)

@@ -17,9 +17,7 @@ import torch
 
 from turnstream.core.config import LearnerSection
 from turnstream.learner.batch.tensors import TensorBatch
-from turnstream.learner.estimators import compute as estimators
-from turnstream.learner.estimators.compute import VALUE_BASED, Advantages
-from turnstream.learner.estimators.spo import SpoTracker
+from turnstream.learner.estimators.base import Advantages, Estimator
 from turnstream.learner.batch.forward import MicroBatch
 from turnstream.protocol.messages import Batch
 
@@ -41,16 +39,16 @@ class StepInputs:
     agent_ids: np.ndarray | None  # Dr. MAS agent-wise normalisation (agent_norm)
 
 
-def values_from_training_forward(cfg: LearnerSection) -> bool:
+def values_from_training_forward(cfg: LearnerSection, estimator: Estimator) -> bool:
     """Whether the critic's values come from the training forward (critic.whiten resolved to micro-batches)."""
-    return cfg.estimator in VALUE_BASED and cfg.values_in_step()
+    return estimator.needs_critic and cfg.values_in_step()
 
 
-def prox_from_training_forward(cfg: LearnerSection) -> bool:
+def prox_from_training_forward(cfg: LearnerSection, estimator: Estimator) -> bool:
     """One optimizer step per batch: pi_prox is the policy of the training forward itself. A value-based step
     that still needs the no-grad pass for its values reads pi_prox there instead."""
     one_update = cfg.epochs * cfg.minibatches == 1
-    return one_update and (cfg.estimator not in VALUE_BASED or values_from_training_forward(cfg))
+    return one_update and (not estimator.needs_critic or values_from_training_forward(cfg, estimator))
 
 
 def proximal_logp(x: StepInputs, mb: MicroBatch, logp: torch.Tensor, keep: bool) -> torch.Tensor:
@@ -64,12 +62,11 @@ def proximal_logp(x: StepInputs, mb: MicroBatch, logp: torch.Tensor, keep: bool)
     return prox
 
 
-def fill_values(cfg: LearnerSection, tracker: SpoTracker, x: StepInputs, mb: MicroBatch,
-                values: torch.Tensor) -> None:
+def fill_values(estimator: Estimator, x: StepInputs, mb: MicroBatch, values: torch.Tensor) -> None:
     """The micro-batch's pre-update values from its training forward, and its advantages and critic targets
     from those values (whitened over its own tokens)."""
     sel = mb.select
     x.old_values[sel] = values.detach().float().cpu()
-    part = estimators.for_config(cfg, tracker, x.batch, x.tb, x.old_values, x.agent_ids, mb.rows.numpy())
+    part = estimator.advantages(x.batch, x.tb, x.old_values, x.agent_ids, mb.rows.numpy())
     x.advantages.token_adv[sel] = part.token_adv[sel]
     x.advantages.value_targets[sel] = part.value_targets[sel]

@@ -1,4 +1,4 @@
-"""One learner step: batch -> tensors -> (values, pi_prox) -> advantages -> updates -> version, tracker, stats.
+"""One learner step: batch -> tensors -> (values, pi_prox) -> advantages -> updates -> version, estimator fold, stats.
 
 Episodes served to the critic alone (Batch.critic_only) cannot move the policy. They never share a micro-batch
 with the policy's episodes; the step's last update trains them after the policy's pass has been clipped, in a
@@ -9,7 +9,8 @@ them reaches the policy from the next step on, as any critic's learning does (le
 
 Data parallel: every rank holds the same batch and computes the same advantages; micro-batches are dealt
 round-robin over ranks, and gradients are summed across ranks. How (one process, DDP or FSDP2) is the parallel
-strategy's business (learner/parallel/), chosen once when the Trainer is built.
+strategy's business (learner/parallel/), chosen once when the Trainer is built, as is the estimator
+(learner/estimators/registry.py): the step reads its properties and calls its hooks, never its name.
 
 Device and precision (learner/device.py): the model, critic and optimizer state live on `learner.device`
 in fp32; forwards run under autocast (bf16 on cuda by default). Batch bookkeeping (TensorBatch, indices,
@@ -26,9 +27,10 @@ from turnstream.learner.batch import forward
 from turnstream.learner.batch.tensors import TensorBatch, logprobs_from_action_logits, to_tensors
 from turnstream.learner.step.entropy_bonus import entropy_scale
 from turnstream.learner.device import Placement, enable_checkpointing, keep_checkpointing_active, placement
-from turnstream.learner.estimators import compute as estimators
+from turnstream.learner.estimators.base import Advantages
 from turnstream.learner.estimators.critic import PolicyAndValue
-from turnstream.learner.estimators.spo import SpoTracker, fold_batch
+from turnstream.learner.estimators.episodes import token_agent_ids, turn_groups
+from turnstream.learner.estimators.registry import estimator_for
 from turnstream.learner.step.loss import explained_variance, step_kl
 from turnstream.learner.step.objective import UpdateWeights, microbatch_loss, update_weights, value_term
 from turnstream.learner.step.packing import NothingToTrain, drop_untrainable, microbatches, shard
@@ -36,7 +38,7 @@ from turnstream.learner.parallel.choose import strategy_for
 from turnstream.learner.scale_defaults import parameter_count, resolve
 from turnstream.learner.step.step_inputs import (StepInputs, fill_values, prox_from_training_forward, proximal_logp,
                                             values_from_training_forward)
-from turnstream.learner.step.step_stats import MeanMax, batch_stats, replayed_episodes
+from turnstream.learner.step.step_stats import MeanMax, batch_stats
 from turnstream.learner.step.update_rows import UpdateRows, update_rows
 from turnstream.learner.weights.buckets import WeightBuckets
 from turnstream.protocol.messages import Batch
@@ -61,8 +63,9 @@ class Trainer:
         self.cfg = cfg
         self.vocab_size = model.config.vocab_size
         self.pad_id = model.config.pad_token_id or 0
-        value_based = cfg.estimator in estimators.VALUE_BASED
-        self.net = self.parallel.place(PolicyAndValue(model, cfg.critic.mode if value_based else None, critic_path))
+        self.estimator = estimator_for(cfg)  # what it keeps across steps (SPO's tracker) goes into checkpoints
+        self.net = self.parallel.place(PolicyAndValue(model, cfg.critic.mode if self.estimator.needs_critic else None,
+                                                      critic_path))
         self.packed = forward.packs(model, cfg.pack_sequences, cfg.max_tokens_per_microbatch)
         if cfg.activation_checkpointing:
             enable_checkpointing(model, self.net.critic.backbone if self.net.critic is not None else None)
@@ -78,7 +81,6 @@ class Trainer:
         # noisy steps small, which matters for RL where the first batches' gradients are mostly noise.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / max(1, cfg.warmup_steps)))
-        self.tracker = SpoTracker(cfg.spo.rho_min, cfg.spo.rho_max, cfg.spo.d_half)
         self.ref_model = ref_model  # frozen initial policy for the KL term (kl_coef > 0)
         self.generator = torch.Generator().manual_seed(seed)
         self.version = 0
@@ -100,16 +102,12 @@ class Trainer:
         if x.prox_from_forward:  # each rank kept its own micro-batches' share
             self._sum_over_ranks(x.prox_logp)
         out = updates.result()
-        drift_updated = cfg.estimator == "spo" and cfg.spo.drift == "updated"
-        new_logp, out["step_kl"] = self._step_kl(x, every_episode=drift_updated)
-        rho_mean = 1.0
-        if cfg.estimator == "spo":  # learner.spo.drift: measured against pi_prox or the updated policy
-            rho_mean = fold_batch(self.tracker, batch.prompt_keys, batch.returns, tb,
-                                  new_logp if drift_updated else x.prox_logp, replayed_episodes(batch))
+        new_logp, out["step_kl"] = self._step_kl(x, every_episode=self.estimator.folds_updated_policy)
+        folded = self.estimator.after_step(batch, tb, x.prox_logp, new_logp)
         self.parallel.end_step(self.net)
         step_s = time.monotonic() - started
         out.update(batch_stats(batch, tb, dropped), version=self.version, baseline_mean=x.advantages.baseline_mean,
-                   spo_rho_mean=rho_mean, step_s=step_s, learning_rate=lr,
+                   **folded, step_s=step_s, learning_rate=lr,
                    tokens_per_s=float(tb.attention_mask.sum()) * cfg.epochs / max(step_s, 1e-9))
         if x.old_values is not None:
             out.update(self._critic_stats(x))
@@ -120,24 +118,25 @@ class Trainer:
         the update (no-grad passes, unless the training forward gives them), then the advantages."""
         cfg, n = self.cfg, tb.act_tokens.numel()
         allowed = tb.allowed.to(self.device)
-        prox_from_forward, values_from_forward = prox_from_training_forward(cfg), values_from_training_forward(cfg)
-        value_based = cfg.estimator in estimators.VALUE_BASED
+        estimator = self.estimator
+        prox_from_forward = prox_from_training_forward(cfg, estimator)
+        values_from_forward = values_from_training_forward(cfg, estimator)
         if prox_from_forward:
             prox_logp, old_values = torch.zeros(n), None
         else:
-            prox_logp, old_values = self._no_grad_pass(tb, allowed, values=value_based and not values_from_forward)
+            prox_logp, old_values = self._no_grad_pass(tb, allowed,
+                                                       values=estimator.needs_critic and not values_from_forward)
         ref_logp = self._no_grad_pass(tb, allowed, reference=True)[0] if cfg.kl_coef > 0 else None
-        agent_ids = estimators.token_agent_ids(batch, tb) if cfg.agent_norm else None
+        agent_ids = token_agent_ids(batch, tb) if cfg.agent_norm else None
         if values_from_forward:  # filled micro-batch by micro-batch (fill_values)
             old_values = torch.zeros(n)
-            advantages = estimators.Advantages(torch.zeros(n), estimators.value_positions(cfg.estimator, tb),
-                                               torch.zeros(n))
+            advantages = Advantages(torch.zeros(n), estimator.value_positions(tb), torch.zeros(n))
         else:
-            advantages = estimators.for_config(cfg, self.tracker, batch, tb, old_values, agent_ids)
+            advantages = estimator.advantages(batch, tb, old_values, agent_ids)
         return StepInputs(batch, tb, allowed, advantages, prox_logp, prox_from_forward, old_values,
                           values_from_forward, ref_logp,
-                          ratio_group=estimators.turn_groups(tb) if value_based and cfg.critic.turn_ratio else None,
-                          entropy_scale=entropy_scale(cfg, batch, tb, self.tracker, self.vocab_size),
+                          ratio_group=turn_groups(tb) if estimator.needs_critic and cfg.critic.turn_ratio else None,
+                          entropy_scale=entropy_scale(cfg, batch, tb, estimator, self.vocab_size),
                           agent_ids=agent_ids)
 
     def _update(self, x: StepInputs, rows: UpdateRows) -> dict[str, float]:
@@ -178,7 +177,7 @@ class Trainer:
                 with self.where.autocast():
                     _, values = self.train_net(mb, values_only=True)
                 if x.values_from_forward and own:
-                    fill_values(self.cfg, self.tracker, x, mb, values)
+                    fill_values(self.estimator, x, mb, values)
                 loss, part = value_term(self.cfg, x, mb, values, weights)
                 self.parallel.backward(loss, own)
             if own:
@@ -196,7 +195,7 @@ class Trainer:
         with self.where.autocast():
             logits, values = self.train_net(mb)
         if x.values_from_forward and own:
-            fill_values(self.cfg, self.tracker, x, mb, values)
+            fill_values(self.estimator, x, mb, values)
         logp, entropy = self._logprobs(logits, x.tb, mb, x.allowed)
         prox = proximal_logp(x, mb, logp, keep=own)
         loss, stats = microbatch_loss(self.cfg, x, mb, logp, entropy, prox, values, weights)

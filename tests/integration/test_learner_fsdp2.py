@@ -168,7 +168,7 @@ def _resume(out: Path, name: str, trainer) -> None:
     results = {"went_on": _next_step(trainer)}
     for ranks in (2, 1, "ddp"):
         resumed = _resumed(out, name, ranks)
-        loaded = {"version": resumed.version, "tracker": resumed.tracker.state_dict()}
+        loaded = {"version": resumed.version, "tracker": resumed.estimator.state_dict()}
         results[f"from{ranks}"] = _next_step(resumed)
         if dist.get_rank() == 0:
             (out / f"loaded{ranks}-to2-{name}.json").write_text(json.dumps(loaded))
@@ -316,7 +316,7 @@ def test_fsdp2_resumes_from_sharded_checkpoints_on_2_and_1_ranks(two_rank_result
     went_on_one = torch.load(out / f"went_on1-{name}.pt")
     one_from_two = _resumed(out, name, ranks=2)  # 2 -> 1
     assert one_from_two.version == STEPS and not isinstance(one_from_two.parallel, FullySharded)
-    tracker = one_from_two.tracker.state_dict()
+    tracker = one_from_two.estimator.state_dict()
     diffs = {"2->2": _max_diff(two["from2"], two["went_on"]), "1->2": _max_diff(two["from1"], went_on_one),
              "2->1": _max_diff(_next_step(one_from_two), two["went_on"]),
              "ddp 1 -> fsdp2 2": _max_diff(two["fromddp"], went_on_one)}

@@ -42,7 +42,7 @@ def test_sharded_checkpoint_resumes_weights_adam_tracker_and_rng(tmp_path):
     assert not list(root.glob(".tmp-*")) and not list((path / "model").glob("*.safetensors"))
     b = _trainer("turn_gae")
     store.restore(path, b)
-    assert b.version == 2 and b.tracker.state_dict() == a.tracker.state_dict()
+    assert b.version == 2 and b.estimator.state_dict() == a.estimator.state_dict()
     for p, q in zip(a._params(), b._params()):
         assert torch.equal(p, q)
         assert all(torch.equal(a.optimizer.state[p][k], b.optimizer.state[q][k]) for k in ("exp_avg", "exp_avg_sq"))

@@ -8,6 +8,7 @@ import torch
 
 from turnstream.buffer.store.episodes import Episode, flatten
 from turnstream.learner.estimators import compute as estimators
+from turnstream.learner.estimators.episodes import cut_positions
 from turnstream.learner.estimators.spo import SpoTracker
 from turnstream.learner.batch.tensors import to_tensors
 from tests.unit.test_store import chunk
@@ -41,9 +42,9 @@ def _compute(estimator, batch, tb, values, cut_values=None, lam=0.0):
 
 def test_the_cut_is_read_at_the_last_token_of_the_environments_reply():
     batch, tb = _truncated(reply_travels=True)
-    assert estimators.cut_positions(batch).tolist() == [int(tb.lengths[0]) - 1]  # the reply's last token
+    assert cut_positions(batch).tolist() == [int(tb.lengths[0]) - 1]  # the reply's last token
     batch, tb = _truncated(reply_travels=False)
-    assert estimators.cut_positions(batch).tolist() == [-1]  # nothing of the state after the cut travelled
+    assert cut_positions(batch).tolist() == [-1]  # nothing of the state after the cut travelled
 
 
 @pytest.mark.parametrize("estimator", ["turn_gae", "turn_td"])

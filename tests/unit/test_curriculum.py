@@ -19,9 +19,9 @@ from turnstream.actors.play.context import Sampling
 from turnstream.actors.play.env_loop import EnvironmentLoop
 from turnstream.actors.envs.registry import make_env
 from turnstream.actors.play.runner import EpisodeRunner
-from turnstream.core.config import ConfigError, load_config
+from turnstream.core.config import ConfigError, LearnerSection, load_config
 from turnstream.learner.serve import changed_values
-from turnstream.learner.estimators.spo import SpoTracker
+from turnstream.learner.estimators.registry import estimator_for
 from turnstream.protocol.codec import decode, encode
 from turnstream.protocol.messages import VersionAnnouncement
 from turnstream.protocol.sockets import subscriber
@@ -99,12 +99,12 @@ async def test_the_runner_tells_the_order_which_prompt_keys_a_task_produced(tiny
 
 
 def test_the_learner_announces_the_values_of_the_prompts_its_step_folded_in():
-    tracker = SpoTracker()
-    tracker.update("p/1", 1.0, 0.0)
+    spo = estimator_for(LearnerSection(estimator="spo"))
+    spo.tracker.update("p/1", 1.0, 0.0)
     batch = SimpleNamespace(prompt_keys=["p/1", "p/2", "p/1"])
-    spo = SimpleNamespace(cfg=SimpleNamespace(estimator="spo"), tracker=tracker)
-    assert changed_values(spo, batch) == {"p/1": tracker.value("p/1"), "p/2": 0.5}
-    assert changed_values(SimpleNamespace(cfg=SimpleNamespace(estimator="grpo"), tracker=tracker), batch) == {}
+    assert changed_values(SimpleNamespace(estimator=spo), batch) == {"p/1": spo.tracker.value("p/1"), "p/2": 0.5}
+    grpo = estimator_for(LearnerSection(estimator="grpo"))
+    assert changed_values(SimpleNamespace(estimator=grpo), batch) == {}
 
 
 async def test_an_actor_follows_the_learners_announcements_over_zeromq():

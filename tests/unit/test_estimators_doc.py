@@ -17,6 +17,7 @@ import torch
 from turnstream.learner.estimators.advantages import gae, grpo_advantages, rloo_advantages, whiten
 from turnstream.learner.batch.tensors import logprobs_from_action_logits, max_entropy
 from turnstream.learner.estimators import compute as estimators
+from turnstream.learner.estimators.episodes import cut_positions
 from turnstream.learner.step.loss import aggregation_weights, decoupled_ppo_loss, step_kl, value_loss
 from turnstream.learner.estimators.spo import SpoTracker, fold_batch, normalize_advantages
 
@@ -197,7 +198,7 @@ def test_turn_gae_truncated():
     ep.add(closing)
     batch = flatten([ep], 1, 0, 0)
     tb = to_tensors(batch, 64)
-    assert estimators.cut_positions(batch).tolist() == [int(tb.lengths[0]) - 1]
+    assert cut_positions(batch).tolist() == [int(tb.lengths[0]) - 1]
     adv = estimators.compute("turn_gae", batch, tb, tracker=SpoTracker(), spo_normalize="token", gamma=p["gamma"],
                              lam=p["lam"], old_values=torch.tensor(column(rows, "V")),
                              cut_values=torch.tensor([p["bootstrap"]]))

@@ -14,6 +14,7 @@ from turnstream.learner.estimators.advantages import (discounted_returns, gigpo_
                                            grpo_advantages)
 from turnstream.learner.batch.tensors import to_tensors
 from turnstream.learner.estimators import compute as estimators
+from turnstream.learner.estimators.episodes import turn_observations
 from turnstream.learner.estimators.spo import SpoTracker
 from turnstream.learner.step.trainer import Trainer
 from turnstream.protocol.messages import Batch, TurnChunk
@@ -100,7 +101,7 @@ def test_each_turns_action_tokens_get_its_advantage():
 
 def test_the_observation_is_the_whole_run_of_tokens_before_the_action():
     batch = three_episodes()
-    observed = estimators.turn_observations(batch)
+    observed = turn_observations(batch)
     assert observed[(0, 0)] == np.array([1, 2], np.int32).tobytes() == observed[(2, 0)]
     assert observed[(0, 1)] == observed[(1, 1)] != observed[(1, 0)]
     assert len(observed) == 6
@@ -108,7 +109,7 @@ def test_the_observation_is_the_whole_run_of_tokens_before_the_action():
 
 def test_without_repeated_observations_it_is_grpo():
     batch = synthetic_batch(12, group=4, seed=3)  # random observations: no two turns share one
-    keys = [(batch.prompt_keys[e], obs) for (e, _), obs in estimators.turn_observations(batch).items()]
+    keys = [(batch.prompt_keys[e], obs) for (e, _), obs in turn_observations(batch).items()]
     assert len(set(keys)) == len(keys)
     tb = to_tensors(batch, 64)
     grpo = grpo_advantages(np.asarray(batch.returns), batch.prompt_keys)[tb.act_episode.numpy()]

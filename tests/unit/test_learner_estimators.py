@@ -9,6 +9,7 @@ import torch
 from turnstream.learner.estimators.advantages import agentwise_normalize, gae, grpo_advantages, rloo_advantages, whiten
 from turnstream.learner.batch.tensors import to_tensors
 from turnstream.learner.estimators import compute as estimators
+from turnstream.learner.estimators.episodes import episode_agent_ids, token_agent_ids
 from turnstream.learner.estimators.spo import SpoTracker
 from tests.learner_batches import init_from_counts, synthetic_batch
 
@@ -160,9 +161,9 @@ def test_agentwise_normalisation_uses_each_agents_own_statistics():
 def test_agent_ids_come_from_the_batch():
     batch = synthetic_batch(4, seed=2)
     assert batch.agent_ids.tolist() == [0, 0, 0, 0]
-    assert estimators.episode_agent_ids(batch) is None  # one agent: nothing to normalise apart
+    assert episode_agent_ids(batch) is None  # one agent: nothing to normalise apart
     batch.agent_ids = np.array([0, 1, 0, 1], np.int32)
-    assert estimators.episode_agent_ids(batch).tolist() == [0, 1, 0, 1]
+    assert episode_agent_ids(batch).tolist() == [0, 1, 0, 1]
 
 
 def _three_turns(rewards, *, truncated=False):
@@ -213,7 +214,7 @@ def test_trainer_normalises_per_agent_when_asked():
     batch.agent_ids = np.array([i % 2 for i in range(8)], np.int32)
     batch.returns = [1.0, -5.0, 0.0, 5.0, 1.0, -5.0, 0.0, 5.0]  # agent 1 plays for much larger stakes
     tb = to_tensors(batch, 64)
-    ids = estimators.token_agent_ids(batch, tb)
+    ids = token_agent_ids(batch, tb)
     assert ids.tolist() == [int(batch.agent_ids[e]) for e in tb.act_episode.tolist()]
     trainer = Trainer(tiny_causal_lm(), LearnerSection(estimator="rloo", agent_norm=True))
     assert trainer.step(batch)["version"] == 1

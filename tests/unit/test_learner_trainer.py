@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from turnstream.learner.step.packing import microbatches, shard
-from turnstream.learner.estimators.spo import SpoTracker, fold_batch
+from turnstream.learner.estimators.spo import Spo, SpoTracker, fold_batch
 from turnstream.learner.step.trainer import Trainer
 from tests.learner_batches import params_after_steps, synthetic_batch, tiny_causal_lm
 from turnstream.core.config import LearnerSection
@@ -82,14 +82,14 @@ def test_checkpoint_round_trip_continues_identically(tmp_path):
     b = Trainer(AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32, attn_implementation="eager"),
                 cfg, seed=99)
     store.restore(path, b)
-    assert b.version == 1 and b.tracker.state == a.tracker.state
+    assert b.version == 1 and b.estimator.tracker.state == a.estimator.tracker.state
     batch = synthetic_batch(8, seed=2)
     sa, sb = a.step(batch), b.step(batch)
     assert sa["policy_loss"] == pytest.approx(sb["policy_loss"], abs=1e-6)
     for p, q in zip(a.model.parameters(), b.model.parameters()):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
-    for key in a.tracker.state:
-        assert a.tracker.state[key] == pytest.approx(b.tracker.state[key], abs=1e-6)
+    for key in a.estimator.tracker.state:
+        assert a.estimator.tracker.state[key] == pytest.approx(b.estimator.tracker.state[key], abs=1e-6)
 
 
 def test_checkpoints_are_pruned_and_partial_ones_ignored(tmp_path):
@@ -112,7 +112,7 @@ def test_value_based_checkpoint_keeps_the_critic(tmp_path):
     a = Trainer(tiny_causal_lm(), cfg)
     a.step(synthetic_batch(6))
     b = Trainer(tiny_causal_lm(), cfg)
-    load_file_state(b, file_state(a), a.tracker.state_dict())
+    load_file_state(b, file_state(a), a.estimator.state_dict())
     for p, q in zip(a.net.critic_parameters(), b.net.critic_parameters()):
         torch.testing.assert_close(p, q)
 
@@ -125,7 +125,7 @@ def test_fused_proximal_pass_gives_the_same_update(monkeypatch, kl_coef):
     cfg = cfg_for("spo", kl_coef=kl_coef)
     results = []
     for fuse in (True, False):
-        monkeypatch.setattr(trainer_module, "prox_from_training_forward", lambda cfg, fuse=fuse: fuse)
+        monkeypatch.setattr(trainer_module, "prox_from_training_forward", lambda cfg, estimator, fuse=fuse: fuse)
         model = tiny_causal_lm()
         t = Trainer(model, cfg, ref_model=copy.deepcopy(model))
         s = t.step(synthetic_batch(8, seed=4))
@@ -200,9 +200,9 @@ def test_spo_drift_is_read_at_the_configured_policy(drift):
         logp, _ = action_logprobs(before if drift == "proximal" else copy.deepcopy(model).eval(), tb)
     expected = SpoTracker()
     fold_batch(expected, batch.prompt_keys, batch.returns, tb, logp)
-    assert t.tracker.state and t.tracker.state.keys() == expected.state.keys()
+    assert t.estimator.tracker.state and t.estimator.tracker.state.keys() == expected.state.keys()
     for key, ab in expected.state.items():
-        assert t.tracker.state[key] == pytest.approx(ab, abs=1e-6)
+        assert t.estimator.tracker.state[key] == pytest.approx(ab, abs=1e-6)
 
 
 @pytest.mark.parametrize("estimator", ["spo", "turn_gae"])
@@ -245,16 +245,17 @@ def test_outcome_variance_weighs_the_bonus_by_how_uncertain_a_tasks_outcome_is()
 
     batch = synthetic_batch(4, seed=9, allowed=(5, 6, 7))
     tb = to_tensors(batch, 64)
-    tracker = SpoTracker()
+    spo = Spo(cfg_for("spo"))
+    tracker = spo.tracker
     tracker.state[batch.prompt_keys[0]] = (9.0, 1.0)  # v = 0.9: nearly settled
     tracker.state[batch.prompt_keys[1]] = (1.0, 9.0)  # v = 0.1: failing so far
     v = tracker.values(batch.prompt_keys)  # unseen tasks: 0.5, a coin toss
     expected = torch.from_numpy((4 * v * (1 - v)).astype(np.float32))[tb.act_episode] / max_entropy(tb, 64)
-    weighted = entropy_scale(cfg_for("spo", entropy_weight="outcome_variance"), batch, tb, tracker, 64)
+    weighted = entropy_scale(cfg_for("spo", entropy_weight="outcome_variance"), batch, tb, spo, 64)
     assert torch.allclose(weighted, expected)
     assert sorted(set(np.round(4 * v * (1 - v), 6))) == [0.36, 1.0]
-    assert torch.allclose(entropy_scale(cfg_for("spo"), batch, tb, tracker, 64), 1 / max_entropy(tb, 64))
-    assert entropy_scale(cfg_for("spo", entropy_coef=0.0), batch, tb, tracker, 64) is None
+    assert torch.allclose(entropy_scale(cfg_for("spo"), batch, tb, spo, 64), 1 / max_entropy(tb, 64))
+    assert entropy_scale(cfg_for("spo", entropy_coef=0.0), batch, tb, spo, 64) is None
 
 
 def test_a_step_under_outcome_variance_trains_less_bonus_on_settled_tasks():
@@ -266,7 +267,7 @@ def test_a_step_under_outcome_variance_trains_less_bonus_on_settled_tasks():
         trainer = Trainer(tiny_causal_lm(seed=0), cfg_for("spo", entropy_coef=0.5, entropy_weight=weight), seed=0)
         if settled:
             for k in batch.prompt_keys:
-                trainer.tracker.state[k] = (99.0, 1.0)
+                trainer.estimator.tracker.state[k] = (99.0, 1.0)
         trainer.step(batch)
         return torch.cat([p.detach().reshape(-1) for p in trainer._params()])
 

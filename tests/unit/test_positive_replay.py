@@ -201,9 +201,9 @@ def test_a_learner_step_trains_on_a_replay_without_folding_or_counting_it():
     with_replay, fresh_only = Trainer(copy.deepcopy(model), cfg_for("spo")), Trainer(model, cfg_for("spo"))
     stats = with_replay.step(batch)
     fresh_stats = fresh_only.step(subset(batch, np.arange(5)))
-    assert with_replay.tracker.state.keys() == fresh_only.tracker.state.keys()
-    for key, ab in fresh_only.tracker.state.items():
-        assert with_replay.tracker.state[key] == pytest.approx(ab, abs=1e-6)
+    assert with_replay.estimator.tracker.state.keys() == fresh_only.estimator.tracker.state.keys()
+    for key, ab in fresh_only.estimator.tracker.state.items():
+        assert with_replay.estimator.tracker.state[key] == pytest.approx(ab, abs=1e-6)
     assert (stats["episodes"], stats["replayed"]) == (5, 1)
     assert stats["return_mean"] == pytest.approx(fresh_stats["return_mean"])
     assert stats["action_tokens"] > fresh_stats["action_tokens"]  # the replay's tokens were trained on

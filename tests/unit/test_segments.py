@@ -9,7 +9,9 @@ import torch
 from turnstream.buffer.store.episodes import Episode, Segment, flatten
 from turnstream.learner.estimators.advantages import gae, whiten
 from turnstream.learner.batch.tensors import to_tensors
+from turnstream.core.config import LearnerSection
 from turnstream.learner.estimators import compute as estimators
+from turnstream.learner.estimators.turn_gae import TurnGae
 from turnstream.learner.step.objective import update_weights
 from turnstream.learner.estimators.spo import SpoTracker
 from tests.unit.test_buffer_wal import ingest_logged, open_store
@@ -187,7 +189,7 @@ def test_turn_gae_bootstraps_from_the_critic_value_at_the_boundary():
     np.testing.assert_allclose(adv.value_targets[adv.value_mask].numpy(), ret, atol=1e-6)
     np.testing.assert_allclose(adv.token_adv[:6].numpy(), whiten(np.repeat(raw, 2)), atol=1e-5)
     assert adv.token_adv[6] == 0 and not adv.value_mask[6]
-    assert not estimators.value_positions("turn_gae", tb)[6]
+    assert not TurnGae(LearnerSection(estimator="turn_gae")).value_positions(tb)[6]
 
 
 def test_the_bootstrap_token_carries_no_loss_weight():

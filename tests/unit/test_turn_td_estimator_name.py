@@ -6,7 +6,7 @@ import pytest
 
 from turnstream.core.config import ConfigError, LearnerSection, load_config
 from turnstream.core.config_learner import CRITIC_ESTIMATORS
-from turnstream.learner.estimators.compute import ESTIMATORS
+from turnstream.learner.estimators.registry import ESTIMATORS
 
 
 def test_archer_is_refused_with_the_new_name_and_the_reason():

@@ -2,9 +2,9 @@
 the importance weight pi_learner / mu (mu: the sampling policy), computed by the learner's own code.
 
 With the Trainer as it was before the step (turnstream/replay/rebuild.py trainer_at): the no-grad pass the step
-reads pi_prox from, then the run's estimator (learner/estimators/compute.py), over the whole batch. Without it, the
-estimators that read no learner state (grpo, rloo, gigpo) still give advantages; SPO (its tracker) and the value-based
-ones (a critic) do not.
+reads pi_prox from, then the run's estimator (learner/estimators/), over the whole batch. Without it, the
+estimators that read no learner state (grpo, rloo, gigpo, mars) still give advantages; those that do
+(Estimator.reads_learner_state: SPO's tracker, a critic) do not.
 """
 from __future__ import annotations
 
@@ -15,13 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from turnstream.core.config import LearnerSection
-from turnstream.learner.estimators import compute as estimators
-from turnstream.learner.estimators.spo import SpoTracker
+from turnstream.learner.estimators.episodes import token_agent_ids
+from turnstream.learner.estimators.registry import estimator_for
 from turnstream.learner.batch.tensors import TensorBatch, to_tensors
 from turnstream.learner.step.packing import NothingToTrain, drop_untrainable
 from turnstream.protocol.messages import Batch
-
-STATEFUL_ESTIMATORS = ("spo", *estimators.VALUE_BASED)
 
 
 @dataclass
@@ -50,10 +48,9 @@ def view_with_trainer(trainer, batch: Batch) -> LearnerView:
     if kept is None:
         return empty_view(batch, "the learner dropped every episode of this batch")
     tb = to_tensors(kept, trainer.vocab_size, trainer.pad_id)
-    value_based = cfg.estimator in estimators.VALUE_BASED
-    logp, values = trainer.proximal_pass(tb, values=value_based)  # the step's own pi_prox
-    advantages = estimators.for_config(cfg, trainer.tracker, kept, tb, values,
-                                       estimators.token_agent_ids(kept, tb) if cfg.agent_norm else None)
+    estimator = trainer.estimator
+    logp, values = trainer.proximal_pass(tb, values=estimator.needs_critic)  # the step's own pi_prox
+    advantages = estimator.advantages(kept, tb, values, token_agent_ids(kept, tb) if cfg.agent_norm else None)
     return _placed(batch, kept, tb, advantages.token_adv.numpy(), logp.numpy(), "", dropped)
 
 
@@ -62,13 +59,13 @@ def view_without_trainer(cfg: LearnerSection, model_path: str, batch: Batch) -> 
     kept, dropped = _trainable(batch, cfg, vocab)
     if kept is None:
         return empty_view(batch, "the learner dropped every episode of this batch")
-    if cfg.estimator in STATEFUL_ESTIMATORS:
+    estimator = estimator_for(cfg)
+    if estimator.reads_learner_state:
         note = (f"no advantages: the {cfg.estimator} estimator reads the learner's state (rebuilt unless "
                 "--no-learner); no learner log-probs")
         return empty_view(batch, note)
     tb = to_tensors(kept, vocab)
-    advantages = estimators.for_config(cfg, SpoTracker(cfg.spo.rho_min, cfg.spo.rho_max, cfg.spo.d_half), kept, tb,
-                                       None, estimators.token_agent_ids(kept, tb) if cfg.agent_norm else None)
+    advantages = estimator.advantages(kept, tb, None, token_agent_ids(kept, tb) if cfg.agent_norm else None)
     nan = np.full(tb.act_tokens.numel(), np.nan)
     return _placed(batch, kept, tb, advantages.token_adv.numpy(), nan, "no learner log-probs (--no-learner)",
                    dropped)
