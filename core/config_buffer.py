@@ -117,8 +117,10 @@ class BufferSection(Section):
                 "replays whole episodes: needs segment_turns = 0")
         require(not replaying or self.sampling != "group", "positive_replay.share",
                 "a replay would break a batch's whole groups: needs sampling other than group")
-        require(not replaying or episodes_of_batch(self.positive_replay.share, self.batch_episodes) >= 1,
-                "positive_replay.share", "must give a batch at least one replay (share * batch_episodes >= 1), or "
-                f"be 0 for off: with batch_episodes ({self.batch_episodes}) the least share is 1/{self.batch_episodes} "
-                f"({least_share(self.batch_episodes):g}), got {self.positive_replay.share}")
+        for setting, share in (("positive_replay.share", self.positive_replay.share),
+                               ("critic_replay.share", self.critic_replay.share)):
+            require(share == 0 or episodes_of_batch(share, self.batch_episodes) >= 1, setting,
+                    "must give a batch at least one episode (share * batch_episodes >= 1), or be 0 for off: with "
+                    f"batch_episodes ({self.batch_episodes}) the least share is 1/{self.batch_episodes} "
+                    f"({least_share(self.batch_episodes):g}), got {share}")
         return self

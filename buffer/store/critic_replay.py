@@ -19,6 +19,7 @@ import random
 from collections import OrderedDict
 
 from turnstream.buffer.store.episodes import CriticReplay, Episode
+from turnstream.core.config_buffer import episodes_of_batch
 
 
 class CriticReplayPool:
@@ -39,5 +40,5 @@ class CriticReplayPool:
         for episode_id in [i for i, ep in self.episodes.items()
                            if learner_version - ep.behaviour_version > self.max_staleness]:
             del self.episodes[episode_id]
-        k = min(int(self.share * batch_episodes), len(self.episodes))
+        k = min(episodes_of_batch(self.share, batch_episodes), len(self.episodes))
         return [CriticReplay(ep) for ep in self.rng.sample(list(self.episodes.values()), k)]

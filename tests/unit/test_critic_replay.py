@@ -149,3 +149,17 @@ def test_critic_replay_is_off_unless_a_share_is_set():
 def test_settings_critic_replay_cannot_serve_are_refused_naming_the_setting(override, setting):
     with pytest.raises(ConfigError, match=setting.replace(".", r"\.")):
         load_config(None, override)
+
+
+def test_a_critic_share_that_gives_a_batch_no_episode_is_refused_naming_the_share_and_the_batch_size():
+    """share * batch_episodes rounds down to the episodes a batch serves the critic: under one, critic replay would
+    be on in the config and off in every batch."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["buffer.critic_replay.share=0.1", "buffer.batch_episodes=8"])
+    message = str(info.value)
+    assert message.startswith("buffer.critic_replay.share: ") and "\n" not in message
+    assert "batch_episodes (8)" in message and "0.125" in message
+    cfg = load_config(None, ["buffer.critic_replay.share=0.125", "buffer.batch_episodes=8", "learner.estimator=turn_td"])
+    pool = CriticReplayPool(share=cfg.buffer.critic_replay.share, max_staleness=16, capacity=8)
+    pool.keep([Episode("e0", ("a", 0), "p")])
+    assert len(pool.due(cfg.buffer.batch_episodes, learner_version=0)) == 1
