@@ -65,7 +65,8 @@ def test_actors_join_and_leave_a_running_buffer_and_learner(vllm_url, tiny_model
     cfg.env.name, cfg.env.args = "follow_signs", {"junctions": [6]}  # long enough to be cut mid-episode
     cfg.actor.concurrent_episodes = 8
     cfg.buffer.batch_episodes = 32
-    cfg.buffer.episode_timeout_s = 5.0
+    # a stopped actor's open episodes expire soon; a live episode's turn (request + step) stays within the timeout
+    cfg.buffer.episode_timeout_s, cfg.actor.request_timeout_s, cfg.env.step_timeout_s = 8.0, 6.0, 1.0
     # a fast learner would otherwise drop the stopped actor's open episodes as stale before they time out
     cfg.buffer.max_staleness = 1000
     cfg.buffer.actor_timeout_s = 3.0

@@ -57,3 +57,11 @@ def test_every_seat_of_a_game_plays_a_turn_between_two_chunks_of_one_seat():
     assert "2 seats" in message and "240" in message
     cfg = load_config(None, ["env.name=tictactoe", "buffer.episode_timeout_s=241"])
     assert preflight(cfg) is cfg
+
+
+def test_an_agent_player_is_held_to_the_runs_step_limit_with_one_stream():
+    agent = ['env.name=agent', 'env.args={entry = "tests.e2e.test_agent_endpoint:weather_agent"}']
+    message = refusal([*agent, "buffer.episode_timeout_s=100"])
+    assert "env.step_timeout_s (60" in message and "120" in message
+    cfg = load_config(None, [*agent, "buffer.episode_timeout_s=121"])
+    assert preflight(cfg) is cfg

@@ -60,10 +60,14 @@ def _check_turn_fits_episode_timeout(cfg: Config, env) -> None:
     deadline, actor.request_timeout_s, retries and pauses included (actors/inference/fleet.py), then a step, up to
     the environment's own limit or else env.step_timeout_s (actors/envs/guard/settings.py)."""
     from turnstream.actors.envs.guard.settings import GuardSettings
+    from turnstream.actors.play.player import EpisodePlayer
 
-    step_s = GuardSettings.from_config(cfg.env).step_limit(env)
-    step = "env.step_timeout_s" if env.step_timeout_s is None else "the environment's own step_timeout_s"
-    seats = max(1, int(env.num_agents))
+    if isinstance(env, EpisodePlayer):  # agent, verifiers: one stream, held to the run's limits (actors/play/)
+        step_s, step, seats = cfg.env.step_timeout_s, "env.step_timeout_s", 1
+    else:
+        step_s = GuardSettings.from_config(cfg.env).step_limit(env)
+        step = "env.step_timeout_s" if env.step_timeout_s is None else "the environment's own step_timeout_s"
+        seats = max(1, int(env.num_agents))
     longest = seats * (cfg.actor.request_timeout_s + step_s)
     if longest >= cfg.buffer.episode_timeout_s:
         turns = f"{seats} seats * " if seats > 1 else ""
