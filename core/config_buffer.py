@@ -117,10 +117,12 @@ class BufferSection(Section):
                 "replays whole episodes: needs segment_turns = 0")
         require(not replaying or self.sampling != "group", "positive_replay.share",
                 "a replay would break a batch's whole groups: needs sampling other than group")
-        for setting, share in (("positive_replay.share", self.positive_replay.share),
-                               ("critic_replay.share", self.critic_replay.share)):
-            require(share == 0 or episodes_of_batch(share, self.batch_episodes) >= 1, setting,
-                    "must give a batch at least one episode (share * batch_episodes >= 1), or be 0 for off: with "
-                    f"batch_episodes ({self.batch_episodes}) the least share is 1/{self.batch_episodes} "
-                    f"({least_share(self.batch_episodes):g}), got {share}")
+        b, positive, critic = self.batch_episodes, self.positive_replay.share, self.critic_replay.share
+        require(positive == 0 or episodes_of_batch(positive, b) >= 1, "positive_replay.share",
+                "must give a batch at least one replay (share * batch_episodes >= 1), or be 0 for off: with "
+                f"batch_episodes ({b}) the least share is 1/{self.batch_episodes} ({least_share(b):g}), got {positive}")
+        require(critic == 0 or episodes_of_batch(critic, b) >= 1, "critic_replay.share",
+                "must give a batch at least one episode for the critic (share * batch_episodes >= 1), or be 0 "
+                f"for off: with batch_episodes ({b}) the least share is 1/{self.batch_episodes} ({least_share(b):g}), "
+                f"got {critic}")
         return self
