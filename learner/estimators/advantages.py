@@ -1,8 +1,8 @@
 """Advantage estimators as plain functions over numpy arrays.
 
 Everything here is pure arithmetic with no model in sight, so each formula can be checked against its
-worked example in docs/estimators.md. learner/estimators/compute.py wires these to batches, the SPO tracker
-and the critic.
+worked example in docs/estimators.md. The estimator classes beside it (base.py, registry.py) wire these to
+batches, the SPO tracker and the critic.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from turnstream.buffer.store.episodes import Episode, flatten
-from turnstream.learner.estimators import compute as estimators
+from tests import estimator_compute as estimators
 from turnstream.learner.estimators.episodes import cut_positions
 from turnstream.learner.estimators.spo import SpoTracker
 from turnstream.learner.batch.tensors import to_tensors

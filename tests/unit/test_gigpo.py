@@ -13,7 +13,7 @@ from turnstream.core.config_learner import GigpoSection, LearnerSection
 from turnstream.learner.estimators.advantages import (discounted_returns, gigpo_advantages, gigpo_step_advantages,
                                            grpo_advantages)
 from turnstream.learner.batch.tensors import to_tensors
-from turnstream.learner.estimators import compute as estimators
+from tests import estimator_compute as estimators
 from turnstream.learner.estimators.episodes import turn_observations
 from turnstream.learner.estimators.spo import SpoTracker
 from turnstream.learner.step.trainer import Trainer

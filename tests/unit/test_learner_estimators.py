@@ -8,7 +8,7 @@ import torch
 
 from turnstream.learner.estimators.advantages import agentwise_normalize, gae, grpo_advantages, rloo_advantages, whiten
 from turnstream.learner.batch.tensors import to_tensors
-from turnstream.learner.estimators import compute as estimators
+from tests import estimator_compute as estimators
 from turnstream.learner.estimators.episodes import episode_agent_ids, token_agent_ids
 from turnstream.learner.estimators.spo import SpoTracker
 from tests.learner_batches import init_from_counts, synthetic_batch

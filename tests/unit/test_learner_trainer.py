@@ -159,7 +159,7 @@ def test_microbatch_whitening_standardises_each_microbatch_alone():
     """Under a token budget every micro-batch's advantages have mean 0 and std 1 over its own tokens, and
     are an increasing affine map of the batch-whitened ones (the same GAE, other statistics)."""
     from turnstream.learner.batch.tensors import to_tensors
-    from turnstream.learner.estimators import compute as estimators
+    from tests import estimator_compute as estimators
 
     batch = synthetic_batch(12, seed=6)
     tb = to_tensors(batch, 64)

@@ -9,7 +9,7 @@ import pytest
 
 from turnstream.buffer.store.episodes import Episode, flatten
 from turnstream.core.config import ConfigError, load_config
-from turnstream.learner.estimators import compute as estimators
+from tests import estimator_compute as estimators
 from turnstream.learner.estimators.advantages import whiten
 from turnstream.learner.estimators.spo import SpoTracker
 from turnstream.learner.batch.tensors import to_tensors

@@ -10,7 +10,7 @@ from turnstream.buffer.store.episodes import Episode, Segment, flatten
 from turnstream.learner.estimators.advantages import gae, whiten
 from turnstream.learner.batch.tensors import to_tensors
 from turnstream.core.config import LearnerSection
-from turnstream.learner.estimators import compute as estimators
+from tests import estimator_compute as estimators
 from turnstream.learner.estimators.turn_gae import TurnGae
 from turnstream.learner.step.objective import update_weights
 from turnstream.learner.estimators.spo import SpoTracker

@@ -1,5 +1,5 @@
-"""An estimator's advantages from explicit settings rather than a run's config: what the tests and the worked
-examples of docs/estimators.md call. The learner builds its estimator once (registry.estimator_for)."""
+"""An estimator's advantages from explicit settings rather than a run's config, for the tests and the checks of
+docs/estimators.md' worked examples. The learner builds its estimator once (registry.estimator_for)."""
 from __future__ import annotations
 
 import numpy as np
