@@ -34,15 +34,24 @@ class MicroBatch:
     act_index: torch.Tensor  # packed: [n] positions in the row; padded: [2, n] (row, column); on the device
     tokens: int  # real (unpadded) tokens
     packed: bool
+    # the rows whose truncated episode's cut the critic reads (TensorBatch.cut_pos; CPU), and where, laid out
+    # as act_index
+    cut_rows: torch.Tensor
+    cut_index: torch.Tensor
 
     def inputs(self) -> dict:
         return {"input_ids": self.input_ids, "position_ids": self.position_ids, "use_cache": False}
 
     def at_actions(self, per_position: torch.Tensor) -> torch.Tensor:
         """[B, T, ...] per-position outputs at the position before each action token, in flat action order."""
-        if self.packed:
-            return per_position[0, self.act_index]
-        return per_position[self.act_index[0], self.act_index[1]]
+        return self._at(per_position, self.act_index)
+
+    def at_cuts(self, per_position: torch.Tensor) -> torch.Tensor:
+        """[B, T, ...] per-position outputs at each cut_rows' cut, in cut_rows' order."""
+        return self._at(per_position, self.cut_index)
+
+    def _at(self, per_position: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return per_position[0, index] if self.packed else per_position[index[0], index[1]]
 
 
 def packs_without_full_square(model) -> bool:
@@ -95,10 +104,13 @@ def build(tb: TensorBatch, rows: torch.Tensor, packed: bool, device: torch.devic
     start_of = torch.zeros(tb.num_episodes, dtype=torch.long)
     start_of[rows] = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64))
     at = start_of[tb.act_episode[select]] + tb.act_pos[select] - 1  # the logits predicting token p sit at p - 1
+    cut_pos = torch.from_numpy(tb.cut_pos[rows.numpy()])
+    cut_rows = rows[cut_pos >= 0]
+    cut_at = start_of[cut_rows] + cut_pos[cut_pos >= 0]
     tokens = int(lengths.sum())
     if packed:
         return MicroBatch(rows, select, flat_ids[None].to(device), flat_positions[None].to(device), at.to(device),
-                          tokens, packed=True)
+                          tokens, packed=True, cut_rows=cut_rows, cut_index=cut_at.to(device))
     # one row per context (an episode, or each context it restarted), as wide as the longest: a token's position
     # is its column, and no row computes attention over the contexts before it
     context_start = torch.nonzero(flat_positions == 0).squeeze(1)
@@ -106,11 +118,14 @@ def build(tb: TensorBatch, rows: torch.Tensor, packed: bool, device: torch.devic
     width = int(context_len.max())
     ids = torch.zeros((len(context_start), width), dtype=flat_ids.dtype)
     ids[torch.repeat_interleave(torch.arange(len(context_start)), context_len), flat_positions] = flat_ids
-    row = torch.searchsorted(context_start, at, right=True) - 1
-    act_index = torch.stack([row, at - context_start[row]])
+
+    def row_and_column(flat: torch.Tensor) -> torch.Tensor:
+        row = torch.searchsorted(context_start, flat, right=True) - 1
+        return torch.stack([row, flat - context_start[row]]).to(device)
+
     position_ids = torch.arange(width).expand(len(context_start), width)
-    return MicroBatch(rows, select, ids.to(device), position_ids.to(device), act_index.to(device), tokens,
-                      packed=False)
+    return MicroBatch(rows, select, ids.to(device), position_ids.to(device), row_and_column(at), tokens,
+                      packed=False, cut_rows=cut_rows, cut_index=row_and_column(cut_at))
 
 
 def action_logits(model, mb: MicroBatch, **kwargs):

@@ -36,6 +36,7 @@ class TensorBatch:
     mask_id: torch.Tensor  # [N], -1 = whole vocabulary
     allowed: torch.Tensor  # [S, V] bool
     tokens_per_episode: np.ndarray  # [E] action tokens per episode
+    cut_pos: np.ndarray  # [E] where the critic reads a truncated episode's cut (cut_positions); -1: nowhere
     act_turn: torch.Tensor | None = None  # [N] turn index of each action token within its episode
     lengths: np.ndarray | None = None  # [E] tokens per episode (unpadded)
     # [N] False on a segment's bootstrap token: the critic is read there, nothing is trained on it
@@ -69,6 +70,27 @@ def episode_marks(marks: np.ndarray, n_episodes: int) -> np.ndarray:
 def outside_vocabulary(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
     """Where a token id is not one of the model's: negative, or vocab_size and up."""
     return (tokens < 0) | (tokens >= vocab_size)
+
+
+def cut_positions(batch: Batch) -> np.ndarray:
+    """[episodes] where the critic reads the value of the observation at a truncated episode's cut: the position,
+    in the episode's row, of the last token of the environment's reply to the last move (V of the state before
+    token p is read at p - 1, so the state after the whole row is read at its last token); -1 where the batch
+    holds no such reply. An episode the actor cut at its turn or context budget closes with a chunk that carries
+    that reply and no action; one the environment truncated ends with the last move's own chunk, and the reply
+    never travels."""
+    offsets = np.asarray(batch.episode_offsets, np.int64)
+    n_eps = len(offsets) - 1
+    out = np.full(n_eps, -1, np.int64)
+    if len(batch.truncated) != n_eps or n_eps == 0:
+        return out
+    lengths = np.diff(offsets)
+    ends_on_reply = np.zeros(n_eps, bool)
+    nonempty = lengths > 0
+    ends_on_reply[nonempty] = np.asarray(batch.action_mask)[offsets[1:][nonempty] - 1] == 0
+    cut = np.asarray(batch.truncated, bool) & ends_on_reply
+    out[cut] = lengths[cut] - 1
+    return out
 
 
 def to_tensors(batch: Batch, vocab_size: int, pad_id: int = 0) -> TensorBatch:
@@ -110,6 +132,7 @@ def to_tensors(batch: Batch, vocab_size: int, pad_id: int = 0) -> TensorBatch:
         truncation=Truncation(torch.from_numpy(batch.top_k[flat_act].astype(np.int64)),
                               torch.from_numpy(batch.top_p[flat_act].astype(np.float32)))
         if batch.top_p.size else None,
+        cut_pos=cut_positions(batch),
     )
 
 

@@ -61,26 +61,33 @@ class PolicyAndValue(nn.Module):
 
             self.critic = SeparateCritic(AutoModelForCausalLM.from_pretrained(critic_path, dtype=torch.float32))
 
-    def forward(self, mb: MicroBatch, values_only: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Logits [n, V] and values [n] (or None) at the micro-batch's action positions (learner/batch/forward.py).
+    def forward(self, mb: MicroBatch, values_only: bool = False) -> tuple[torch.Tensor | None, ...]:
+        """Logits [n, V] and values [n] at the micro-batch's action positions (learner/batch/forward.py), and
+        values [k] at its truncated episodes' cuts (mb.cut_rows); values are None without a critic.
 
         values_only: no logits, and values whose gradient reaches the critic's parameters alone (episodes served
         to the critic alone): the shared backbone runs without gradients, so only the value head learns."""
         if values_only:
-            return None, self._values_alone(mb)
+            return (None, *self._values_alone(mb))
         if self.mode == "shared":
             out = action_logits(self.model, mb, output_hidden_states=True)
-            return out.logits, self.head(mb.at_actions(out.hidden_states[-1]))
+            return (out.logits, *self._read(mb, self.head, out.hidden_states[-1]))
         logits = action_logits(self.model, mb).logits
-        values = mb.at_actions(self.critic(**mb.inputs())) if self.critic is not None else None
-        return logits, values
+        if self.critic is None:
+            return logits, None, None
+        return (logits, *self._read(mb, lambda v: v, self.critic(**mb.inputs())))
 
-    def _values_alone(self, mb: MicroBatch) -> torch.Tensor:
+    def _values_alone(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
         if self.mode == "shared":
             with torch.no_grad():
                 out = self.model(**mb.inputs(), output_hidden_states=True, logits_to_keep=1)
-            return self.head(mb.at_actions(out.hidden_states[-1]))
-        return mb.at_actions(self.critic(**mb.inputs()))
+            return self._read(mb, self.head, out.hidden_states[-1])
+        return self._read(mb, lambda v: v, self.critic(**mb.inputs()))
+
+    @staticmethod
+    def _read(mb: MicroBatch, head, per_position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`head` of the per-position outputs at the actions and at the cuts."""
+        return head(mb.at_actions(per_position)), head(mb.at_cuts(per_position))
 
     def critic_parameters(self) -> list[nn.Parameter]:
         if self.head is not None:

@@ -1,5 +1,5 @@
 """What the estimators read of a batch beyond its tensors: each episode's agent, its reward after each turn, the
-observation each turn acted from, a dense id per turn, and where a truncated episode's cut is."""
+observation each turn acted from, and a dense id per turn."""
 from __future__ import annotations
 
 import numpy as np
@@ -53,27 +53,6 @@ def turn_groups(tb: TensorBatch) -> torch.Tensor:
     key = tb.act_episode * (int(tb.act_turn.max()) + 1 if tb.act_turn.numel() else 1) + tb.act_turn
     _, inverse = torch.unique(key, return_inverse=True)
     return inverse
-
-
-def cut_positions(batch: Batch) -> np.ndarray:
-    """[episodes] where the critic reads the value of the observation at a truncated episode's cut: the position,
-    in the episode's row, of the last token of the environment's reply to the last move (V of the state before
-    token p is read at p - 1, so the state after the whole row is read at its last token); -1 where the batch
-    holds no such reply. An episode the actor cut at its turn or context budget closes with a chunk that carries
-    that reply and no action; one the environment truncated ends with the last move's own chunk, and the reply
-    never travels."""
-    offsets = np.asarray(batch.episode_offsets, np.int64)
-    n_eps = len(offsets) - 1
-    out = np.full(n_eps, -1, np.int64)
-    if len(batch.truncated) != n_eps or n_eps == 0:
-        return out
-    lengths = np.diff(offsets)
-    ends_on_reply = np.zeros(n_eps, bool)
-    nonempty = lengths > 0
-    ends_on_reply[nonempty] = np.asarray(batch.action_mask)[offsets[1:][nonempty] - 1] == 0
-    cut = np.asarray(batch.truncated, bool) & ends_on_reply
-    out[cut] = lengths[cut] - 1
-    return out
 
 
 def rewards_of_turns(batch: Batch, e: int, n_turns: int) -> np.ndarray:

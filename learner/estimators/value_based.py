@@ -40,7 +40,7 @@ class ValueBased(Estimator):
                    agent_ids: np.ndarray | None, episodes: np.ndarray | None = None,
                    cut_values: torch.Tensor | None = None) -> Advantages:
         """After an episode's last turn V is 0, unless it was truncated: then `cut_values` (per episode, the
-        critic's value at episodes.cut_positions; NaN, or None for all, where there is none). A truncated episode
+        critic's value at TensorBatch.cut_pos; NaN, or None for all, where there is none). A truncated episode
         without one holds its last turn's critic target at the critic's own value and gives that turn no advantage:
         its turns before bootstrap from the last turn's value, and what followed the last turn is not known.
         After a segment of an open episode (Batch.bootstrap_turns), V is the critic's value before its bootstrap

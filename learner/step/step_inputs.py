@@ -32,6 +32,7 @@ class StepInputs:
     prox_logp: torch.Tensor  # log pi_prox; filled by the training forward when prox_from_forward
     prox_from_forward: bool
     old_values: torch.Tensor | None  # the critic before the update (value-based estimators)
+    cut_values: torch.Tensor | None  # [E] the same critic at each truncated episode's cut; NaN where none is read
     values_from_forward: bool
     ref_logp: torch.Tensor | None  # log pi_ref, the frozen initial policy (kl_coef > 0)
     ratio_group: torch.Tensor | None  # a turn id: turn-level ratio (critic.turn_ratio)
@@ -62,11 +63,13 @@ def proximal_logp(x: StepInputs, mb: MicroBatch, logp: torch.Tensor, keep: bool)
     return prox
 
 
-def fill_values(estimator: Estimator, x: StepInputs, mb: MicroBatch, values: torch.Tensor) -> None:
-    """The micro-batch's pre-update values from its training forward, and its advantages and critic targets
-    from those values (whitened over its own tokens)."""
+def fill_values(estimator: Estimator, x: StepInputs, mb: MicroBatch, values: torch.Tensor,
+                cut_values: torch.Tensor) -> None:
+    """The micro-batch's pre-update values (at its actions and its cuts) from its training forward, and its
+    advantages and critic targets from those values (whitened over its own tokens)."""
     sel = mb.select
     x.old_values[sel] = values.detach().float().cpu()
-    part = estimator.advantages(x.batch, x.tb, x.old_values, x.agent_ids, mb.rows.numpy())
+    x.cut_values[mb.cut_rows] = cut_values.detach().float().cpu()
+    part = estimator.advantages(x.batch, x.tb, x.old_values, x.agent_ids, mb.rows.numpy(), x.cut_values)
     x.advantages.token_adv[sel] = part.token_adv[sel]
     x.advantages.value_targets[sel] = part.value_targets[sel]

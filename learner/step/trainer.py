@@ -122,18 +122,18 @@ class Trainer:
         prox_from_forward = prox_from_training_forward(cfg, estimator)
         values_from_forward = values_from_training_forward(cfg, estimator)
         if prox_from_forward:
-            prox_logp, old_values = torch.zeros(n), None
+            prox_logp, old_values, cut_values = torch.zeros(n), None, None
         else:
-            prox_logp, old_values = self._no_grad_pass(tb, allowed,
-                                                       values=estimator.needs_critic and not values_from_forward)
+            prox_logp, old_values, cut_values = self._no_grad_pass(
+                tb, allowed, values=estimator.needs_critic and not values_from_forward)
         ref_logp = self._no_grad_pass(tb, allowed, reference=True)[0] if cfg.kl_coef > 0 else None
         agent_ids = token_agent_ids(batch, tb) if cfg.agent_norm else None
         if values_from_forward:  # filled micro-batch by micro-batch (fill_values)
-            old_values = torch.zeros(n)
+            old_values, cut_values = torch.zeros(n), torch.full((tb.num_episodes,), float("nan"))
             advantages = Advantages(torch.zeros(n), estimator.value_positions(tb), torch.zeros(n))
         else:
-            advantages = estimator.advantages(batch, tb, old_values, agent_ids)
-        return StepInputs(batch, tb, allowed, advantages, prox_logp, prox_from_forward, old_values,
+            advantages = estimator.advantages(batch, tb, old_values, agent_ids, cut_values=cut_values)
+        return StepInputs(batch, tb, allowed, advantages, prox_logp, prox_from_forward, old_values, cut_values,
                           values_from_forward, ref_logp,
                           ratio_group=turn_groups(tb) if estimator.needs_critic and cfg.critic.turn_ratio else None,
                           entropy_scale=entropy_scale(cfg, batch, tb, estimator, self.vocab_size),
@@ -175,9 +175,9 @@ class Trainer:
         for i, (mb, own) in enumerate(mbs):
             with self.parallel.critic_gradient_sync(self.train_net, params, last=i == len(mbs) - 1):
                 with self.where.autocast():
-                    _, values = self.train_net(mb, values_only=True)
+                    _, values, cut_values = self.train_net(mb, values_only=True)
                 if x.values_from_forward and own:
-                    fill_values(self.estimator, x, mb, values)
+                    fill_values(self.estimator, x, mb, values, cut_values)
                 loss, part = value_term(self.cfg, x, mb, values, weights)
                 self.parallel.backward(loss, own)
             if own:
@@ -193,9 +193,9 @@ class Trainer:
         """The micro-batch's loss and its backward; `own`: the micro-batch is this rank's share (not the
         stand-in of an idle rank), so what the training forward gives for the skipped passes is kept."""
         with self.where.autocast():
-            logits, values = self.train_net(mb)
+            logits, values, cut_values = self.train_net(mb)
         if x.values_from_forward and own:
-            fill_values(self.estimator, x, mb, values)
+            fill_values(self.estimator, x, mb, values, cut_values)
         logp, entropy = self._logprobs(logits, x.tb, mb, x.allowed)
         prox = proximal_logp(x, mb, logp, keep=own)
         loss, stats = microbatch_loss(self.cfg, x, mb, logp, entropy, prox, values, weights)
@@ -214,7 +214,7 @@ class Trainer:
         if not every_episode:  # of the policy's episodes: those served to the critic alone were not sampled by pi_prox
             policy = tb.policy_rows()
             rows = policy[torch.randperm(len(policy), generator=self.generator)][:STEP_KL_EPISODES]
-        new_logp, _ = self._no_grad_pass(tb, x.allowed, rows)
+        new_logp = self._no_grad_pass(tb, x.allowed, rows)[0]
         measured = slice(None) if rows is None else torch.isin(tb.act_episode, rows)
         return new_logp, step_kl(x.prox_logp[measured], new_logp[measured])
 
@@ -234,27 +234,33 @@ class Trainer:
         log-probs of every action token (pi_prox, no dropout) and, with `values`, the critic's values
         (`turnstream inspect`)."""
         self._set_eval()
-        return self._no_grad_pass(tb, tb.allowed.to(self.device), values=values)
+        return self._no_grad_pass(tb, tb.allowed.to(self.device), values=values)[:2]
 
     # ---- helpers ------------------------------------------------------------------------------------
 
     @torch.no_grad()
     def _no_grad_pass(self, tb: TensorBatch, allowed: torch.Tensor, rows: torch.Tensor | None = None, *,
-                      values: bool = False, reference: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      values: bool = False, reference: bool = False) -> tuple[torch.Tensor, ...]:
         """Log-probs of the action tokens of `rows` (default: every episode) under the policy, or the frozen
-        reference model, and the critic's values if asked; each rank fills its share, other tokens stay 0."""
+        reference model, and, if asked, the critic's values at the action tokens and at each truncated episode's
+        cut ([E], NaN where it reads none); each rank fills its share, other tokens stay 0."""
         n = tb.act_tokens.numel()
-        logp, vals = torch.zeros(n), torch.zeros(n)
+        logp, vals, cuts = torch.zeros(n), torch.zeros(n), torch.zeros(tb.num_episodes)
         for mb, own in self._my_microbatches(tb, torch.arange(tb.num_episodes) if rows is None else rows):
             with self.where.autocast():
-                logits, v = (forward.action_logits(self.ref_model, mb).logits, None) if reference else self.net(mb)
+                logits, v, cut_v = ((forward.action_logits(self.ref_model, mb).logits, None, None) if reference
+                                    else self.net(mb))
             if not own:
                 continue
             logp[mb.select] = self._logprobs(logits, tb, mb, allowed)[0].cpu()
             if values:
                 vals[mb.select] = v.float().cpu()
-        self._sum_over_ranks(logp, vals)
-        return logp, (vals if values else None)
+                cuts[mb.cut_rows] = cut_v.float().cpu()
+        self._sum_over_ranks(logp, vals, cuts)
+        if not values:
+            return logp, None, None
+        cuts[torch.from_numpy(tb.cut_pos < 0)] = float("nan")
+        return logp, vals, cuts
 
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]

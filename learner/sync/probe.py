@@ -36,7 +36,9 @@ def probe_batch(tokens: tuple[int, ...], device: torch.device | str = "cpu") -> 
     return MicroBatch(rows=torch.zeros(1, dtype=torch.long), select=torch.ones(n - 1, dtype=torch.bool),
                       input_ids=torch.tensor([tokens], dtype=torch.long, device=device),
                       position_ids=torch.arange(n, device=device)[None],
-                      act_index=torch.stack([torch.zeros_like(at), at]).to(device), tokens=n, packed=False)
+                      act_index=torch.stack([torch.zeros_like(at), at]).to(device), tokens=n, packed=False,
+                      cut_rows=torch.zeros(0, dtype=torch.long), cut_index=torch.zeros((2, 0), dtype=torch.long,
+                                                                                    device=device))
 
 
 @torch.no_grad()
@@ -53,7 +55,7 @@ def model_logprobs(net: torch.nn.Module, tokens: tuple[int, ...], dtype: torch.d
     net.eval()
     try:
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            logits, _ = net(mb)
+            logits = net(mb)[0]
     finally:
         net.train(was_training)
     logp = torch.log_softmax(logits.float(), dim=-1)

@@ -8,7 +8,7 @@ import torch
 
 from turnstream.buffer.store.episodes import Episode, flatten
 from tests import estimator_compute as estimators
-from turnstream.learner.estimators.episodes import cut_positions
+from turnstream.learner.batch.tensors import cut_positions
 from turnstream.learner.estimators.spo import SpoTracker
 from turnstream.learner.batch.tensors import to_tensors
 from tests.unit.test_store import chunk

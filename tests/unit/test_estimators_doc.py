@@ -17,7 +17,7 @@ import torch
 from turnstream.learner.estimators.advantages import gae, grpo_advantages, rloo_advantages, whiten
 from turnstream.learner.batch.tensors import logprobs_from_action_logits, max_entropy
 from tests import estimator_compute as estimators
-from turnstream.learner.estimators.episodes import cut_positions
+from turnstream.learner.batch.tensors import cut_positions
 from turnstream.learner.step.loss import aggregation_weights, decoupled_ppo_loss, step_kl, value_loss
 from turnstream.learner.estimators.spo import SpoTracker, fold_batch, normalize_advantages
 
