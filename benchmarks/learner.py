@@ -26,6 +26,23 @@ import tempfile
 import time
 
 
+def _recorded_batch(run_dir: str):
+    """A batch a run's learner trained on (learner.record): of its recorded steps, the one of median size in tokens,
+    so real prompts, chat templates and replies are timed rather than synthetic ones."""
+    from turnstream.learner.record.reader import RecordError, open_record
+
+    try:
+        steps = sorted((s for s in open_record(run_dir).steps() if not s.lost), key=lambda s: s.batch.tokens.size)
+    except RecordError as exc:
+        raise SystemExit(f"turnstream bench learner: --record: {exc}") from None
+    if not steps:
+        raise SystemExit(f"--record {run_dir}: no recorded step (run it with learner.record = true)")
+    chosen = steps[len(steps) // 2]
+    print(f"the batch of version {chosen.version} of {run_dir}: {len(chosen.batch.episode_ids)} episodes, "
+          f"{chosen.batch.tokens.size} tokens")
+    return chosen.batch
+
+
 def _batch(tokenizer_vocab: int, episodes: int, seed: int, turns: int = 0, context_turns: int = 0):
     """`turns`: every episode that long (0: 2 to 6 turns, as follow_signs); `context_turns`: its context restarts
     every that many turns, as with actor.context_turns (a restarted turn's observation is a whole prompt)."""
@@ -127,6 +144,9 @@ def _context_rows(args, fresh, vocab: int) -> int:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="turnstream bench learner", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="", help="HF checkpoint directory (default: build the tiny model)")
+    p.add_argument("--record", default="", metavar="RUN_DIR",
+                   help="time a batch this run trained on (learner.record; the model must be --model's) instead of "
+                   "a synthetic one")
     p.add_argument("--episodes", type=int, default=128)
     p.add_argument("--steps", type=int, default=7, help="timed step pairs per estimator (medians are reported)")
     p.add_argument("--estimators", default="spo,spo_updated,grpo,turn_gae,turn_gae_microbatch",
@@ -169,9 +189,9 @@ def main(argv: list[str]) -> int:
     vocab = fresh().config.vocab_size
     if args.context_turns:
         return _context_rows(args, fresh, vocab)
-    batch = _batch(vocab, args.episodes, args.seed)
+    batch = _recorded_batch(args.record) if args.record else _batch(vocab, args.episodes, args.seed)
     tokens = int(batch.tokens.size)
-    rows, result = [], {"tokens_per_batch": tokens, "episodes": args.episodes, "threads": args.threads,
+    rows, result = [], {"tokens_per_batch": tokens, "episodes": len(batch.episode_ids), "threads": args.threads,
                         "pack_sequences": args.pack_sequences}
     bare_all = []
     for name in args.estimators.split(","):

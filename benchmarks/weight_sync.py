@@ -24,6 +24,8 @@ SIZES = {"50m": (1024, 5), "200m": (2048, 5)}  # hidden, layers -> ~52M and ~210
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="turnstream bench weight-sync")
     p.add_argument("--sizes", default="50m,200m", help=f"comma list of {', '.join(SIZES)}")
+    p.add_argument("--model", default="", help="a Hugging Face model directory to push instead of the sizes (e.g. "
+                   "runs/smollm2-135m, from `turnstream models get smollm2-135m`)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default="runs/bench-weight-sync")
     p.add_argument("--load", type=int, default=8, help="concurrent streamed requests during pushes")
@@ -120,24 +122,34 @@ async def _bench_size(url: str, model_dir: Path, out: Path, rounds: int, load_n:
             "requests_finished": load.finished, "requests_aborted": load.aborted}
 
 
+def _models(args, out: Path) -> list[tuple[str, Path]]:
+    """(name, model directory) of each model to push: --model, or a built model of each size."""
+    from turnstream.tiny_model import make_tiny_model
+
+    if args.model:
+        return [(Path(args.model).name, Path(args.model))]
+    models = []
+    for name in [s.strip() for s in args.sizes.split(",") if s.strip()]:
+        if name not in SIZES:
+            raise SystemExit(f"turnstream bench weight-sync: unknown size {name!r}; known: {', '.join(SIZES)}")
+        hidden, layers = SIZES[name]
+        model_dir = out / f"model-{name}"
+        if not (model_dir / "config.json").exists():
+            make_tiny_model(model_dir, seed=0, hidden=hidden, layers=layers)
+        models.append((name, model_dir))
+    return models
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     from turnstream.core.config import VllmSection
     from turnstream.launch.processes import ProcessGroup
     from turnstream.launch.vllm_server import start_vllm_server
-    from turnstream.tiny_model import make_tiny_model
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = {}
-    for name in [s.strip() for s in args.sizes.split(",") if s.strip()]:
-        if name not in SIZES:
-            print(f"turnstream bench weight-sync: unknown size {name!r}; known: {', '.join(SIZES)}", file=sys.stderr)
-            return 2
-        hidden, layers = SIZES[name]
-        model_dir = out / f"model-{name}"
-        if not (model_dir / "config.json").exists():
-            make_tiny_model(model_dir, seed=0, hidden=hidden, layers=layers)
+    for name, model_dir in _models(args, out):
         procs = ProcessGroup(out / name)
         try:
             url = start_vllm_server(procs, str(model_dir.resolve()), VllmSection(max_num_seqs=64, kv_cache_gib=1))
