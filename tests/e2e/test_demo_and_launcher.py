@@ -37,6 +37,10 @@ def test_short_training_run_improves_success(tmp_path, tiny_model):
     pids = json.loads((run_dir / "pids.json").read_text())
     assert set(pids) >= {"vllm-0", "buffer", "learner", "actor-0"}
     assert all(process_group_gone(pid) for pid in pids.values()), pids
+    # every role still ran when the demo stopped it, so each one's peak was read (a vLLM server holds its model)
+    peaks = json.loads((run_dir / "memory.json").read_text())
+    assert result["peak_memory_mib"] == peaks and set(peaks) == set(pids), peaks
+    assert all(mib is not None and mib > 10.0 for mib in peaks.values()), peaks
 
 
 def test_launcher_stops_every_role_on_ctrl_c(tmp_path, tiny_model):

@@ -6,6 +6,7 @@ restarted and stopped by PID.
     up.py              `turnstream up`: the stack run until the learner finishes or the time limit
     demo.py            `turnstream demo`: the stack run until the tiny model succeeds, then one JSON line
     processes.py       child processes in their own sessions, free ports, log tails
+    peak_memory.py     each process's peak memory over its process tree, read at the stop: memory.json
     supervisor.py      the restart policy: which failed process starts again, when, and when the run stops
     vllm_server.py     a vLLM server's command line and readiness (also `turnstream vllm`)
     vllm_restart.py    a restarted policy server brought back on a new port, serving only current weights

@@ -9,7 +9,7 @@ from turnstream.core.config import Config
 from turnstream.launch.stack import LocalStack
 from turnstream.reports.figures import plot_learning_curve, write_report
 from turnstream.reports.progress import Progress
-from turnstream.reports.run_log import pooled_evals, read_evals, read_steps, rolling_success
+from turnstream.reports.run_log import pooled_evals, read_evals, read_peak_memory, read_steps, rolling_success
 
 
 def run_demo(cfg: Config) -> dict:
@@ -52,6 +52,7 @@ def run_demo(cfg: Config) -> dict:
         "learning_curve": str(png),
         "report_dir": str(report[0].parent),
         "run_dir": str(run_dir),
+        "peak_memory_mib": read_peak_memory(run_dir),
     }
 
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from turnstream.launch.peak_memory import tree_peaks_mib
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -141,24 +143,39 @@ class ProcessGroup:
     def exited(self) -> list[Child]:
         return [c for c in self.children if c.proc.poll() is not None]
 
-    def stop_all(self, timeout_s: float = 20.0, stages: Sequence[StopStage] = ()) -> None:
+    def stop_all(self, timeout_s: float = 20.0, stages: Sequence[StopStage] = ()) -> dict[str, float | None]:
         """Stop every child, stage by stage: a stage's children get SIGTERM (to their process groups) and its
         timeout to exit, then SIGKILL. Children no stage names go last, newest first, with `timeout_s`.
 
         Stages give the shutdown an order: what feeds others stops before what it feeds (actors before the
-        learner before the buffer and the vLLM servers), so nothing fails for want of a peer stopped first."""
+        learner before the buffer and the vLLM servers), so nothing fails for want of a peer stopped first.
+
+        Returns each child's peak memory in MiB over its process tree (peak_memory.py), read just before its
+        stage is signalled, so that it covers all the work the child did; None for a child that had exited."""
+        peaks: dict[str, float | None] = {}
         left = list(self.children)
         for selects, stage_timeout_s in stages:
             group = [c for c in left if selects(c.name)]
             left = [c for c in left if c not in group]
+            peaks.update(_peaks(group))
             _stop(group, stage_timeout_s)
-        _stop(list(reversed(left)), timeout_s)
+        left.reverse()
+        peaks.update(_peaks(left))
+        _stop(left, timeout_s)
         # Return only once every group is empty, so nothing started here outlives the caller.
         _wait_groups_gone(self.children, 10.0)
+        return {c.name: peaks[c.name] for c in self.children}  # in start order
 
     def _write_pids(self) -> None:
         pids = {c.name: c.proc.pid for c in self.children}
         (self.run_dir / "pids.json").write_text(json.dumps(pids, indent=1) + "\n")
+
+
+def _peaks(children: list[Child]) -> dict[str, float | None]:
+    # poll() first: a child it finds running is not reaped until _stop waits for it, so its pid is still its own
+    running = {c.name: c.proc.pid for c in children if c.proc.poll() is None}
+    peaks = tree_peaks_mib(running)
+    return {c.name: peaks.get(c.name) for c in children}
 
 
 def _stop(children: list[Child], timeout_s: float) -> None:

@@ -12,6 +12,7 @@ from turnstream.checks.preflight import ensure_models, preflight
 from turnstream.core.config import Config
 from turnstream.core.urls_file import write_urls_file
 from turnstream.launch.metrics import LauncherMetrics, MetricsThread, role_of
+from turnstream.launch.peak_memory import record_peak_memory
 from turnstream.launch.processes import Child, ProcessGroup, free_port, free_port_block, tail
 from turnstream.launch.scrape_targets import remove_discovery_files, write_scrape_targets
 from turnstream.launch.supervisor import RoleFailed, Supervisor
@@ -113,13 +114,14 @@ class LocalStack:
 
     def close(self) -> None:
         """Stop in dependency order: actors drain first, then the learner finishes its step, last push and
-        checkpoint while the servers still answer, then the buffer syncs its log, then the vLLM servers."""
+        checkpoint while the servers still answer, then the buffer syncs its log, then the vLLM servers. Each
+        process's peak memory, read before it is signalled, goes to <run_dir>/memory.json."""
         launch = self.cfg.launch
         stages = [(lambda name: role_of(name) == "actor", launch.drain_timeout_s + 10.0),
                   (lambda name: role_of(name) == "learner", launch.stop_timeout_s),
                   (lambda name: role_of(name) == "buffer", launch.stop_timeout_s),
                   (lambda name: role_of(name) == "vllm", VLLM_STOP_TIMEOUT_S)]
-        self.procs.stop_all(stages=stages)
+        record_peak_memory(self.run_dir, self.procs.stop_all(stages=stages))
         remove_discovery_files(self.cfg)  # Prometheus forgets the run's targets instead of alerting on them
         self._http.stop()
         signal.signal(signal.SIGTERM, self._old_sigterm)

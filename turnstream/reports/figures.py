@@ -3,7 +3,7 @@
 Plots skip keys a log does not have, so older runs and other estimators still get every plot their log supports.
 With held-out evaluation (`tasks.eval_split`) the success plots get a second panel: evaluation success against
 learner version (the actors' lines of one version pooled), next to the training batches' mean return at the
-same versions.
+same versions. memory.png draws each process's peak memory at the stop (memory.json, written by the launcher).
 """
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import math
 from pathlib import Path
 
 from turnstream.reports.plotting import pyplot
-from turnstream.reports.run_log import (pooled_evals, read_evals, read_steps, rolling_success, staleness_totals,
-                                        start_time, throughput)
+from turnstream.reports.run_log import (MEMORY_FILE, pooled_evals, read_evals, read_peak_memory, read_steps,
+                                        rolling_success, staleness_totals, start_time, throughput)
 
-REPORT_FILES = ("success.png", "staleness.png", "throughput.png", "losses.png", "weight_sync.png")
+REPORT_FILES = ("success.png", "staleness.png", "throughput.png", "losses.png", "weight_sync.png", "memory.png")
 LOSS_KEYS = ("policy_loss", "value_loss", "step_kl", "approx_kl", "entropy", "clip_fraction", "grad_norm",
              "is_weight_mean", "is_weight_truncated_fraction")
 
@@ -85,6 +85,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None, t0: flo
         "throughput.png": ("throughput into the learner", lambda: _throughput_figure(plt, steps, t0)),
         "losses.png": ("learner losses and diagnostics", lambda: _losses_figure(plt, steps)),
         "weight_sync.png": ("weight-sync latency and learner time", lambda: _weight_sync_figure(plt, steps)),
+        "memory.png": ("peak memory of each process", lambda: memory_figure(plt, read_peak_memory(run_dir))),
     }
     paths = []
     for filename in REPORT_FILES:
@@ -167,6 +168,24 @@ def _weight_sync_figure(plt, steps: list[dict]):
         _no_data(ax)
     ax.set(xlabel="learner step (policy version)", ylabel="seconds")
     ax.grid(alpha=0.3)
+    return fig
+
+
+def memory_figure(plt, peaks: dict[str, float | None]):
+    """A bar per process (its peak MiB, summed over its process tree); a process not measured gets an empty bar
+    and a note."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    if peaks:
+        names = list(peaks)
+        heights = [peaks[n] or 0.0 for n in names]
+        bars = ax.bar(names, heights)
+        ax.bar_label(bars, labels=["not measured" if peaks[n] is None else f"{peaks[n]:.0f}" for n in names])
+        ax.set_xticks(range(len(names)), names)
+    else:
+        ax.text(0.5, 0.5, f"no {MEMORY_FILE} (written when the launcher stops the run)", ha="center", va="center",
+                transform=ax.transAxes)
+    ax.set(ylabel="peak resident MiB (sum over the process tree)")
+    ax.grid(alpha=0.3, axis="y")
     return fig
 
 

@@ -1,10 +1,12 @@
-"""A run directory's logs, read: learner.jsonl (one line per optimizer step, learner/serve.py) and eval.jsonl
-(one line per held-out evaluation round and actor, actors/evaluation.py), and the sums the reports, the launcher's
-progress line, the tools and the benchmarks take of them.
+"""A run directory's logs, read: learner.jsonl (one line per optimizer step, learner/serve.py), eval.jsonl
+(one line per held-out evaluation round and actor, actors/evaluation.py) and memory.json (each role's peak memory,
+written by the launcher at the stop, launch/peak_memory.py), and the sums the reports, the launcher's progress
+line, the tools and the benchmarks take of them.
 
 A learner.jsonl line: return_mean, episodes, tokens, version, policy_loss, step_kl, approx_kl, entropy,
 clip_fraction, grad_norm, staleness_hist/_mean/_max, step_s, wait_s, push_s (NaN when the push failed), wall_s and
-time. An eval.jsonl line: {"version", "success", "episodes", "time", "actor"}.
+time. An eval.jsonl line: {"version", "success", "episodes", "time", "actor"}. memory.json: {process name: peak MiB,
+or null when the process had exited before the stop}.
 """
 from __future__ import annotations
 
@@ -36,6 +38,18 @@ def steps_by_version(run_dir: str | Path) -> dict[int, dict]:
 def read_evals(run_dir: str | Path) -> list[dict]:
     """The eval.jsonl lines of a run (none without held-out evaluation)."""
     return _read_jsonl(Path(run_dir) / "eval.jsonl")
+
+
+MEMORY_FILE = "memory.json"
+
+
+def read_peak_memory(run_dir: str | Path) -> dict[str, float | None]:
+    """memory.json of a run: each process's peak MiB (None: not measured); {} when the run has none (yet)."""
+    try:
+        peaks = json.loads((Path(run_dir) / MEMORY_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return peaks if isinstance(peaks, dict) else {}
 
 
 def _read_jsonl(path: Path) -> list[dict]:
