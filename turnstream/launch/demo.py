@@ -32,6 +32,8 @@ def run_demo(cfg: Config) -> dict:
                     progress.update(steps, time.monotonic() - started, force=True)
                     break
                 time.sleep(0.5)
+        except KeyboardInterrupt:  # Ctrl-C (or kill -INT) ends the run early: its curve and report still count
+            stop_reason = "interrupted"
         finally:
             progress.close()
     steps = read_steps(run_dir)
@@ -59,4 +61,4 @@ def run_demo(cfg: Config) -> dict:
 def main(cfg: Config) -> int:
     result = run_demo(cfg)
     print(json.dumps(result), flush=True)
-    return 0 if result["stop_reason"] == "target_reached" else 1
+    return {"target_reached": 0, "interrupted": 130}.get(result["stop_reason"], 1)
