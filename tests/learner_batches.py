@@ -43,6 +43,21 @@ def tiny_causal_lm(vocab: int = 64, seed: int = 0, hidden: int = 32):
     return Qwen2ForCausalLM(cfg).to(torch.float32)
 
 
+def llm_sized_checkpoint(path) -> int:
+    """A random Qwen2 just past the pretrained scale (4 layers, 512 wide), saved to `path` with room for 4096
+    positions (so that a context limit shows the micro-batch budget); returns its parameter count."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+                         num_attention_heads=8, num_key_value_heads=8, head_dim=64, max_position_embeddings=4096,
+                         pad_token_id=0, tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(config).to(torch.float32)
+    model.save_pretrained(path)
+    return sum(p.numel() for p in model.parameters())
+
+
 def params_after_steps(cfg, steps: int = 2, n_episodes: int = 12, seed: int = 0, critic_path: str = ""):
     """Train a fresh tiny model on fixed synthetic batches; returns the flat parameter vector."""
     import torch

@@ -104,19 +104,6 @@ def test_ratios_set_each_turnstream_system_against_trl_on_each_clock():
     assert set(out) == {"turnstream-sync", "turnstream-async"}  # TRL is the reference, not a ratio
 
 
-def test_the_checkpoints_parameters_are_counted_from_its_files(tmp_path):
-    """TRL is handed the rates turnstream's learner picks for the checkpoint's size, counted without loading it."""
-    from benchmarks.trl_systems import checkpoint_parameters
-    from tests.learner_batches import tiny_causal_lm
-    from turnstream.learner.scale_defaults import parameter_count
-
-    model = tiny_causal_lm()
-    model.save_pretrained(tmp_path / "model")
-    assert checkpoint_parameters(tmp_path / "model") == parameter_count(model)
-    with pytest.raises(FileNotFoundError, match="no safetensors files"):  # a count of 0 would read as the tiny model
-        checkpoint_parameters(tmp_path)
-
-
 # ---- the protocol: clocks, order, interval, cost (benchmarks/trl_protocol.py) ------------------------------
 
 class _ConcurrencyProbe:

@@ -92,6 +92,20 @@ def test_estimators_without_learner_state_show_advantages_without_the_learner(tm
     assert advantages and any(a != 0 for a in advantages)
 
 
+def test_without_the_learner_episodes_over_the_budget_it_would_choose_are_dropped(tiny_model, llm_sized_model):
+    """learner.max_tokens_per_microbatch = "auto" read as the learner resolves it, from the checkpoint's size."""
+    from turnstream.core.config import LearnerSection
+    from turnstream.inspect.learner_view import view_without_trainer
+
+    batch = synthetic_batch(6, vocab=64, turns=(2, 500), seed=1, group=2)
+    lengths = dict(zip(batch.episode_ids, np.diff(batch.episode_offsets)))
+    over = {e for e, n in lengths.items() if n > 2048}
+    assert 0 < len(over) < len(lengths)
+    cfg = LearnerSection(estimator="grpo")
+    assert set(view_without_trainer(cfg, str(llm_sized_model), batch).dropped) == over
+    assert view_without_trainer(cfg, str(tiny_model), batch).dropped == ()  # no budget for the tiny model
+
+
 def test_html_pages_colour_tokens_by_advantage(spo_run, tmp_path):
     cfg = spo_run
     out = tmp_path / "html"

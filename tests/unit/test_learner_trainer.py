@@ -10,6 +10,7 @@ import torch
 
 from turnstream.learner.step.packing import microbatches, shard
 from turnstream.learner.estimators.spo import Spo, SpoTracker, fold_batch
+from turnstream.learner.scale_defaults import parameter_count, resolve
 from turnstream.learner.step.trainer import Trainer
 from tests.learner_batches import params_after_steps, synthetic_batch, tiny_causal_lm
 from turnstream.core.config import LearnerSection
@@ -150,7 +151,10 @@ def test_values_from_the_training_forward_give_the_same_update_on_one_microbatch
         results.append((torch.cat([p.detach().reshape(-1) for p in t._params()]), s))
     assert (results[0][0] - results[1][0]).abs().max().item() < 1e-6
     # so "auto" (the default) takes the cheaper path exactly there, and batch whitening under a budget
-    assert cfg_for(estimator).values_in_step() and not cfg_for(estimator, max_tokens_per_microbatch=64).values_in_step()
+    tiny = resolve(cfg_for(estimator), parameter_count(tiny_causal_lm()))  # the default budget: none
+    assert tiny.values_in_step() and not cfg_for(estimator, max_tokens_per_microbatch=64).values_in_step()
+    with pytest.raises(ValueError, match="resolve"):  # "auto" is no budget only for a policy of the tiny model's size
+        cfg_for(estimator).values_in_step()
     for key in ("policy_loss", "value_loss", "explained_variance", "baseline_mean"):
         assert results[0][1][key] == pytest.approx(results[1][1][key], abs=1e-6), key
 

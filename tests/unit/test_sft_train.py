@@ -62,6 +62,16 @@ def test_micro_batches_change_neither_the_loss_nor_the_gradient(tiny_model, tmp_
         assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-7)
 
 
+def test_the_trainer_splits_by_the_budget_its_learner_would_choose(tiny_model, llm_sized_model, tmp_path):
+    """learner.max_tokens_per_microbatch = "auto" is a number once the model is loaded: none for the tiny model,
+    a pretrained-sized one's budget, in micro-batches that hold the budget."""
+    cfg = _config(tiny_model, tmp_path)
+    assert SftTrainer(tiny_model, cfg.sft, cfg.learner).learner.max_tokens_per_microbatch == 0
+    sized = SftTrainer(llm_sized_model, cfg.sft, cfg.learner.model_copy(update={"attn_implementation": "eager"}))
+    assert sized.learner.max_tokens_per_microbatch == 2048
+    assert cfg.learner.max_tokens_per_microbatch == "auto"  # resolved in a copy
+
+
 def _sft(config, *args):
     return subprocess.run([sys.executable, "-m", "turnstream.cli", "sft", "--config", str(config), *args],
                           capture_output=True, text=True, timeout=120)

@@ -154,3 +154,12 @@ def test_the_limit_is_the_tightest_of_the_context_the_model_and_the_microbatch(t
         1024, "the model's max_position_embeddings")
     assert context_limit(load_config(None, [*base, "learner.max_tokens_per_microbatch=300"])) == Limit(
         300, "learner.max_tokens_per_microbatch")
+
+
+def test_the_micro_batch_budget_left_at_auto_is_the_one_the_learner_would_choose(tiny_model, llm_sized_model):
+    """None for the tiny model; a pretrained-sized checkpoint's budget, counted from its files, caps a transcript."""
+    wide = "vllm.max_model_len=4096"
+    assert context_limit(load_config(None, [f"model.path={tiny_model}", wide])) == Limit(
+        1024, "the model's max_position_embeddings")
+    assert context_limit(load_config(None, [f"model.path={llm_sized_model}", wide])) == Limit(
+        2048, "learner.max_tokens_per_microbatch")

@@ -18,6 +18,7 @@ from turnstream.core.config import LearnerSection
 from turnstream.learner.estimators.episodes import token_agent_ids
 from turnstream.learner.estimators.registry import estimator_for
 from turnstream.learner.batch.tensors import TensorBatch, to_tensors
+from turnstream.learner.scale_defaults import resolve_for_checkpoint
 from turnstream.learner.step.packing import NothingToTrain, drop_untrainable
 from turnstream.protocol.messages import Batch
 
@@ -56,6 +57,7 @@ def view_with_trainer(trainer, batch: Batch) -> LearnerView:
 
 def view_without_trainer(cfg: LearnerSection, model_path: str, batch: Batch) -> LearnerView:
     vocab = int(json.loads((Path(model_path) / "config.json").read_text())["vocab_size"])
+    cfg = resolve_for_checkpoint(cfg, model_path)  # the micro-batch budget the learner would have chosen
     kept, dropped = _trainable(batch, cfg, vocab)
     if kept is None:
         return empty_view(batch, "the learner dropped every episode of this batch")

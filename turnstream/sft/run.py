@@ -18,6 +18,7 @@ from typing import Iterable
 from turnstream.checks.preflight import ensure_model
 from turnstream.core.config import Config
 from turnstream.core.configtools import ConfigError
+from turnstream.learner.scale_defaults import resolve_for_checkpoint
 from turnstream.sft.transcripts import Limit, Refused, Rendered, TranscriptRenderer
 
 log = logging.getLogger("turnstream.sft")
@@ -43,7 +44,8 @@ class SftReport:
 
 def context_limit(cfg: Config) -> Limit:
     """The most tokens a transcript may have: what the actors' context holds (vllm.max_model_len, at most the
-    model's positions) and, under a budget, what one micro-batch holds."""
+    model's positions) and, under a budget, what one micro-batch holds (the budget the trainer resolves "auto" to,
+    read from the checkpoint's size before it is loaded)."""
     limits = [Limit(cfg.vllm.max_model_len, "vllm.max_model_len")]
     try:
         positions = json.loads((Path(cfg.model.path) / "config.json").read_text()).get("max_position_embeddings")
@@ -51,8 +53,11 @@ def context_limit(cfg: Config) -> Limit:
         positions = None
     if isinstance(positions, int) and positions > 0:
         limits.append(Limit(positions, "the model's max_position_embeddings"))
-    if cfg.learner.max_tokens_per_microbatch:
-        limits.append(Limit(cfg.learner.max_tokens_per_microbatch, "learner.max_tokens_per_microbatch"))
+    budget = cfg.learner.max_tokens_per_microbatch
+    if budget == "auto":
+        budget = resolve_for_checkpoint(cfg.learner, cfg.model.path).max_tokens_per_microbatch
+    if budget:
+        limits.append(Limit(budget, "learner.max_tokens_per_microbatch"))
     return min(limits, key=lambda limit: limit.tokens)
 
 

@@ -25,6 +25,7 @@ from turnstream.learner.device import (Placement, attn_implementation, enable_ch
                                        keep_checkpointing_active, model_dtype, placement)
 from turnstream.learner.batch import forward
 from turnstream.learner.batch.tensors import TensorBatch, logprobs_from_action_logits, to_tensors
+from turnstream.learner.scale_defaults import parameter_count, resolve
 from turnstream.learner.step.packing import microbatches
 from turnstream.protocol.messages import Batch
 from turnstream.sft.transcripts import Rendered
@@ -56,12 +57,14 @@ class SftTrainer:
     def __init__(self, model_dir: str | Path, sft: SftSection, learner: LearnerSection, seed: int = 0):
         from transformers import AutoModelForCausalLM
 
-        self.sft, self.learner, self.model_dir = sft, learner, Path(model_dir)
+        self.sft, self.model_dir = sft, Path(model_dir)
         self.where: Placement = placement(learner.device, learner.precision)
         attn = attn_implementation(learner.attn_implementation, self.where.device)
         torch.manual_seed(seed)
         self.model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=torch.float32, **({"attn_implementation": attn} if attn else {})).to(self.where.device)
+        # the micro-batch budget left at "auto" follows the model's size, as the RL learner's does
+        self.learner = learner = resolve(learner, parameter_count(self.model))
         if learner.activation_checkpointing:
             enable_checkpointing(self.model)
         self.model.train(False)
