@@ -42,9 +42,9 @@ class ScaleDefaults:
 # The micro-batch budget bounds the activations one forward/backward holds, which grow as hidden size x layers x
 # tokens. The tiny model's figures were all measured without one. A whole batch in one forward ran SmolLM2-135M
 # (576 wide, 30 layers) out of memory; it learns in micro-batches of 2048 tokens. The smallest billion-scale
-# models have about twice its hidden size x layers (Llama-3.2-1B: 2048 x 16), so half the tokens hold as much;
-# 1024 still holds a whole episode of vllm.max_model_len's default and of the shipped configs (a longer episode
-# is dropped). Larger models train on GPUs, whose bf16 autocast about halves the activations.
+# models have about twice its hidden size x layers (Llama-3.2-1B: 2048 x 16), so half the tokens hold as much.
+# Larger models train on GPUs, whose bf16 autocast about halves the activations. An auto budget is never below
+# vllm.max_model_len (learner/scale_defaults.py resolve): an episode longer than the budget would be dropped.
 
 # measured on the tiny model (BENCHMARKS.md, "The learner learns", "From a model that can read")
 TINY = ScaleDefaults(lr=1e-3, warmup_steps=0, entropy_coef=0.2, critic_lr=1e-3, max_tokens_per_microbatch=0)
@@ -194,7 +194,8 @@ class LearnerSection(Section):
         "auto", description="token budget of one forward/backward (learner/step/packing.py): packed tokens, or rows x "
         "longest episode when pack_sequences is off; it bounds activation memory. An episode longer than the budget "
         "alone is dropped (counted, logged). 0: no budget, the whole minibatch in one micro-batch, which runs a "
-        "pretrained model out of memory. "
+        "pretrained model out of memory. An auto budget is never below vllm.max_model_len, so that one whole context "
+        "fits; "
         + _scale_auto("max_tokens_per_microbatch", "half the small model's: the smallest billion-scale models hold "
                       "about twice its activations per token"))
     pack_sequences: Literal["auto", True, False] = Field(

@@ -60,7 +60,7 @@ def build_trainer(cfg: Config, rank: int = 0, world: int = 1, checkpoint: Path |
                                                    **kw).eval()
         ref.requires_grad_(False)
     trainer = Trainer(model, lc, seed=cfg.run.seed, critic_path=lc.critic.path or cfg.model.path, ref_model=ref,
-                      where=where)
+                      where=where, longest_context=cfg.vllm.max_model_len)
     log.info("learner on %s, %s, attention %s, activation checkpointing %s", where.device, where.precision,
              model.config._attn_implementation, lc.activation_checkpointing)
     if chosen := resolved_settings(lc, trainer.cfg):

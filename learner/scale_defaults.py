@@ -59,12 +59,17 @@ def auto_settings(cfg: LearnerSection) -> list[str]:
     return [setting for setting in AUTO_SETTINGS if value_of(cfg, setting) == "auto"]
 
 
-def resolve(cfg: LearnerSection, parameters: int) -> LearnerSection:
-    """A copy of `cfg` with each setting left at "auto" given its value for a policy of `parameters`."""
+def resolve(cfg: LearnerSection, parameters: int, longest_context: int = 0) -> LearnerSection:
+    """A copy of `cfg` with each setting left at "auto" given its value for a policy of `parameters`. A micro-batch
+    budget is never below `longest_context` (vllm.max_model_len): an episode longer than the budget is dropped, so a
+    smaller one would throw away every episode that fills its context."""
     chosen, resolved = defaults_for(parameters, cfg.lora is not None), cfg.model_copy(deep=True)
     for setting in auto_settings(cfg):
         table, _, key = setting.rpartition(".")
-        setattr(value_of(resolved, table) if table else resolved, key, chosen.value(setting))
+        value = chosen.value(setting)
+        if setting == "max_tokens_per_microbatch" and value:
+            value = max(value, longest_context)
+        setattr(value_of(resolved, table) if table else resolved, key, value)
     return resolved
 
 

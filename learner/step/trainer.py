@@ -50,9 +50,11 @@ STEP_KL_EPISODES = 32  # episodes step_kl is measured on (all of a smaller batch
 
 class Trainer:
     def __init__(self, model, cfg: LearnerSection, seed: int = 0, *, critic_path: str = "", ref_model=None,
-                 where: Placement | None = None):
+                 where: Placement | None = None, longest_context: int = 0):
+        """`longest_context`: the most tokens one context of an episode can hold (vllm.max_model_len), which an
+        "auto" micro-batch budget is never below (scale_defaults.resolve)."""
         self.policy_parameters = parameter_count(model)  # before fsdp2 shards the model
-        cfg = resolve(cfg, self.policy_parameters)
+        cfg = resolve(cfg, self.policy_parameters, longest_context)
         self.where = where or placement(cfg.device, cfg.precision)
         self.device = self.where.device
         self.parallel = strategy_for(cfg.parallel, self.where)

@@ -55,6 +55,17 @@ def test_the_micro_batch_budget_follows_the_size(lora):
     assert 0 < large < 2048 and large == PRETRAINED.max_tokens_per_microbatch  # a wider, deeper model
 
 
+def test_an_auto_budget_holds_a_whole_context():
+    """A budget below vllm.max_model_len would drop every episode that fills its context; no budget (the tiny
+    model's) and a number given stay as they are."""
+    section = LearnerSection()
+    assert resolve(section, LARGE_SCALE, longest_context=4096).max_tokens_per_microbatch == 4096
+    assert resolve(section, PRETRAINED_SCALE, longest_context=512).max_tokens_per_microbatch == 2048
+    assert resolve(section, PRETRAINED_SCALE - 1, longest_context=4096).max_tokens_per_microbatch == 0
+    given = LearnerSection(max_tokens_per_microbatch=300)
+    assert resolve(given, LARGE_SCALE, longest_context=4096).max_tokens_per_microbatch == 300
+
+
 def test_the_trainer_of_the_tiny_model_keeps_the_tiny_rates():
     trainer = Trainer(tiny_causal_lm(), LearnerSection(device="cpu"), seed=0)
     assert optimizer_rates(trainer) == [TINY.lr]  # no warm-up: the first step at the full rate
@@ -78,13 +89,14 @@ def test_the_learner_of_an_llm_sized_checkpoint_trains_at_a_pretrained_models_ra
     cfg = Config()
     cfg.model.path, cfg.run.run_dir = str(llm_sized_model), str(tmp_path / "run")
     cfg.learner = LearnerSection(estimator="turn_gae", device="cpu", attn_implementation="eager")
+    cfg.vllm.max_model_len = 3000  # a context longer than the size's budget: the budget holds it
     with caplog.at_level(logging.INFO, logger="turnstream.learner"):
         _, trainer, _ = build_trainer(cfg)
     assert optimizer_rates(trainer) == pytest.approx([SMALL_PRETRAINED.lr, SMALL_PRETRAINED.critic_lr])  # no warm-up
     assert trainer.cfg.entropy_coef == 0 and trainer.cfg.warmup_steps == SMALL_PRETRAINED.warmup_steps
-    assert trainer.policy_parameters == parameters and trainer.cfg.max_tokens_per_microbatch == 2048
+    assert trainer.policy_parameters == parameters and trainer.cfg.max_tokens_per_microbatch == 3000
     assert f"for a policy of {parameters} parameters, auto settings: lr 2e-05, warmup_steps 0, entropy_coef 0, " \
-           "critic.lr 2e-05, max_tokens_per_microbatch 2048" in caplog.text
+           "critic.lr 2e-05, max_tokens_per_microbatch 3000" in caplog.text
 
 
 def test_the_checkpoints_parameters_are_counted_without_loading_it(tmp_path):
