@@ -17,7 +17,9 @@ positions are split between the actor processes like the sequential order's (act
 `<run_dir>/eval.jsonl` as {"version", "success", "episodes", "time", "actor"}, and `turnstream report`
 pools the lines of one version (episode-weighted). `success` is the share of scored episodes (finished or
 truncated) that the environment reported successful; abandoned ones (inference or environment failure)
-are counted in `turnstream_actor_eval_episodes_total` but not scored. Evaluation episodes add to the
+are counted in `turnstream_actor_eval_episodes_total` but not scored. When scored episodes reported figures
+(the numbers of their last `Step.info`, play/episode_figures.py), the line also has "info", each key's mean over
+the scored episodes that reported it, and "info_episodes", how many did. Evaluation episodes add to the
 actor's turn and token counters (they do load the servers) but not to `turnstream_actor_episodes_total`.
 """
 from __future__ import annotations
@@ -31,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from turnstream.actors.play.episode_figures import EpisodeFigures, FigureMeans
 from turnstream.actors.play.player import Episode
 from turnstream.actors.play.runner import EpisodeRunner
 from turnstream.actors.tasks.eval_split import split_tasks
@@ -97,21 +100,25 @@ class Evaluator:
         """Play this actor's part of the round at `version`; returns the line written (None: nothing scored)."""
         limit = asyncio.Semaphore(self.concurrency)
 
-        async def one(i: int, seed: int, task: int) -> str:
+        async def one(i: int, seed: int, task: int) -> tuple[str, EpisodeFigures]:
             async with limit:
                 ctx = self.context
                 episode = Episode(f"{ctx.actor_id}-{ctx.epoch}-eval{version}-{i}", seed, task)
                 outcome = await self.player.play(ctx, episode)
             self.m.eval_episodes.labels(outcome).inc()
-            return outcome
+            return outcome, episode.figures
 
-        outcomes = await asyncio.gather(*(one(i, seed, task) for i, (seed, task) in enumerate(self.plan)))
-        scored = [o for o in outcomes if o in SCORED]
+        played = await asyncio.gather(*(one(i, seed, task) for i, (seed, task) in enumerate(self.plan)))
+        scored = [(o, figures) for o, figures in played if o in SCORED]
         if not scored:
-            log.warning("evaluation round at version %d: no episode finished (%s)", version, outcomes)
+            log.warning("evaluation round at version %d: no episode finished (%s)", version, [o for o, _ in played])
             return None
-        line = {"version": version, "success": scored.count("success") / len(scored), "episodes": len(scored),
+        successes = sum(o == "success" for o, _ in scored)
+        line = {"version": version, "success": successes / len(scored), "episodes": len(scored),
                 "time": time.time(), "actor": self.context.actor_id}
+        figures = FigureMeans.of(f for _, f in scored)
+        if figures.means:
+            line |= {"info": figures.means, "info_episodes": figures.episodes}
         self.m.eval_success.set(line["success"])
         self.m.eval_version.set(version)
         if self.log_path is not None:

@@ -1,9 +1,52 @@
 """Prometheus metrics of an actor process."""
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import logging
+from typing import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 
 from turnstream.core.build_info import register_build_info
+
+log = logging.getLogger("turnstream.actor")
+
+MAX_INFO_KEYS = 16  # keys are the environment's: a series each, so an actor keeps the first ones it meets
+MAX_INFO_KEY_CHARS = 128  # longer label values read as ids to the metric lint (turnstream/reference/metrics.py)
+
+
+class EpisodeInfoValues:
+    """The figures of finished training episodes (the numbers of their last `Step.info`), a summary series per
+    key: rate(_sum) / rate(_count) is a key's mean. The first `max_keys` keys an actor meets get a series; a
+    figure of any other key, or of one longer than MAX_INFO_KEY_CHARS, is counted as dropped, with one warning."""
+
+    def __init__(self, registry: CollectorRegistry, max_keys: int = MAX_INFO_KEYS):
+        self.values = Summary("turnstream_actor_episode_info_values",
+                              "Numbers the environment put in the last Step.info of each finished training "
+                              "episode (not success, not bools), by info key: _sum / _count is the mean",
+                              ["key"], registry=registry)
+        self.dropped = Counter("turnstream_actor_episode_info_dropped_keys_total",
+                               f"Episode info figures not observed: their key came after the first {max_keys} "
+                               f"keys or is longer than {MAX_INFO_KEY_CHARS} characters", registry=registry)
+        self.max_keys, self.keys, self.warned = max_keys, set[str](), False
+
+    def observe(self, figures: Mapping[str, float]) -> None:
+        """One finished episode's figures (play/episode_figures.py: EpisodeFigures.values)."""
+        for key, value in figures.items():
+            if key not in self.keys:
+                if len(self.keys) >= self.max_keys or len(key) > MAX_INFO_KEY_CHARS:
+                    self._drop(key)
+                    continue
+                self.keys.add(key)
+            self.values.labels(key).observe(value)
+
+    def _drop(self, key: str) -> None:
+        self.dropped.inc()
+        if not self.warned:
+            self.warned = True
+            log.warning("episode info key %r is not observed: an actor keeps the first %d keys of at most %d "
+                        "characters (%s); further ones are counted in "
+                        "turnstream_actor_episode_info_dropped_keys_total", key[:40], self.max_keys,
+                        MAX_INFO_KEY_CHARS, ", ".join(sorted(self.keys)))
 
 
 class ActorMetrics:
@@ -12,6 +55,7 @@ class ActorMetrics:
         register_build_info(r, "actor")
         self.episodes = Counter("turnstream_actor_episodes_total", "Episodes finished, by outcome",
                                 ["outcome"], registry=r)
+        self.episode_info = EpisodeInfoValues(r)
         self.turns = Counter("turnstream_actor_turns_total", "Turns played", registry=r)
         self.generated_tokens = Counter("turnstream_actor_generated_tokens_total", "Tokens sampled", registry=r)
         self.frozen_tokens = Counter("turnstream_actor_frozen_policy_tokens_total",

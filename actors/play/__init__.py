@@ -6,5 +6,6 @@ interface of how one episode is played, chosen once at start-up by `choose`:
     verifiers/  VerifiersPlayer: a verifiers rollout in a harness worker (`env.name = "verifiers"`)
 
 `context` is what every player works with (chat tokens, clients, sampling, link, metrics) and turns a turn
-into a chunk; `stream` is one agent's side of an episode; `endpoint/` is the OpenAI-compatible endpoint
+into a chunk; `stream` is one agent's side of an episode; `episode_figures` the numbers an environment reported
+about an episode (its last `Step.info`); `endpoint/` is the OpenAI-compatible endpoint
 whose chat calls are the turns of the agent and verifiers episodes."""

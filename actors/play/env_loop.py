@@ -11,6 +11,9 @@ Agents share the trained policy unless listed in the context's `frozen_clients`:
 fixed policy on other servers, and their turns reach the others only as observations; nothing of theirs
 is streamed.
 
+When the episode ends, the numbers of the last `Step.info` it got are left on the `Episode` as its figures
+(play/episode_figures.py), beside the outcome `play` returns.
+
 Every episode's environment is played through the guard (actors/envs/guard/): each call has a time limit, the
 stretches it holds the actor's event loop are measured, and with env.isolation = "process" it runs in a worker
 process (its host).
@@ -28,6 +31,7 @@ from turnstream.actors.envs.guard.settings import GuardSettings
 from turnstream.actors.envs.guard.timed import LoopBlockMeter
 from turnstream.actors.envs.guard.watchdog import LoopWatchdog
 from turnstream.actors.play.context import PlayContext
+from turnstream.actors.play.episode_figures import EpisodeFigures
 from turnstream.actors.play.player import Episode, EpisodePlayer, abandon_on_failure
 from turnstream.actors.play.stream import Stream
 
@@ -80,6 +84,7 @@ async def _play(ctx: PlayContext, env: Environment, episode: Episode) -> str:
     max_tokens = min(sampling.max_new_tokens, env.max_action_tokens)
     n_agents = max(1, int(env.num_agents))
     agent, observation = reset.agent, reset.observation
+    last_info: dict | None = None  # of the last step: a truncated episode's figures
     for turn in itertools.count():
         if agent not in range(n_agents):
             raise EnvError(f"environment named agent {agent}, it has {n_agents}", "bad_agent")
@@ -101,6 +106,7 @@ async def _play(ctx: PlayContext, env: Environment, episode: Episode) -> str:
             await ctx.send(s, obs_tokens, None, allowed, s.pending_reward, done=True, truncated=True,
                            t_start=time.time(), context_reset=restart)
             await _close_others(ctx, streams, s, allowed, truncated=True)
+            episode.figures = EpisodeFigures.from_info(last_info)
             return "truncated"
         t_start = time.time()
         started = time.monotonic()
@@ -120,6 +126,7 @@ async def _play(ctx: PlayContext, env: Environment, episode: Episode) -> str:
                        t_start=t_start, context_reset=restart)
         if step.done:
             await _close_others(ctx, streams, s, allowed, truncated=step.truncated)
+            episode.figures = EpisodeFigures.from_info(step.info)
             if step.truncated:
                 return "truncated"
             return "success" if (step.info or {}).get("success") else "done"
@@ -128,6 +135,7 @@ async def _play(ctx: PlayContext, env: Environment, episode: Episode) -> str:
         s.in_context += 1
         agent = agent if step.agent is None else int(step.agent)
         observation = step.observation
+        last_info = step.info
     raise AssertionError("unreachable")
 
 

@@ -26,6 +26,7 @@ from turnstream.actors.environment import EnvError
 from turnstream.actors.envs.guard.settings import GuardSettings
 from turnstream.actors.inference.client import InferenceError
 from turnstream.actors.play.context import PlayContext
+from turnstream.actors.play.episode_figures import EpisodeFigures
 from turnstream.actors.play.stream import Stream
 from turnstream.core.configtools import ConfigError
 
@@ -35,12 +36,14 @@ log = logging.getLogger("turnstream.actor")
 @dataclass
 class Episode:
     """One episode to play: `task` None means the seed is the task; `streams` (agent id -> stream) is filled
-    as agents act, for the caller to see what was streamed."""
+    as agents act, for the caller to see what was streamed; `figures`, set by a player whose environment reports
+    them, are the numbers of the episode's last `Step.info` (play/episode_figures.py)."""
 
     episode_id: str
     seed: int
     task: int | None = None
     streams: dict[int, Stream] = field(default_factory=dict)
+    figures: EpisodeFigures = field(default_factory=EpisodeFigures)
 
 
 class EpisodePlayer(ABC):

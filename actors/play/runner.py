@@ -1,6 +1,7 @@
 """Plays episodes: while the gate has room (play/in_flight.py: K that want generation, more while some wait on
 their environment), take a credit, draw a task and start an episode, which plays with the actor's player
-(play/player.py) and reports itself played once the buffer holds its chunks."""
+(play/player.py) and reports itself played once the buffer holds its chunks; the numbers its environment
+reported about it (play/episode_figures.py) go to the actor's metrics."""
 from __future__ import annotations
 
 import asyncio
@@ -78,11 +79,11 @@ class EpisodeRunner:
         """Play one episode of `assignment`; whether it was abandoned after it had streamed turns."""
         ctx, m = self.context, self.context.metrics
         n = next(self._episode_counter)
-        streams: dict[int, Stream] = {}
+        episode = Episode(f"{ctx.actor_id}-{ctx.epoch}-{n}", assignment.seed, assignment.task)
+        streams = episode.streams
         m.running.inc()
         try:
-            outcome = await self.play(f"{ctx.actor_id}-{ctx.epoch}-{n}", seed=assignment.seed,
-                                      task=assignment.task, streams=streams)
+            outcome = await self.player.play(ctx, episode)
         finally:
             m.running.dec()
         # the task source counts a draw as played once the buffer holds its episodes: a draw whose chunks
@@ -93,6 +94,7 @@ class EpisodeRunner:
         if not streamed:  # nothing streamed: the buffer never saw it start
             await ctx.link.return_credit(granted_by)
         m.episodes.labels(outcome).inc()
+        m.episode_info.observe(episode.figures.values)
         return streamed and outcome in ABANDONED
 
     async def play(self, episode_id: str, seed: int, task: int | None = None,

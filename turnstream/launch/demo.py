@@ -9,7 +9,7 @@ from turnstream.core.config import Config
 from turnstream.launch.stack import LocalStack
 from turnstream.reports.figures import plot_learning_curve, write_report
 from turnstream.reports.progress import Progress
-from turnstream.reports.run_log import pooled_evals, read_evals, read_peak_memory, read_steps, rolling_success
+from turnstream.reports.run_log import held_out_summary, read_evals, read_peak_memory, read_steps, rolling_success
 
 
 def run_demo(cfg: Config) -> dict:
@@ -39,8 +39,7 @@ def run_demo(cfg: Config) -> dict:
     steps = read_steps(run_dir)
     png = plot_learning_curve(run_dir, t0=t0)
     report = write_report(run_dir, t0=t0)
-    evals = pooled_evals(read_evals(run_dir))  # (version, success, episodes) per held-out round
-    held_out = {"eval_start": evals[0][1], "eval_end": evals[-1][1], "eval_end_version": evals[-1][0]} if evals else {}
+    held_out = held_out_summary(read_evals(run_dir))
     return {
         "success_start": steps[0]["return_mean"] if steps else None,
         "success_end": rolling_success(steps, cfg.run.rolling_episodes) if steps else None,

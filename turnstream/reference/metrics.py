@@ -28,6 +28,7 @@ UNITS = {
     "messages": "messages", "credits": "credits", "actors": "actors", "requests": "requests",
     "processes": "processes", "resends": "chunks", "failures": "events", "errors": "events",
     "retries": "events", "starts": "events", "groups": "groups",
+    "values": "1",  # figures whose unit only their source knows (an environment's Step.info numbers)
 }
 # Non-base units (Prometheus wants seconds, bytes and 0-1 ratios) and abbreviations such as `push_s`.
 NON_BASE_UNITS = {"s", "sec", "secs", "ms", "millis", "milliseconds", "us", "usec", "microseconds", "ns",

@@ -3,7 +3,8 @@
 Plots skip keys a log does not have, so older runs and other estimators still get every plot their log supports.
 With held-out evaluation (`tasks.eval_split`) the success plots get a second panel: evaluation success against
 learner version (the actors' lines of one version pooled), next to the training batches' mean return at the
-same versions. memory.png draws each process's peak memory at the stop (memory.json, written by the launcher).
+same versions, and on a second scale the rounds' mean of each figure the environment reported (eval.jsonl's
+"info"). memory.png draws each process's peak memory at the stop (memory.json, written by the launcher).
 """
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import math
 from pathlib import Path
 
 from turnstream.reports.plotting import pyplot
-from turnstream.reports.run_log import (MEMORY_FILE, pooled_evals, read_evals, read_peak_memory, read_steps,
-                                        rolling_success, staleness_totals, start_time, throughput)
+from turnstream.reports.run_log import (MEMORY_FILE, pooled_eval_info, pooled_evals, read_evals, read_peak_memory,
+                                        read_steps, rolling_success, staleness_totals, start_time, throughput)
 
 REPORT_FILES = ("success.png", "staleness.png", "throughput.png", "losses.png", "weight_sync.png", "memory.png")
+# the evaluation panel's figure means: colours other than its own blue and red
+INFO_COLOURS = ("tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:orange")
 LOSS_KEYS = ("policy_loss", "value_loss", "step_kl", "approx_kl", "entropy", "clip_fraction", "grad_norm",
              "is_weight_mean", "is_weight_truncated_fraction")
 
@@ -48,7 +51,8 @@ def _success_axes(ax, steps: list[dict], t0: float | None, window: int = 256) ->
 
 def _success_figure(plt, run_dir: str | Path, t0: float | None):
     """The training curve, and beside it the evaluation curve when the run has eval.jsonl."""
-    steps, evals = read_steps(run_dir), pooled_evals(read_evals(run_dir))
+    steps, lines = read_steps(run_dir), read_evals(run_dir)
+    evals = pooled_evals(lines)
     if not evals:
         fig, ax = plt.subplots(figsize=(7, 4))
         _success_axes(ax, steps, t0)
@@ -62,7 +66,22 @@ def _success_figure(plt, run_dir: str | Path, t0: float | None):
     right.set(xlabel="learner version", ylabel="success rate", ylim=(0, 1.02), title="evaluation")
     right.legend(loc="lower right")
     right.grid(alpha=0.3)
+    _eval_info_axes(right, pooled_eval_info(lines))
     return fig
+
+
+def _eval_info_axes(ax, info: dict[int, dict[str, float]]) -> None:
+    """The held-out rounds' mean of each figure the environment reported, on a scale of their own."""
+    keys = sorted({key for means in info.values() for key in means})
+    if not keys:
+        return
+    twin = ax.twinx()
+    for i, key in enumerate(keys):
+        versions = [v for v, means in info.items() if key in means]
+        twin.plot(versions, [info[v][key] for v in versions], marker="x", linestyle="--",
+                  color=INFO_COLOURS[i % len(INFO_COLOURS)], label=f"mean {key}")
+    twin.set_ylabel("episode info (held-out mean)")
+    twin.legend(loc="upper left")
 
 
 def _no_data(ax) -> None:

@@ -5,7 +5,8 @@ line, the tools and the benchmarks take of them.
 
 A learner.jsonl line: return_mean, episodes, tokens, version, policy_loss, step_kl, approx_kl, entropy,
 clip_fraction, grad_norm, staleness_hist/_mean/_max, step_s, wait_s, push_s (NaN when the push failed), wall_s and
-time. An eval.jsonl line: {"version", "success", "episodes", "time", "actor"}. memory.json: {process name: peak MiB,
+time. An eval.jsonl line: {"version", "success", "episodes", "time", "actor"}, and where the round's episodes reported
+figures (numbers of their last Step.info) "info" (key -> mean) and "info_episodes" (key -> episodes). memory.json: {process name: peak MiB,
 or null when the process had exited before the stop}.
 """
 from __future__ import annotations
@@ -72,6 +73,35 @@ def pooled_evals(evals: list[dict]) -> list[tuple[int, float, int]]:
         totals[0] += e["success"] * e["episodes"]
         totals[1] += e["episodes"]
     return [(v, won / n, int(n)) for v, (won, n) in sorted(pooled.items()) if n]
+
+
+def pooled_eval_info(evals: list[dict]) -> dict[int, dict[str, float]]:
+    """version -> key -> mean of the figure over the round's episodes that reported it, the actors' parts pooled
+    (weighted by each line's "info_episodes", or by its "episodes" where a line has no counts); versions whose lines
+    carry no "info" are left out."""
+    pooled: dict[int, dict[str, list[float]]] = {}
+    for e in evals:
+        counts = e.get("info_episodes") or {}
+        for key, mean in (e.get("info") or {}).items():
+            n = counts.get(key, e["episodes"])
+            totals = pooled.setdefault(int(e["version"]), {}).setdefault(key, [0.0, 0])
+            totals[0] += mean * n
+            totals[1] += n
+    return {v: {k: total / n for k, (total, n) in keys.items() if n} for v, keys in sorted(pooled.items())}
+
+
+def held_out_summary(evals: list[dict]) -> dict:
+    """The demo's held-out keys: success of the first and last rounds (eval_start, eval_end, eval_end_version) and,
+    where the environment reported figures, their means at the first and last rounds that have them
+    (eval_info_start, eval_info_end); {} without evaluation."""
+    pooled = pooled_evals(evals)
+    if not pooled:
+        return {}
+    summary = {"eval_start": pooled[0][1], "eval_end": pooled[-1][1], "eval_end_version": pooled[-1][0]}
+    info = pooled_eval_info(evals)
+    if info:
+        summary |= {"eval_info_start": info[min(info)], "eval_info_end": info[max(info)]}
+    return summary
 
 
 def rolling_success(steps: list[dict], window_episodes: int) -> float:

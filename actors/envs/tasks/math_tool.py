@@ -5,7 +5,9 @@ expression, `calc <expression>` (or a bare expression), and gets the evaluator's
 observation ("result 1757"), or answers with `answer <number>`, which ends the episode: reward 1 if the
 number is right, 0 otherwise. Expressions run in the subprocess sandbox of `actors.envs.tasks.sandbox` (CPU,
 memory and wall-time limits, no files, no network). An action other than an answer after `max_tool_calls`
-calls truncates the episode. `tool_penalty` (default 0) is subtracted per tool call, a per-turn reward.
+calls truncates the episode. `tool_penalty` (default 0) is subtracted per tool call, a per-turn reward. Every
+step's info carries `tool_calls`, the replies so far that were not an answer and got a reply (a refused one does
+not count), so the last one is the episode's figure (docs/environments.md, "What Step.info numbers become").
 
 `system` is the system turn that tells a chat model how to call the tool (empty: the chat template's default,
 for a model trained on this format). With `questions` > 0 the environment enumerates that many problems as its tasks (task i is the
@@ -85,10 +87,11 @@ class MathTool(Environment):
         kind, payload = parse_action(action)
         if kind == "answer":
             correct = float(payload) == self.answer
-            return Step("end", 1.0 if correct else 0.0, done=True, info={"success": correct})
+            return Step("end", 1.0 if correct else 0.0, done=True, info={"success": correct, "tool_calls": self.calls})
         self.calls += 1
-        if self.calls > self.max_tool_calls:  # the budget is spent and still no answer
-            return Step("end", -self.tool_penalty, done=True, truncated=True, info={"success": False})
+        if self.calls > self.max_tool_calls:  # the budget is spent and still no answer; this call is not run
+            return Step("end", -self.tool_penalty, done=True, truncated=True,
+                        info={"success": False, "tool_calls": self.max_tool_calls})
         if kind == "call":
             result = await evaluate(payload, cpu_s=self.cpu_s, wall_s=self.wall_s)
             observation = f"result {result.text}" if result.ok else result.text
