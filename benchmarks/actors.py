@@ -38,6 +38,8 @@ def parse_args(argv):
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--window", type=float, default=8.0, help="seconds measured per phase")
+    p.add_argument("--settle", type=float, default=5.0,
+                   help="seconds each phase runs before its window (longer than one reply takes to generate)")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--warmup", type=float, default=10.0, help="seconds the actor runs before the first round")
     p.add_argument("--out", default="runs/bench-actors")
@@ -51,25 +53,29 @@ def _scrape(url: str, *names: str) -> list[float]:
     return [sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name + " ")) for name in names]
 
 
-async def _baseline(url: str, prompt: list[int], concurrency: int, max_tokens: int, window: float) -> float:
+async def _baseline(url: str, prompt: list[int], concurrency: int, max_tokens: int, window: float,
+                    settle: float) -> float:
+    """Tokens/s of the requests that finish within `window` seconds after `settle` seconds of the same load: the
+    requests all start together, and their first replies (a model whose replies take longer than the window to
+    generate finishes none of them inside it) would measure the ramp, not the steady state the actor is read in."""
     import aiohttp
 
     body = {"token_ids": prompt, "sampling_params": {"max_tokens": max_tokens, "temperature": 1.0, "logprobs": 0}}
     tokens = 0
-    stop_at = time.monotonic() + window
+    count_from = time.monotonic() + settle
+    stop_at = count_from + window
 
     async def loop(session):
         nonlocal tokens
         while time.monotonic() < stop_at:
             async with session.post(f"{url}/inference/v1/generate", json=body) as resp:
                 out = await resp.json()
-            if time.monotonic() < stop_at:
+            if count_from <= time.monotonic() < stop_at:
                 tokens += len(out["choices"][0]["token_ids"])
 
-    started = time.monotonic()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         await asyncio.gather(*(loop(session) for _ in range(concurrency)))
-    return tokens / (min(time.monotonic(), stop_at) - started)
+    return tokens / window
 
 
 TOKENS, CREDIT_WAIT = "turnstream_actor_generated_tokens_total", "turnstream_actor_credit_wait_seconds_total"
@@ -157,9 +163,10 @@ def main(argv: list[str]) -> int:
         for r in range(args.rounds):
             os.kill(actor.proc.pid, signal.SIGSTOP)  # freeze the actor: the server is the baseline's alone
             time.sleep(1.0)  # let the actor's requests in flight drain
-            base.append(asyncio.run(_baseline(url, prompt, args.concurrency, args.max_tokens, args.window)))
+            base.append(asyncio.run(_baseline(url, prompt, args.concurrency, args.max_tokens, args.window,
+                                              args.settle)))
             os.kill(actor.proc.pid, signal.SIGCONT)
-            time.sleep(5.0)  # credits and the request pipeline refill; timers that ran during the stop fire
+            time.sleep(args.settle)  # credits and the request pipeline refill; timers that ran during the stop fire
             rate, waiting = _measure_actor(metrics_url, args.window)
             act.append(rate)
             print(f"round {r}: baseline {base[-1]:.0f} tokens/s, actor {rate:.0f} tokens/s "

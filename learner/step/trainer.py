@@ -18,6 +18,7 @@ advantages) stays on the CPU; each micro-batch's inputs and per-token loss terms
 """
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -45,7 +46,10 @@ from turnstream.protocol.messages import Batch
 
 __all__ = ["NothingToTrain", "Trainer"]  # NothingToTrain: raised by step(), caught by learner/main.py
 
-STEP_KL_EPISODES = 32  # episodes step_kl is measured on (all of a smaller batch)
+# step_kl is measured on a random quarter of the policy's episodes, at least STEP_KL_MIN_EPISODES (all of a smaller
+# batch) and at most STEP_KL_MAX_EPISODES: its no-grad forward at the new weights costs about a third of a
+# forward/backward per episode, which over a whole batch would add about a third to every step
+STEP_KL_SHARE, STEP_KL_MIN_EPISODES, STEP_KL_MAX_EPISODES = 0.25, 4, 32
 
 
 class Trainer:
@@ -215,7 +219,8 @@ class Trainer:
         rows = None
         if not every_episode:  # of the policy's episodes: those served to the critic alone were not sampled by pi_prox
             policy = tb.policy_rows()
-            rows = policy[torch.randperm(len(policy), generator=self.generator)][:STEP_KL_EPISODES]
+            n = min(STEP_KL_MAX_EPISODES, max(STEP_KL_MIN_EPISODES, math.ceil(STEP_KL_SHARE * len(policy))))
+            rows = policy[torch.randperm(len(policy), generator=self.generator)][:n]
         new_logp = self._no_grad_pass(tb, x.allowed, rows)[0]
         measured = slice(None) if rows is None else torch.isin(tb.act_episode, rows)
         return new_logp, step_kl(x.prox_logp[measured], new_logp[measured])

@@ -212,12 +212,14 @@ def test_spo_drift_is_read_at_the_configured_policy(drift):
 @pytest.mark.parametrize("estimator", ["spo", "turn_gae"])
 def test_step_kl_is_the_kl_between_the_policies_before_and_after_the_step(estimator):
     """step_kl: KL(pi_before || pi_after) on the batch's action tokens (k3 on the sampled tokens, token-mean),
-    read from the learner's own passes; a separate computation from copies of the two policies agrees."""
+    read from the learner's own passes; a separate computation from copies of the two policies agrees. (A batch of
+    STEP_KL_MIN_EPISODES: every episode is measured.)"""
     from tests.learner_logprobs import action_logprobs
     from turnstream.learner.batch.tensors import to_tensors
+    from turnstream.learner.step.trainer import STEP_KL_MIN_EPISODES
 
     model = tiny_causal_lm()
-    batch = synthetic_batch(8, seed=8)
+    batch = synthetic_batch(STEP_KL_MIN_EPISODES, seed=8)
     tb = to_tensors(batch, 64)
     before = copy.deepcopy(model).eval()
     stats = Trainer(model, cfg_for(estimator)).step(batch)
@@ -228,6 +230,22 @@ def test_step_kl_is_the_kl_between_the_policies_before_and_after_the_step(estima
     assert stats["step_kl"] == pytest.approx(float((log_rho.exp() - 1 - log_rho).mean()), rel=1e-4, abs=1e-9)
     assert stats["step_kl"] > 0  # lr 1e-2 moves the policy; with one update the clipped ratio cannot show it
     assert stats["approx_kl"] == pytest.approx(0.0, abs=1e-7)
+
+
+@pytest.mark.parametrize("episodes, measured", [(4, 4), (10, 4), (40, 10), (128, 32), (300, 32)])
+def test_step_kl_reads_a_quarter_of_the_batch_within_its_bounds(episodes, measured, monkeypatch):
+    """Its forward at the new weights would add a third to a step over the whole batch."""
+    trainer = Trainer(tiny_causal_lm(), cfg_for("spo"))
+    passes = []
+    no_grad_pass = trainer._no_grad_pass
+
+    def counted(tb, allowed, rows=None, **kwargs):
+        passes.append(tb.num_episodes if rows is None else len(rows))
+        return no_grad_pass(tb, allowed, rows, **kwargs)
+
+    monkeypatch.setattr(trainer, "_no_grad_pass", counted)
+    trainer.step(synthetic_batch(episodes, seed=3))
+    assert passes[-1] == measured  # the last pass is step_kl's
 
 
 def test_entropy_bonus_counts_entropy_in_units_of_its_maximum():
