@@ -74,14 +74,15 @@ async def serve(cfg: Config, actor_index: int) -> None:
                                endpoint=endpoint)
         tasks = [asyncio.create_task(link.run()),
                  asyncio.create_task(_play_then_idle(
-                     runner.run(a.concurrent_episodes, a.in_flight_cap(), cfg.buffer.episode_timeout_s), actor_id,
-                     tasks_in_play))]
+                     _once_served(fleet, lambda: runner.run(a.concurrent_episodes, a.in_flight_cap(),
+                                                            cfg.buffer.episode_timeout_s)), actor_id, tasks_in_play))]
         if cfg.tasks.order == "spo":
             announcements = subscriber(ctx, bind_address(net.learner_address, net.learner_pub_port), keys_for(net))
             tasks.append(asyncio.create_task(follow_announcements(announcements, values, metrics,
                                                                   net.max_message_bytes)))
         if cfg.tasks.eval_split:  # held-out tasks, played every tasks.eval_every versions, never streamed
-            tasks.append(asyncio.create_task(evaluator_for(cfg, runner, player.startup_env(), actor_index).run()))
+            evaluator = evaluator_for(cfg, runner, player.startup_env(), actor_index)
+            tasks.append(asyncio.create_task(_once_served(fleet, evaluator.run)))
         if position is not None:
             tasks.append(asyncio.create_task(keep_saving(position, source)))
         if v.urls_file:
@@ -124,6 +125,12 @@ def _fleet(cfg: Config, urls: list[str], metrics, *, learner_version: Callable[[
                           health_interval_s=v.health_interval_s,
                           max_staleness=cfg.buffer.max_staleness, learner_version=learner_version, metrics=metrics,
                           model=model, seeds=seeds)
+
+
+async def _once_served(fleet, play: Callable[[], Awaitable[None]]) -> None:
+    """Play once a server serves what the actor samples from (InferenceFleet.until_serving)."""
+    await fleet.until_serving()
+    await play()
 
 
 async def _play_then_idle(playing: Awaitable[None], actor_id: str, tasks_in_play) -> None:

@@ -301,6 +301,26 @@ class InferenceFleet:
         self.m.server_usable.labels(s.url).set(1 if self.usable(s) else 0)
         self._changed.set()
 
+    async def until_serving(self, poll_s: float = 1.0) -> None:
+        """Return once some server serves the adapter the actor samples from (at once without one). A LoRA run's
+        adapter exists only after the learner's first push, which follows its model load: episodes started
+        before it would fail their requests until their time limit, and a held-out round at version 0 would
+        score only the episodes that outlasted the wait."""
+        if not self.model:
+            return
+        waited = 0.0
+        while True:
+            await self.check_health()
+            if any(self.usable(s) for s in self.servers.values()):
+                if waited:
+                    log.info("inference fleet: adapter %r served after %.0f s", self.model, waited)
+                return
+            if waited == 0.0:
+                log.info("inference fleet: waiting for a server to serve adapter %r (the learner's first push)",
+                         self.model)
+            await asyncio.sleep(poll_s)
+            waited += poll_s
+
     # ---- health ------------------------------------------------------------------------------------
 
     async def _health_loop(self) -> None:

@@ -188,3 +188,20 @@ async def test_server_without_the_adapter_stays_down_until_it_is_loaded(pair):
         b.adapters = set()  # b restarts: the next check takes it out before any request fails on it
         await fleet.check_health()
         assert not fleet.servers[b.url].healthy and fleet.servers[a.url].healthy
+
+
+async def test_an_actor_waits_for_its_adapter_before_it_plays(pair):
+    """learner.lora: the adapter exists only after the learner's first push; until a server lists it, the actor
+    waits instead of starting episodes whose requests would fail until their time limit. Without an adapter
+    there is nothing to wait for."""
+    a, b = pair
+    async with _fleet(pair, model="policy-lora") as fleet:
+        waiting = asyncio.create_task(fleet.until_serving(poll_s=0.05))
+        await asyncio.sleep(0.3)
+        assert not waiting.done() and not any(s.healthy for s in fleet.servers.values())
+        b.adapters = {"policy-lora"}  # the learner's first push
+        await asyncio.wait_for(waiting, 5.0)
+        assert fleet.servers[b.url].healthy and not fleet.servers[a.url].healthy
+        assert a.served == b.served == 0  # no request was sent while it waited
+    async with _fleet([a]) as fleet:
+        await asyncio.wait_for(fleet.until_serving(), 1.0)
