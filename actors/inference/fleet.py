@@ -114,6 +114,7 @@ class InferenceFleet:
         self._changed = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task | None = None
+        self._serving: asyncio.Future | None = None  # until_serving's one wait
         self.set_urls(urls)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
@@ -129,8 +130,9 @@ class InferenceFleet:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        if self._health_task is not None:
-            self._health_task.cancel()
+        for task in (self._health_task, self._serving):
+            if task is not None:
+                task.cancel()
         if self._session is not None:
             await self._session.close()
 
@@ -305,9 +307,15 @@ class InferenceFleet:
         """Return once some server serves the adapter the actor samples from (at once without one). A LoRA run's
         adapter exists only after the learner's first push, which follows its model load: episodes started
         before it would fail their requests until their time limit, and a held-out round at version 0 would
-        score only the episodes that outlasted the wait."""
+        score only the episodes that outlasted the wait. Every caller (the episode runner, the evaluator) shares
+        one wait."""
         if not self.model:
             return
+        if self._serving is None:
+            self._serving = asyncio.ensure_future(self._wait_for_adapter(poll_s))
+        await asyncio.shield(self._serving)
+
+    async def _wait_for_adapter(self, poll_s: float) -> None:
         waited = 0.0
         while True:
             await self.check_health()

@@ -197,10 +197,11 @@ async def test_an_actor_waits_for_its_adapter_before_it_plays(pair):
     a, b = pair
     async with _fleet(pair, model="policy-lora") as fleet:
         waiting = asyncio.create_task(fleet.until_serving(poll_s=0.05))
+        also = asyncio.create_task(fleet.until_serving(poll_s=0.05))  # the evaluator: the same one wait
         await asyncio.sleep(0.3)
         assert not waiting.done() and not any(s.healthy for s in fleet.servers.values())
         b.adapters = {"policy-lora"}  # the learner's first push
-        await asyncio.wait_for(waiting, 5.0)
+        await asyncio.wait_for(asyncio.gather(waiting, also), 5.0)
         assert fleet.servers[b.url].healthy and not fleet.servers[a.url].healthy
         assert a.served == b.served == 0  # no request was sent while it waited
     async with _fleet([a]) as fleet:
