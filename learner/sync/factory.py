@@ -43,7 +43,8 @@ def verifier_from_config(cfg, vocab_size: int, served: torch.dtype, metrics=None
             log.warning("weight sync: adapter pushes are not verified (vllm.weight_sync.verify_every = \"auto\"; "
                         "see learner/WEIGHT_SYNC.md, \"Verification\")")
     return PushVerifier(every, tolerance_for(chosen.verify_tolerance, served),
-                        cfg.buffer.max_staleness, vocab_size, model=adapter, metrics=metrics)
+                        cfg.buffer.max_staleness, vocab_size, model=adapter, metrics=metrics,
+                        give_up_after=chosen.verify_give_up_after)
 
 
 def weight_sync_from_config(cfg, default_weights_dir: str | Path, verifier: PushVerifier | None = None) -> WeightSync:

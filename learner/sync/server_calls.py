@@ -1,5 +1,6 @@
-"""The calls the weight sync makes to a vLLM server's HTTP routes, and the one error they raise: shared by the
-control flow (learner/sync/base.py), the backends and the push verification (learner/sync/verify.py)."""
+"""The calls the weight sync makes to a vLLM server's HTTP routes and the one error they raise, shared by the
+control flow (learner/sync/base.py), the backends and the push verification (learner/sync/verify.py); and the
+error that stops the learner when verification leaves it no server."""
 from __future__ import annotations
 
 import asyncio
@@ -9,6 +10,12 @@ import aiohttp
 
 class WeightSyncError(RuntimeError):
     pass
+
+
+class FleetUnverified(RuntimeError):
+    """No server of the fleet has verified the latest version after the checks allowed: a learner that waited
+    would wait for ever (a synchronous one needs data from that version). Not a WeightSyncError, which a push
+    survives: this one stops the learner, whose restart pushes and verifies its checkpoint anew."""
 
 
 async def post(session: aiohttp.ClientSession, url: str, body: dict) -> dict:

@@ -10,6 +10,8 @@ tokens) of the learner's own for the pushed weights. A server that is not, or ca
   new rule on either side (actors/inference/fleet.py, the buffer's staleness bound);
 - left behind in the weight sync's books, so `resync()` pushes the latest weights to it again, and verified
   at every push until one verifies it (`turnstream_learner_weight_verified_version{server}` then moves on).
+When every server has failed `give_up_after` checks of the same version in a row, no server may sample for the
+learner and none is coming back: the weight sync raises FleetUnverified, which stops the learner with an error.
 learner/WEIGHT_SYNC.md says why this way.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 import aiohttp
 import torch
 
-from turnstream.learner.sync.server_calls import WeightSyncError, post
+from turnstream.learner.sync.server_calls import FleetUnverified, WeightSyncError, post
 from turnstream.learner.sync.probe import probe_tokens, served_logprobs
 
 log = logging.getLogger("turnstream.learner")
@@ -71,13 +73,15 @@ class PushVerifier:
     `metrics`: the learner's (learner/metrics.py), or None (benchmarks, tests)."""
 
     def __init__(self, every: int, tolerance: float, max_staleness: int, vocab_size: int, *,
-                 model: str | None = None, metrics=None):
+                 model: str | None = None, metrics=None, give_up_after: int = 12):
         self.every, self.tolerance, self.max_staleness = every, tolerance, max_staleness
+        self.give_up_after = give_up_after
         self.tokens = probe_tokens(vocab_size)
         self.model = model  # the LoRA adapter actors sample (learner.lora.served_name); None: the base model
         self.metrics = metrics
         self.unverified: set[str] = set()  # servers whose last check failed: verified at every push until one passes
         self.verified: dict[str, int] = {}  # server -> last version it was verified to serve
+        self.failed_checks: dict[str, tuple[int, int]] = {}  # server -> (version, failed checks of it in a row)
         self.probes = 0  # probes sent: each has a cache salt of its own (below)
 
     def due(self, version: int) -> bool:
@@ -95,6 +99,14 @@ class PushVerifier:
     def forget(self, url: str) -> None:
         self.unverified.discard(url)
         self.verified.pop(url, None)
+        self.failed_checks.pop(url, None)
+
+    def give_up(self, urls: list[str], version: int) -> None:
+        """Raise FleetUnverified when every server in `urls` has failed `give_up_after` checks of `version`."""
+        counts = [self.failed_checks.get(u, (None, 0)) for u in urls]
+        if urls and all(v == version and n >= self.give_up_after for v, n in counts):
+            raise FleetUnverified(f"no vLLM server serves version {version} after {self.give_up_after} checks each "
+                                  f"({', '.join(urls)}); see the WEIGHT PUSH NOT VERIFIED lines above")
 
     async def verify(self, session: aiohttp.ClientSession, urls: list[str], expected: Expected) -> dict[str, str]:
         """Check every server in `urls` (each just took the push of `expected.version`); returns the failed ones,
@@ -120,6 +132,9 @@ class PushVerifier:
         c = compare(expected.logprobs, served, self.tolerance)
         if c.ok:
             return None
+        if self.failed_checks.get(url, (None, 0))[0] != expected.version:  # once per version: what tells the cause
+            log.error("weight sync: probe log-probs of version %d, learner %s, %s %s", expected.version,
+                      [round(x, 5) for x in expected.logprobs], url, [round(x, 5) for x in served])
         return (f"serves other weights than version {expected.version}: mean |log-prob difference| {c.mean_abs:.3g} "
                 f"over the probe's {len(served)} tokens (max {c.max_abs:.3g}) exceeds the tolerance {c.tolerance:g}")
 
@@ -128,11 +143,14 @@ class PushVerifier:
             log.info("weight sync: %s verified at version %d; actors may use it again", url, version)
         self.unverified.discard(url)
         self.verified[url] = version
+        self.failed_checks.pop(url, None)
         if self.metrics is not None:
             self.metrics.verified_version.labels(url).set(version)
 
     async def _failed(self, session: aiohttp.ClientSession, url: str, version: int, reason: str) -> None:
         self.unverified.add(url)
+        last, n = self.failed_checks.get(url, (version, 0))
+        self.failed_checks[url] = (version, n + 1 if last == version else 1)
         if self.metrics is not None:
             self.metrics.verify_failures.labels(url).inc()
         label = self.unusable_version(version)

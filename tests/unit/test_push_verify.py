@@ -3,6 +3,7 @@ server that took a push but does not serve it gets, against fake vLLM servers (t
 does it against a real one)."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 
@@ -16,7 +17,7 @@ from turnstream.learner.sync.base import WeightSyncError
 from turnstream.learner.sync.disk import DiskWeightSync
 from turnstream.learner.weights.buckets import WeightBuckets
 from turnstream.learner.sync.probe import PROBE_LENGTH, model_logprobs, probe_tokens, prompt_logprobs
-from turnstream.learner.sync.verify import PushVerifier, compare, tolerance_for
+from turnstream.learner.sync.verify import FleetUnverified, PushVerifier, compare, tolerance_for
 
 
 # ---- the comparison -------------------------------------------------------------------------------------
@@ -185,6 +186,31 @@ async def test_an_adapter_push_is_probed_under_the_adapter_name(servers, tmp_pat
     sync = LoraAdapterSync([a.url], tmp_path / "w", lora, tmp_path, verifier=verifier)
     await sync.push(tmp_path, 1, verifier.expect(1, [-1.0] * (PROBE_LENGTH - 1)))
     assert a.models[-1] == lora.served_name and verifier.verified == {a.url: 1}
+
+
+async def test_a_fleet_that_never_verifies_a_version_stops_the_learner_and_one_good_server_does_not(
+        servers, tmp_path, caplog):
+    a, b = servers
+    verifier = PushVerifier(1, 1e-3, 4, 512, give_up_after=3)
+    sync = DiskWeightSync([a.url, b.url], tmp_path / "w", tmp_path, verifier=verifier)
+    expected = verifier.expect(4, [-1.0] * (PROBE_LENGTH - 1))
+    path = sync.save(WeightBuckets({"w": torch.ones(2)}, None), 4)
+    b.prompt_logprob = -1.3  # b never serves what it is pushed; a does
+    with caplog.at_level(logging.ERROR, "turnstream.learner"), pytest.raises(WeightSyncError):
+        await sync.push(path, 4, expected)
+    for _ in range(4):  # the watcher's re-checks: b fails every one, a serves, so the learner goes on
+        await sync.resync()
+    assert verifier.failed_checks == {b.url: (4, 5)} and verifier.verified == {a.url: 4}
+    # the served and expected log-probs are logged once for the version, beside an error line per check
+    assert sum("probe log-probs of version 4" in r.getMessage() for r in caplog.records) == 1
+
+    a.prompt_logprob = -1.3  # now neither serves what it is pushed
+    expected = verifier.expect(5, [-1.0] * (PROBE_LENGTH - 1))
+    with pytest.raises(WeightSyncError):  # the first check of each
+        await sync.push(sync.save(WeightBuckets({"w": torch.ones(2)}, None), 5), 5, expected)
+    assert await sync.resync() == []  # the second
+    with pytest.raises(FleetUnverified, match="version 5 after 3 checks"):  # the third, in the watcher
+        await asyncio.wait_for(sync.watch(interval_s=0.01), 5)
 
 
 # ---- config ---------------------------------------------------------------------------------------------
