@@ -13,7 +13,8 @@ under-report:
 - `served`, `served_segment` and `dropped` lines are written as the store announces the change, before the
   journal (attached after this listener) records the consumption or the drop: a crash in between
   over-reports (the episode is still held after the restart), it never hides a loss. Stale turns the store
-  skips are `served_segment` lines too: they leave the store as a served segment's turns do.
+  skips are `served_segment` lines too, marked `"stale": true`: they leave the store as a served segment's
+  turns do, but as many as were stale, where a served segment holds at least `buffer.segment_turns`.
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ class BufferAudit:
                 for seg in event.segments:
                     self._served_segment(seg.episode_id, seg.first, seg.end)
             case TurnsSkipped(episode_id=episode_id, first=first, end=end):
-                self._served_segment(episode_id, first, end)
+                self._served_segment(episode_id, first, end, stale=True)
             case EpisodesDropped(episode_ids=ids, reason=reason):
                 self.audit.write({"dropped": list(ids), "reason": reason})
 
@@ -57,8 +58,9 @@ class BufferAudit:
                                   "ep": chunk.episode_id, "turn": int(chunk.turn), "done": bool(chunk.done),
                                   "tokens": int(chunk.obs_tokens.size + chunk.gen_tokens.size)})
 
-    def _served_segment(self, episode_id: str, first: int, end: int) -> None:
-        self.audit.write({"served_segment": episode_id, "turns": [first, end], "time": time.time()})
+    def _served_segment(self, episode_id: str, first: int, end: int, stale: bool = False) -> None:
+        self.audit.write({"served_segment": episode_id, "turns": [first, end], "time": time.time(),
+                          **({"stale": True} if stale else {})})
 
     def committed(self) -> None:
         """The log holding the noted acks' chunks is committed (or there is none), and the acks are leaving."""

@@ -206,3 +206,21 @@ def test_the_bootstrap_token_carries_no_loss_weight():
     w = update_weights(x, torch.arange(1), "token-mean")
     assert w.policy[6] == 0 and w.value[6] == 0
     np.testing.assert_allclose(w.policy[:6].numpy(), np.full(6, 1 / 6), atol=1e-7)
+
+
+def test_the_audit_marks_stale_turns_passed_over_apart_from_served_segments(tmp_path):
+    import json
+
+    from turnstream.buffer.audit import BufferAudit
+    from turnstream.core.audit import AuditLog
+
+    store = make_store(batch_episodes=1, eta=1, max_staleness=1, segment_turns=2)
+    audit_path = tmp_path / "audit.jsonl"
+    store.listeners.add(BufferAudit(AuditLog(audit_path)))
+    play(store, [0], versions=0)
+    play(store, [1, 2, 3], start_seq=1, versions=2)
+    store.set_learner_version(3)  # turn 0 (version 0) is past the bound: passed over, a span of one turn
+    assert trained_turns(serve(store, 1, version=3)) == [("e0", 1), ("e0", 2)]
+    lines = [json.loads(line) for line in audit_path.read_text().splitlines()]
+    assert [(line["turns"], line.get("stale", False)) for line in lines if "served_segment" in line] == [
+        ([0, 1], True), ([1, 3], False)]
