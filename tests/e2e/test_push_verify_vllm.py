@@ -22,7 +22,7 @@ from turnstream.learner.sync.base import WeightSync, WeightSyncError, post
 from turnstream.learner.sync.disk import DiskWeightSync
 from turnstream.learner.sync.lora import LoraAdapterSync
 from turnstream.learner.sync.probe import model_logprobs
-from turnstream.learner.sync.verify import PushVerifier, tolerance_for
+from turnstream.learner.sync.verify import FleetUnverified, PushVerifier, tolerance_for
 from turnstream.learner.weights.buckets import WeightBuckets
 from turnstream.learner.weights.source import serving_state_dict
 
@@ -70,9 +70,10 @@ def lora_url(tiny_model, tmp_path_factory):
     procs.stop_all()
 
 
-def _verifier(metrics: LearnerMetrics, vocab_size: int, model: str | None = None) -> PushVerifier:
+def _verifier(metrics: LearnerMetrics, vocab_size: int, model: str | None = None, give_up_after: int = 12
+              ) -> PushVerifier:
     return PushVerifier(1, tolerance_for("auto", torch.float32), MAX_STALENESS, vocab_size, model=model,
-                        metrics=metrics)
+                        metrics=metrics, give_up_after=give_up_after)
 
 
 def _push(sync: WeightSync, weights: dict, model, version: int) -> None:
@@ -142,6 +143,24 @@ def test_full_push_that_never_loads_is_caught_and_a_good_push_restores_the_serve
     finally:  # the session's server goes back to its own weights and label, so test order does not matter
         sync.skip = False
         asyncio.run(sync.push(sync.save(WeightBuckets(base.state_dict(), None), 13), 13))
+        asyncio.run(sync.set_version(0))
+
+
+def test_a_fleet_that_never_loads_a_version_stops_the_learner_after_the_checks_allowed(vllm_url, tiny_model,
+                                                                                       tmp_path):
+    base = _load_model(tiny_model)
+    sync = SkippingDiskSync([vllm_url], tmp_path / "weights", tiny_model,
+                            verifier=_verifier(LearnerMetrics(), base.config.vocab_size, give_up_after=3))
+    try:
+        sync.skip = True  # every reload of the watcher's re-syncs skips too: the server never serves version 21
+        trained = _load_model(tiny_model)
+        with pytest.raises(WeightSyncError, match="serves other weights"):
+            _push(sync, _perturbed_state(trained, seed=4), trained, 21)
+        with pytest.raises(FleetUnverified, match="version 21 after 3 checks"):
+            asyncio.run(asyncio.wait_for(sync.watch(interval_s=0.1), 60))
+    finally:
+        sync.skip = False
+        asyncio.run(sync.push(sync.save(WeightBuckets(base.state_dict(), None), 22), 22))
         asyncio.run(sync.set_version(0))
 
 
