@@ -79,14 +79,19 @@ class PushVerifier:
         self.tokens = probe_tokens(vocab_size)
         self.model = model  # the LoRA adapter actors sample (learner.lora.served_name); None: the base model
         self.metrics = metrics
-        self.unverified: set[str] = set()  # servers whose last check failed: verified at every push until one passes
         self.verified: dict[str, int] = {}  # server -> last version it was verified to serve
-        self.failed_checks: dict[str, tuple[int, int]] = {}  # server -> (version, failed checks of it in a row)
+        # servers whose last check failed -> (the version, failed checks of it in a row); each is verified at every
+        # push until one passes
+        self.failed_checks: dict[str, tuple[int, int]] = {}
         self.probes = 0  # probes sent: each has a cache salt of its own (below)
+
+    @property
+    def unverified(self) -> set[str]:
+        return set(self.failed_checks)
 
     def due(self, version: int) -> bool:
         """Whether the push of `version` is verified (the learner then computes `expect`'s log-probs)."""
-        return self.every > 0 and (version % self.every == 0 or bool(self.unverified))
+        return self.every > 0 and (version % self.every == 0 or bool(self.failed_checks))
 
     def expect(self, version: int, logprobs: Sequence[float]) -> Expected:
         return Expected(version, self.tokens, tuple(logprobs))
@@ -97,7 +102,6 @@ class PushVerifier:
         return version - self.max_staleness - 1
 
     def forget(self, url: str) -> None:
-        self.unverified.discard(url)
         self.verified.pop(url, None)
         self.failed_checks.pop(url, None)
 
@@ -139,16 +143,14 @@ class PushVerifier:
                 f"over the probe's {len(served)} tokens (max {c.max_abs:.3g}) exceeds the tolerance {c.tolerance:g}")
 
     def _passed(self, url: str, version: int) -> None:
-        if url in self.unverified:
+        if url in self.failed_checks:
             log.info("weight sync: %s verified at version %d; actors may use it again", url, version)
-        self.unverified.discard(url)
-        self.verified[url] = version
         self.failed_checks.pop(url, None)
+        self.verified[url] = version
         if self.metrics is not None:
             self.metrics.verified_version.labels(url).set(version)
 
     async def _failed(self, session: aiohttp.ClientSession, url: str, version: int, reason: str) -> None:
-        self.unverified.add(url)
         last, n = self.failed_checks.get(url, (version, 0))
         self.failed_checks[url] = (version, n + 1 if last == version else 1)
         if self.metrics is not None:

@@ -107,7 +107,7 @@ def test_due_every_nth_push_and_every_push_while_a_server_is_unverified():
     assert not any(PushVerifier(0, 1e-3, 4, 512).due(v) for v in range(10))
     every3 = PushVerifier(3, 1e-3, 4, 512)
     assert [v for v in range(10) if every3.due(v)] == [0, 3, 6, 9]
-    every3.unverified.add("http://127.0.0.1:1")
+    every3.failed_checks["http://127.0.0.1:1"] = (2, 1)  # its check of version 2 failed
     assert all(every3.due(v) for v in range(10))
 
 
