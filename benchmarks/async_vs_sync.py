@@ -13,7 +13,12 @@ from monotonic Prometheus counters, delta over the window in which both roles an
 trained tokens, push time. In a synchronous run generation and learner time add up to at most the wall
 time (each waits for the other); asynchrony shows as their sum going past 1.
 
-Defaults (target 0.6, cap 100 s, batch 64, lr 1e-3, window 128) are sized for the 2-core development
+`--config FILE` runs a shipped run config instead (e.g. configs/smollm2_arithmetic.toml, the real model): its
+model, environment, batch, rates and vLLM settings, with only eta, max_staleness, the seed, the run directory and
+`--pin`'s cores set per run; `--batch`, `--lr`, `--concurrent`, `--microbatch-tokens` and `--model` still win
+where given.
+
+Defaults without a config (target 0.6, cap 100 s, batch 64, lr 1e-3, window 128) are sized for the 2-core development
 machine: the tiny model sits on the 2^-k floor for a number of steps, then rises to 0.9 within about five
 more, so a lower target saves little and the step count to leave the floor is what costs; lr 1e-3 left it
 in 7-19 steps in single runs where 3e-4 (batch 64) needed 17 to more than 31.
@@ -47,40 +52,64 @@ MAX_MODEL_LEN = 1024  # the longest long-tail episode (28 turns) needs ~750 toke
 SEGMENT_TURNS = 4  # --segments alone: a long-tail episode (median 4 turns, 99th percentile 27) trains in pieces
 # --pin: each side on its own core, as inference and training run on separate GPUs in production
 GENERATION_CPUS, LEARNER_CPUS = (0,), (1,)
+# without --config: the tiny model's settings (see the module's doc)
+TINY_DEFAULTS = {"envs": ",".join(ENVS), "model": "runs/tiny-model", "batch": 64, "lr": 1e-3, "concurrent": 64,
+                 "microbatch_tokens": 2048}
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="turnstream bench async")
-    p.add_argument("--envs", default=",".join(ENVS))
+    p.add_argument("--config", default="", metavar="FILE",
+                   help="a run config every run starts from (its environment replaces --envs)")
+    p.add_argument("--envs", default=None, help=f"without --config; default {','.join(ENVS)}")
     p.add_argument("--etas", default="0,1,2,4,8")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--target", type=float, default=0.6, help="rolling success to reach")
     p.add_argument("--cap", "--time-limit", dest="cap", type=float, default=100.0,
                    help="per run, seconds; a run not at the target by then counts as not reached")
-    p.add_argument("--batch", type=int, default=64, help="episodes per learner batch")
+    p.add_argument("--batch", type=int, default=None, help="episodes per learner batch")
     p.add_argument("--window", type=int, default=128, help="episodes in the rolling success")
-    p.add_argument("--concurrent", type=int, default=64, help="episodes in flight in the actor")
-    p.add_argument("--lr", type=float, default=1e-3, help="learner learning rate")
+    p.add_argument("--concurrent", type=int, default=None, help="episodes in flight in the actor")
+    p.add_argument("--lr", type=float, default=None, help="learner learning rate")
     p.add_argument("--estimator", default="", help="learner.estimator for every run (default: the built-in one)")
     p.add_argument("--segments", type=int, nargs="?", const=SEGMENT_TURNS, default=0, metavar="TURNS",
                    help=f"learn from open episodes: buffer.segment_turns for every run (alone: {SEGMENT_TURNS}); "
                    "needs a value-based --estimator")
-    p.add_argument("--microbatch-tokens", type=int, default=2048,
+    p.add_argument("--microbatch-tokens", type=int, default=None,
                    help="learner padded-token budget per micro-batch (episodes sorted by length, so a long-tail "
                         "batch does not pad every episode to its longest)")
     p.add_argument("--out", default="runs/bench-async")
-    p.add_argument("--model", default="runs/tiny-model")
+    p.add_argument("--model", default=None, help="default: the config's, or runs/tiny-model")
     p.add_argument("--url", default="", help="a running vLLM server (started with --max-model-len >= 1024)")
     p.add_argument("--pin", action="store_true",
                    help="generation (vLLM server, actor, buffer) on CPU 0, the learner on CPU 1")
     args = p.parse_args(argv)
+    if args.config and args.envs is not None:
+        p.error("--envs and --config: the config names the environment")
+    if not args.config:
+        for name, value in TINY_DEFAULTS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+    base_config(args)  # a bad config file, an unknown estimator, segments without a critic: one line
+    return args
+
+
+def base_config(args):
+    """What every run of the grid starts from: --config's file, or the tiny model's bench settings; a flag given
+    on the command line wins over either."""
+    from turnstream.core.config import load_config
+
     overrides = ([f"learner.estimator={args.estimator}"] if args.estimator else []) + \
         ([f"buffer.segment_turns={args.segments}"] if args.segments else [])
-    if overrides:  # an unknown estimator, or segments without a critic: the config's one-line error
-        from turnstream.core.config import load_config
-
-        load_config(None, overrides)
-    return args
+    cfg = load_config(args.config or None, overrides)
+    if not args.config:
+        cfg.vllm.max_model_len = MAX_MODEL_LEN
+    for value, section, name in ((args.model, cfg.model, "path"), (args.batch, cfg.buffer, "batch_episodes"),
+                                 (args.concurrent, cfg.actor, "concurrent_episodes"), (args.lr, cfg.learner, "lr"),
+                                 (args.microbatch_tokens, cfg.learner, "max_tokens_per_microbatch")):
+        if value is not None:
+            setattr(section, name, value)
+    return cfg
 
 
 # ---- counters from the roles' /metrics ---------------------------------------------------------------
@@ -139,28 +168,19 @@ def turn_latency(buffer_port: int) -> dict[str, float | None]:
 # ---- one run -------------------------------------------------------------------------------------------
 
 def run_config(env: str, eta: int, seed: int, url: str, args):
-    from turnstream.core.config import Config
-
-    cfg = Config()
+    cfg = base_config(args)
     cfg.vllm.urls = [url]
-    cfg.vllm.max_model_len = MAX_MODEL_LEN
-    cfg.model.path = args.model
-    cfg.env.name, cfg.env.args = ENVS[env][0], dict(ENVS[env][1])
-    cfg.buffer.batch_episodes = args.batch
+    if not args.config:
+        cfg.env.name, cfg.env.args = ENVS[env][0], dict(ENVS[env][1])
     cfg.buffer.eta = eta
     cfg.buffer.max_staleness = eta + 2
-    cfg.actor.concurrent_episodes = args.concurrent
-    cfg.learner.lr = args.lr
-    if args.estimator:
-        cfg.learner.estimator = args.estimator
-    cfg.buffer.segment_turns = args.segments
-    cfg.learner.max_tokens_per_microbatch = args.microbatch_tokens
     cfg.run.rolling_episodes = args.window
     cfg.run.seed = seed
     cfg.run.run_dir = str(Path(args.out) / "runs" / f"{env}-eta{eta}-seed{seed}")
     if args.pin:
         cfg.actor.cpus = cfg.buffer.cpus = list(GENERATION_CPUS)
         cfg.learner.cpus = list(LEARNER_CPUS)
+        cfg.learner.torch_threads = len(LEARNER_CPUS)
     return cfg
 
 
@@ -171,7 +191,7 @@ def run_one(env: str, eta: int, seed: int, url: str, args) -> RunRecord:
 
     cfg = run_config(env, eta, seed, url, args)
     shutil.rmtree(cfg.run.run_dir, ignore_errors=True)  # the learner appends to learner.jsonl and resumes
-    reset_server(url, args.model, Path(args.out) / "reset-weights")
+    reset_server(url, cfg.model.path, Path(args.out) / "reset-weights")
     progress = Progress(args.window, label=f"{env} eta={eta} seed={seed}")
     t0, started = time.time(), time.monotonic()
     first = last = None
@@ -265,8 +285,8 @@ def reset_server(url: str, model_dir: str, weights_dir: Path) -> None:
 # ---- the grid ------------------------------------------------------------------------------------------
 
 def grid(args) -> list[tuple[str, int, int]]:
-    envs = [e for e in args.envs.split(",") if e]
-    unknown = [e for e in envs if e not in ENVS]
+    envs = [base_config(args).env.name] if args.config else [e for e in args.envs.split(",") if e]
+    unknown = [] if args.config else [e for e in envs if e not in ENVS]
     if unknown:
         raise SystemExit(f"bench async: unknown env(s) {unknown}; known: {', '.join(ENVS)}")
     return [(env, int(eta), int(seed)) for env in envs for eta in args.etas.split(",")
@@ -277,15 +297,13 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     from benchmarks.async_report import RECORDS, plot
     from turnstream.checks.preflight import ensure_model
-    from turnstream.core.config import Config, VllmSection
     from turnstream.launch.processes import ProcessGroup
     from turnstream.launch.vllm_server import start_vllm_server
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs = grid(args)
-    cfg = Config()
-    cfg.model.path = args.model
+    cfg = base_config(args)
     ensure_model(cfg.model.path)
     records_path = out / RECORDS
     records_path.write_text("")
@@ -293,10 +311,8 @@ def main(argv: list[str]) -> int:
     procs = ProcessGroup(out)
     records: list[RunRecord] = []
     try:
-        url = args.url or start_vllm_server(procs, str(Path(args.model).resolve()),
-                                            VllmSection(max_model_len=MAX_MODEL_LEN,
-                                                        cpus=list(GENERATION_CPUS) if args.pin else []),
-                                            name="vllm-bench")
+        server = cfg.vllm.model_copy(update={"cpus": list(GENERATION_CPUS) if args.pin else []})
+        url = args.url or start_vllm_server(procs, str(Path(cfg.model.path).resolve()), server, name="vllm-bench")
         for i, (env, eta, seed) in enumerate(runs):
             log.info("run %d/%d: %s eta=%d seed=%d", i + 1, len(runs), env, eta, seed)
             r = run_one(env, eta, seed, url, args)
@@ -310,6 +326,5 @@ def main(argv: list[str]) -> int:
     rows = settings(records)
     print(format_table(rows), flush=True)
     print(plot(out), flush=True)
-    print(json.dumps({**headline(rows, args.target, args.cap), "estimator": args.estimator or
-                      Config().learner.estimator}), flush=True)
+    print(json.dumps({**headline(rows, args.target, args.cap), "estimator": cfg.learner.estimator}), flush=True)
     return 0

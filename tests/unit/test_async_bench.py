@@ -170,3 +170,30 @@ def test_the_estimator_is_one_setting_for_every_run():
         == "spo"  # the built-in default
     with pytest.raises(ConfigError, match="^learner.estimator"):
         async_vs_sync.parse_args(["--estimator", "nope"])
+
+
+def test_a_run_config_file_is_the_base_of_every_run_and_flags_still_win():
+    args = async_vs_sync.parse_args(["--config", "configs/smollm2_arithmetic.toml", "--etas", "0,1", "--seeds", "3",
+                                     "--pin"])
+    assert async_vs_sync.grid(args) == [("arithmetic", 0, 3), ("arithmetic", 1, 3)]
+    cfg = async_vs_sync.run_config("arithmetic", 1, 3, "http://h:1", args)
+    assert (cfg.model.path, cfg.env.name, cfg.env.args["digits"]) == ("runs/smollm2-135m", "arithmetic", 1)
+    assert (cfg.buffer.batch_episodes, cfg.actor.max_new_tokens, cfg.learner.lr) == (32, 24, "auto")
+    assert (cfg.buffer.eta, cfg.buffer.max_staleness, cfg.run.seed, cfg.vllm.urls) == (1, 3, 3, ["http://h:1"])
+    assert (cfg.learner.cpus, cfg.learner.torch_threads, cfg.actor.cpus) == ([1], 1, [0])
+    assert cfg.vllm.max_model_len == 1024 and cfg.vllm.max_num_seqs == 64  # the file's server settings
+    flagged = async_vs_sync.parse_args(["--config", "configs/smollm2_arithmetic.toml", "--lr", "3e-5", "--batch", "16"])
+    cfg = async_vs_sync.run_config("arithmetic", 0, 0, "http://h:1", flagged)
+    assert (cfg.learner.lr, cfg.buffer.batch_episodes) == (3e-5, 16)
+
+
+def test_a_config_names_its_environment_and_a_bad_one_is_one_line(tmp_path, capsys):
+    from turnstream.core.config import ConfigError
+
+    with pytest.raises(SystemExit):
+        async_vs_sync.parse_args(["--config", "configs/smollm2_arithmetic.toml", "--envs", "follow_signs"])
+    assert "--envs and --config" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[buffer]\neta = -1\n")
+    with pytest.raises(ConfigError, match="^buffer.eta"):
+        async_vs_sync.parse_args(["--config", str(bad)])
