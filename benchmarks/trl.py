@@ -97,7 +97,12 @@ def rates_from(path: Path, tasks: list[str], systems: list[str], seeds: list[int
     if set(grid["grid_seeds"]) & set(seeds):
         raise SystemExit(f"bench trl: {path} chose its rates on seeds {grid['grid_seeds']}, which --seeds reuses")
     best = grid["best_lr"]
-    return {(task, system): best.get(task, {}).get(system) for task in tasks for system in systems}
+    rates = {(task, system): best.get(task, {}).get(system) for task in tasks for system in systems}
+    missing = [f"{system} on {task}" for (task, system), lr in rates.items() if lr is None]
+    if missing:  # a rate the grid never chose must not pass for one it did
+        log.warning("bench trl: %s has no rate for %s, which keep the default rate (or give --lr instead)", path,
+                    ", ".join(missing))
+    return rates
 
 
 # ---- the runs -----------------------------------------------------------------------------------------------

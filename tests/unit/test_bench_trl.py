@@ -3,6 +3,7 @@ GRPOTrainer steps write the learner.jsonl that bench learning's summary reads.""
 from __future__ import annotations
 
 import asyncio
+import json
 import importlib.util
 import math
 
@@ -285,3 +286,16 @@ def test_trl_is_not_handed_a_task_that_restarts_its_context(tmp_path):
 
     with pytest.raises(SystemExit, match="restarts its context every 1 turns"):
         trl_spec("trail", 0, tmp_path, parse_args(["--tasks", "trail", "--out", str(tmp_path)]))
+
+
+def test_rates_from_a_grid_name_what_the_grid_did_not_choose(tmp_path, caplog):
+    from benchmarks.trl import rates_from
+
+    grid = tmp_path / "lr_grid.json"
+    grid.write_text(json.dumps({"grid_seeds": [100, 101], "best_lr": {"follow_signs": {"trl": 1e-3}}}))
+    with caplog.at_level("WARNING", logger="benchmarks.trl"):
+        rates = rates_from(grid, ["follow_signs", "follow_signs_latency"], ["trl"], [0, 1])
+    assert rates == {("follow_signs", "trl"): 1e-3, ("follow_signs_latency", "trl"): None}
+    assert "no rate for trl on follow_signs_latency" in caplog.text
+    with pytest.raises(SystemExit, match="which --seeds reuses"):
+        rates_from(grid, ["follow_signs"], ["trl"], [100])
