@@ -110,9 +110,9 @@ class PushVerifier:
         counts = [self.failed_checks.get(u, (None, 0)) for u in urls]
         if urls and all(v == version and n >= self.give_up_after for v, n in counts):
             raise FleetUnverified(f"no vLLM server serves version {version} after {self.give_up_after} checks each "
-                                  f"({', '.join(urls)}); see the WEIGHT PUSH NOT VERIFIED lines above (a gap that stays the same "
-                                  "from version to version is the servers' precision, not their weights: "
-                                  "vllm.weight_sync.verify_tolerance, learner/WEIGHT_SYNC.md)")
+                                  f"({', '.join(urls)}); see the WEIGHT PUSH NOT VERIFIED lines above (a gap that "
+                                  "stays the same from version to version is the servers' precision, not their "
+                                  "weights: vllm.weight_sync.verify_tolerance, learner/WEIGHT_SYNC.md)")
 
     async def verify(self, session: aiohttp.ClientSession, urls: list[str], expected: Expected) -> dict[str, str]:
         """Check every server in `urls` (each just took the push of `expected.version`); returns the failed ones,
