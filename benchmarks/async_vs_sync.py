@@ -286,8 +286,7 @@ def reset_server(url: str, model_dir: str, weights_dir: Path) -> None:
 
 def grid(args) -> list[tuple[str, int, int]]:
     envs = [base_config(args).env.name] if args.config else [e for e in args.envs.split(",") if e]
-    unknown = [] if args.config else [e for e in envs if e not in ENVS]
-    if unknown:
+    if not args.config and (unknown := [e for e in envs if e not in ENVS]):
         raise SystemExit(f"bench async: unknown env(s) {unknown}; known: {', '.join(ENVS)}")
     return [(env, int(eta), int(seed)) for env in envs for eta in args.etas.split(",")
             for seed in args.seeds.split(",")]
