@@ -23,6 +23,8 @@ median time over TRL's on the same clock, with a bootstrap interval.
 
 `--lr-grid A,B,C` runs every system at every rate on `--grid-seeds` instead, prints and writes
 <out>/lr_grid.json with each system's best rate per task, which a headline run reads with `--lr-from`.
+`--records A,B` runs nothing: it prints the figures of the runs in records.jsonl files that earlier invocations
+wrote (a protocol's seeds split across invocations).
 """
 from __future__ import annotations
 
@@ -67,6 +69,8 @@ def parse_args(argv):
     p.add_argument("--dtype", default=None, metavar="DTYPE|SYSTEM=DTYPE,...",
                    help="the learners' precision: float32 (the default) or bfloat16 (bf16 autocast over fp32 "
                    "master weights), for every system or per system")
+    p.add_argument("--records", default=None, metavar="FILE,FILE,...",
+                   help="run nothing: the figures of the runs these records.jsonl files hold, together")
     p.add_argument("--out", default="runs/bench-trl")
     p.add_argument("--model", default=None, help="the checkpoint every task starts from; default the task's "
                    "(runs/tiny-model; arithmetic: runs/smollm2-135m)")
@@ -133,8 +137,26 @@ def headline(args, records: Records) -> dict:
     tasks, systems = args.tasks.split(","), args.systems.split(",")
     for task, seed, system in run_order(tasks, systems, _ints(args.seeds)):
         records.keep(run_one(task, system, seed, args))
-    summary = summarize(records.runs)
-    return {"results": summary, "ratios": {task: ratios(records.runs, task, systems) for task in tasks}}
+    return figures(records.runs)
+
+
+def figures(runs: list[dict]) -> dict:
+    tasks, systems = (list(dict.fromkeys(r[key] for r in runs)) for key in ("task", "estimator"))
+    return {"results": summarize(runs), "ratios": {task: ratios(runs, task, systems) for task in tasks}}
+
+
+def read_records(paths: str) -> list[dict]:
+    """The runs of earlier invocations' records.jsonl files; a (task, system, seed) in two files is refused, since
+    the figures would count it twice."""
+    missing = [path for path in paths.split(",") if not Path(path).is_file()]
+    if missing:
+        raise SystemExit(f"bench trl: --records {', '.join(missing)}: no such file")
+    runs = [json.loads(line) for path in paths.split(",") for line in Path(path).read_text().splitlines() if line]
+    seen = [f"{r['task']}/{r['estimator']} seed {r['seed']}" for r in runs]
+    twice = sorted({key for key in seen if seen.count(key) > 1})
+    if twice:
+        raise SystemExit(f"bench trl: --records holds {', '.join(twice)} more than once")
+    return runs
 
 
 def lr_grid(args, records: Records) -> dict:
@@ -211,6 +233,11 @@ def format_table(summary: dict) -> str:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.records:
+        result = figures(read_records(args.records))
+        print(format_table(result["results"]), flush=True)
+        print(json.dumps(result), flush=True)
+        return 0
     from turnstream.checks.preflight import ensure_model
 
     # every process started from here on (TRL, vLLM, the roles) inherits the pinning

@@ -300,3 +300,27 @@ def test_rates_from_a_grid_name_what_the_grid_did_not_choose(tmp_path, caplog):
     assert "no rate for trl on follow_signs_latency" in caplog.text
     with pytest.raises(SystemExit, match="which --seeds reuses"):
         rates_from(grid, ["follow_signs"], ["trl"], [100])
+
+
+def test_records_of_split_invocations_give_the_figures_of_all_their_runs(tmp_path, capsys):
+    """A protocol's seeds run in two invocations: `--records` reads both files and runs nothing; the ratio is the
+    one over every run, and a run found in both files is refused rather than counted twice."""
+    from benchmarks.trl import main
+
+    def run(system, seed, warm):
+        return {"task": "follow_signs", "estimator": system, "seed": seed, "warm_s_to_target": warm,
+                "cold_s_to_target": warm + 10.0, "episodes_to_target": 100, "floor_s": warm, "startup_s": 10.0,
+                "cpu_s": 50.0}
+
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text("".join(json.dumps(r) + "\n" for r in [run("trl", 0, 10.0), run("turnstream-async", 0, 5.0)]))
+    second.write_text("".join(json.dumps(r) + "\n" for r in [run("trl", 1, 20.0), run("turnstream-async", 1, 30.0),
+                                                              run("trl", 2, 30.0), run("turnstream-async", 2, 40.0)]))
+    assert main(["--records", f"{first},{second}"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["results"]["follow_signs/trl"]["seeds"] == 3
+    assert out["ratios"]["follow_signs"]["turnstream-async"]["warm"] == 1.5  # median 30 over median 20
+    with pytest.raises(SystemExit, match="follow_signs/trl seed 0, follow_signs/turnstream-async seed 0 more than once"):
+        main(["--records", f"{first},{first}"])
+    with pytest.raises(SystemExit, match="nope.jsonl: no such file"):
+        main(["--records", str(tmp_path / "nope.jsonl")])
