@@ -15,7 +15,9 @@ With `--model-config NAME` (tiny, 0.5b, 1.5b) it measures tokens/s, peak memory 
 `--device` (benchmarks/learner_mfu.py; the MFU formula is stated there and in BENCHMARKS.md). With `--parallel` it
 compares learner.parallel = ddp and fsdp2 over `--ranks` torchrun ranks: bytes per rank and tokens/s
 (benchmarks/learner_parallel.py). With `--context-turns K` it times a turn_gae step on `--turns`-turn episodes whose
-context restarts every K turns (actor.context_turns), one row per context, against one row per episode.
+context restarts every K turns (actor.context_turns), one row per context, against one row per episode. With
+`--long-tail` it times a step of the default learner on episodes of follow_signs_longtail's long-tailed lengths with
+the whole batch in one padded micro-batch (max_tokens_per_microbatch = 0) against the policy's "auto" budget.
 """
 from __future__ import annotations
 
@@ -43,10 +45,16 @@ def _recorded_batch(run_dir: str):
     return chosen.batch
 
 
-def _batch(tokenizer_vocab: int, episodes: int, seed: int, turns: int = 0, context_turns: int = 0):
+def _batch(tokenizer_vocab: int, episodes: int, seed: int, turns: int = 0, context_turns: int = 0,
+           long_tail: bool = False):
     """`turns`: every episode that long (0: 2 to 6 turns, as follow_signs); `context_turns`: its context restarts
-    every that many turns, as with actor.context_turns (a restarted turn's observation is a whole prompt)."""
+    every that many turns, as with actor.context_turns (a restarted turn's observation is a whole prompt);
+    `long_tail`: 2 to 4 junctions and follow_signs_longtail's corridor turns (median 4 turns, a few up to 28)."""
+    import random
+
     import numpy as np
+
+    from turnstream.actors.envs.tasks.follow_signs_longtail import corridor_length
 
     from turnstream.buffer.store.episodes import Episode, flatten
     from turnstream.protocol.messages import TurnChunk
@@ -57,6 +65,8 @@ def _batch(tokenizer_vocab: int, episodes: int, seed: int, turns: int = 0, conte
     for e in range(episodes):
         ep = Episode(f"e{e}", ("bench", 0), f"p{e}")
         k = turns or int(rng.integers(2, 7))  # variable-length episodes: 2 to 6 turns, as follow_signs
+        if long_tail:
+            k = int(rng.integers(2, 5)) + corridor_length(random.Random(seed * episodes + e), 0.5, 1.0, 24)
         for t in range(k):
             obs = rng.integers(10, tokenizer_vocab, int(rng.integers(8, 15))).astype(np.int32)
             ep.add(TurnChunk(actor_id="bench", epoch=0, seq=e * k + t, episode_id=f"e{e}", turn=t,
@@ -141,6 +151,32 @@ def _context_rows(args, fresh, vocab: int) -> int:
     return 0
 
 
+def _long_tail(args, fresh, vocab: int) -> int:
+    """A spo step on long-tailed episodes: one padded micro-batch against the "auto" budget, interleaved."""
+    from turnstream.core.config import LearnerSection
+    from turnstream.learner.step.trainer import Trainer
+
+    batch = _batch(vocab, args.episodes, args.seed, long_tail=True)
+    trainers = {budget: Trainer(fresh(), LearnerSection(max_tokens_per_microbatch=budget), seed=args.seed)
+                for budget in (0, "auto")}
+    times = {budget: [] for budget in trainers}
+    for i in range(args.steps + 1):
+        for budget, trainer in trainers.items():
+            started = time.perf_counter()
+            trainer.step(batch)
+            if i:  # the first is a warm-up
+                times[budget].append(time.perf_counter() - started)
+    whole, auto = (statistics.median(times[b]) for b in (0, "auto"))
+    budget = trainers["auto"].cfg.max_tokens_per_microbatch
+    longest = int((batch.episode_offsets[1:] - batch.episode_offsets[:-1]).max())
+    print(f"{args.episodes} episodes, {batch.tokens.size} tokens, the longest {longest}: step {whole:.2f} s in one "
+          f"micro-batch, {auto:.2f} s under the auto budget of {budget}")
+    print(json.dumps({"tokens_per_batch": int(batch.tokens.size), "longest_episode": longest,
+                      "one_microbatch_step_s": round(whole, 3), "auto_budget_step_s": round(auto, 3),
+                      "auto_budget": budget, "speedup": round(whole / auto, 2)}))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="turnstream bench learner", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="", help="HF checkpoint directory (default: build the tiny model)")
@@ -161,6 +197,9 @@ def main(argv: list[str]) -> int:
                    help="time a turn_gae step on --turns-turn episodes whose context restarts every K turns (padded: "
                    "one row per context) against the same batch as one row per episode")
     p.add_argument("--turns", type=int, default=60, help="turns per episode with --context-turns")
+    p.add_argument("--long-tail", action="store_true",
+                   help="time a spo step on long-tailed episode lengths in one padded micro-batch against the auto "
+                   "budget")
     from benchmarks import learner_mfu, learner_parallel
 
     learner_mfu.add_arguments(p)
@@ -189,6 +228,8 @@ def main(argv: list[str]) -> int:
     vocab = fresh().config.vocab_size
     if args.context_turns:
         return _context_rows(args, fresh, vocab)
+    if args.long_tail:
+        return _long_tail(args, fresh, vocab)
     batch = _recorded_batch(args.record) if args.record else _batch(vocab, args.episodes, args.seed)
     tokens = int(batch.tokens.size)
     rows, result = [], {"tokens_per_batch": tokens, "episodes": len(batch.episode_ids), "threads": args.threads,

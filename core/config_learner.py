@@ -40,14 +40,17 @@ class ScaleDefaults:
 
 
 # The micro-batch budget bounds the activations one forward/backward holds, which grow as hidden size x layers x
-# tokens. The tiny model's figures were all measured without one. A whole batch in one forward ran SmolLM2-135M
-# (576 wide, 30 layers) out of memory; it learns in micro-batches of 2048 tokens. The smallest billion-scale
-# models have about twice its hidden size x layers (Llama-3.2-1B: 2048 x 16), so half the tokens hold as much.
+# tokens. The tiny model needs no bound on memory, but a budget still sorts its padded rows by length: a whole
+# batch in one micro-batch pads every episode to the batch's longest, which on a long tail of episode lengths
+# trains several times the batch's tokens (`turnstream bench learner --long-tail`). A whole batch in one forward
+# ran SmolLM2-135M (576 wide, 30 layers) out of memory; it learns in micro-batches of 2048 tokens. The smallest
+# billion-scale models have about twice its hidden size x layers (Llama-3.2-1B: 2048 x 16), so half the tokens hold
+# as much.
 # Larger models train on GPUs, whose bf16 autocast about halves the activations. An auto budget is never below
 # vllm.max_model_len (learner/scale_defaults.py resolve): an episode longer than the budget would be dropped.
 
 # measured on the tiny model (BENCHMARKS.md, "The learner learns", "From a model that can read")
-TINY = ScaleDefaults(lr=1e-3, warmup_steps=0, entropy_coef=0.2, critic_lr=1e-3, max_tokens_per_microbatch=0)
+TINY = ScaleDefaults(lr=1e-3, warmup_steps=0, entropy_coef=0.2, critic_lr=1e-3, max_tokens_per_microbatch=4096)
 # a small pretrained chat model (SmolLM2-135M-Instruct), measured on its tasks (BENCHMARKS.md, "A real language
 # model"): the billion-scale recipes' 1e-6 did not move its success in 25 steps; with LoRA, 2e-4 moved the policy
 # 10-50 times less a step than full fine-tuning at 2e-5 and did not learn in 9 steps, 1e-3 learnt in 5 but moved
@@ -117,8 +120,7 @@ class CriticSection(Section):
         "value before the first loss, so one more no-grad forward per step. microbatch: each forward/backward "
         "micro-batch's own tokens (as CleanRL normalises per minibatch); the values then come from the training "
         "forward, no extra pass. auto: microbatch where it equals "
-        "batch (the batch is one micro-batch: max_tokens_per_microbatch = 0, which its auto gives the tiny model; one "
-        "optimizer step per batch), else batch")
+        "batch (one optimizer step per batch, and the step's batch fits one micro-batch), else batch")
 
 
 class GigpoSection(Section):
@@ -262,15 +264,11 @@ class LearnerSection(Section):
         None, description="train low-rank adapters only, the base frozen and never pushed again (learner/lora.py); "
         "unset: every weight trains")
 
-    def values_in_step(self) -> bool:
-        """Whether a value-based step reads the critic in its training forward (critic.whiten resolved), in a
-        section whose micro-batch budget is resolved (learner/scale_defaults.py resolve)."""
-        one_update = self.epochs * self.minibatches == 1
+    def values_in_step(self, one_microbatch: bool) -> bool:
+        """Whether a value-based step reads the critic in its training forward (critic.whiten resolved), for a
+        step whose batch is `one_microbatch` or not."""
         if self.critic.whiten == "auto":
-            if self.max_tokens_per_microbatch == "auto":
-                raise ValueError('max_tokens_per_microbatch is "auto": resolve it for the policy first '
-                                 "(learner/scale_defaults.py)")
-            return one_update and self.max_tokens_per_microbatch == 0
+            return self.epochs * self.minibatches == 1 and one_microbatch
         return self.critic.whiten == "microbatch"
 
     @field_validator("estimator", mode="before")

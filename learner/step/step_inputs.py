@@ -40,16 +40,17 @@ class StepInputs:
     agent_ids: np.ndarray | None  # Dr. MAS agent-wise normalisation (agent_norm)
 
 
-def values_from_training_forward(cfg: LearnerSection, estimator: Estimator) -> bool:
-    """Whether the critic's values come from the training forward (critic.whiten resolved to micro-batches)."""
-    return estimator.needs_critic and cfg.values_in_step()
+def values_from_training_forward(cfg: LearnerSection, estimator: Estimator, one_microbatch: bool) -> bool:
+    """Whether the critic's values come from the training forward (critic.whiten resolved to micro-batches), in
+    a step whose batch is `one_microbatch` or not."""
+    return estimator.needs_critic and cfg.values_in_step(one_microbatch)
 
 
-def prox_from_training_forward(cfg: LearnerSection, estimator: Estimator) -> bool:
+def prox_from_training_forward(cfg: LearnerSection, estimator: Estimator, one_microbatch: bool) -> bool:
     """One optimizer step per batch: pi_prox is the policy of the training forward itself. A value-based step
     that still needs the no-grad pass for its values reads pi_prox there instead."""
     one_update = cfg.epochs * cfg.minibatches == 1
-    return one_update and (not estimator.needs_critic or values_from_training_forward(cfg, estimator))
+    return one_update and (not estimator.needs_critic or values_from_training_forward(cfg, estimator, one_microbatch))
 
 
 def proximal_logp(x: StepInputs, mb: MicroBatch, logp: torch.Tensor, keep: bool) -> torch.Tensor:

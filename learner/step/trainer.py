@@ -125,8 +125,9 @@ class Trainer:
         cfg, n = self.cfg, tb.act_tokens.numel()
         allowed = tb.allowed.to(self.device)
         estimator = self.estimator
-        prox_from_forward = prox_from_training_forward(cfg, estimator)
-        values_from_forward = values_from_training_forward(cfg, estimator)
+        one_microbatch = len(self._groups(tb, torch.arange(tb.num_episodes))) == 1
+        prox_from_forward = prox_from_training_forward(cfg, estimator, one_microbatch)
+        values_from_forward = values_from_training_forward(cfg, estimator, one_microbatch)
         if prox_from_forward:
             prox_logp, old_values, cut_values = torch.zeros(n), None, None
         else:
@@ -278,15 +279,19 @@ class Trainer:
         parallel strategy runs more forwards than the rank has micro-batches. Episodes served to the critic alone
         are grouped apart from the others, so that every number the policy's episodes get is computed on the same
         micro-batches, bit for bit, as without them."""
-        critic_only = torch.isin(rows, tb.critic_only_rows())
-        groups = [g for part in (rows[~critic_only], rows[critic_only])
-                  for g in microbatches(tb.lengths, part, self.cfg.max_tokens_per_microbatch, self.packed)]
+        groups = self._groups(tb, rows)
         mine = [(forward.build(tb, g, self.packed, self.device), True) for g in shard(groups, self.rank, self.world)]
         turns = self.parallel.forwards(len(groups), len(mine))
         turns = max(turns, 1) if at_least_one else turns
         if turns > len(mine):
             mine += [(forward.build(tb, rows[:1], self.packed, self.device), False)] * (turns - len(mine))
         return mine
+
+    def _groups(self, tb: TensorBatch, rows: torch.Tensor) -> list[torch.Tensor]:
+        """The micro-batches of `rows` over every rank, the episodes served to the critic alone apart."""
+        critic_only = torch.isin(rows, tb.critic_only_rows())
+        return [g for part in (rows[~critic_only], rows[critic_only])
+                for g in microbatches(tb.lengths, part, self.cfg.max_tokens_per_microbatch, self.packed)]
 
     def _set_eval(self) -> None:
         """No dropout: pi_prox and pi_theta must be the same function at equal weights."""

@@ -30,6 +30,13 @@ def test_bench_learner_context_rows_smoke(capsys):
     assert out["context_rows_step_s"] > 0 and out["episode_rows_step_s"] > 0 and out["context_rows_speedup"] > 0
 
 
+def test_bench_learner_long_tail_times_one_microbatch_against_the_auto_budget(capsys):
+    assert learner.main(["--long-tail", "--episodes", "32", "--steps", "1"]) == 0
+    out = last_json(capsys)
+    assert out["auto_budget"] == 4096 and out["longest_episode"] > 0
+    assert out["one_microbatch_step_s"] > 0 and out["auto_budget_step_s"] > 0 and out["speedup"] > 0
+
+
 def test_trail_runs_with_its_settings_for_every_estimator():
     """The long trail's settings reach every estimator's config alike; the estimator's own come after them."""
     args = learning.parse_args(["--model", "m"])

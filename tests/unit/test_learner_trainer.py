@@ -10,7 +10,6 @@ import torch
 
 from turnstream.learner.step.packing import microbatches, shard
 from turnstream.learner.estimators.spo import Spo, SpoTracker, fold_batch
-from turnstream.learner.scale_defaults import parameter_count, resolve
 from turnstream.learner.step.trainer import Trainer
 from tests.learner_batches import params_after_steps, synthetic_batch, tiny_causal_lm
 from turnstream.core.config import LearnerSection
@@ -126,7 +125,8 @@ def test_fused_proximal_pass_gives_the_same_update(monkeypatch, kl_coef):
     cfg = cfg_for("spo", kl_coef=kl_coef)
     results = []
     for fuse in (True, False):
-        monkeypatch.setattr(trainer_module, "prox_from_training_forward", lambda cfg, estimator, fuse=fuse: fuse)
+        monkeypatch.setattr(trainer_module, "prox_from_training_forward",
+                            lambda cfg, estimator, one_microbatch, fuse=fuse: fuse)
         model = tiny_causal_lm()
         t = Trainer(model, cfg, ref_model=copy.deepcopy(model))
         s = t.step(synthetic_batch(8, seed=4))
@@ -150,13 +150,47 @@ def test_values_from_the_training_forward_give_the_same_update_on_one_microbatch
         s = t.step(synthetic_batch(8, seed=5))
         results.append((torch.cat([p.detach().reshape(-1) for p in t._params()]), s))
     assert (results[0][0] - results[1][0]).abs().max().item() < 1e-6
-    # so "auto" (the default) takes the cheaper path exactly there, and batch whitening under a budget
-    tiny = resolve(cfg_for(estimator), parameter_count(tiny_causal_lm()))  # the default budget: none
-    assert tiny.values_in_step() and not cfg_for(estimator, max_tokens_per_microbatch=64).values_in_step()
-    with pytest.raises(ValueError, match="resolve"):  # "auto" is no budget only for a policy of the tiny model's size
-        cfg_for(estimator).values_in_step()
+    # so "auto" (the default) takes the cheaper path exactly there, step by step, and batch whitening where the
+    # step's batch splits into micro-batches or is trained in several updates
+    auto = cfg_for(estimator)
+    assert auto.values_in_step(one_microbatch=True) and not auto.values_in_step(one_microbatch=False)
+    assert not cfg_for(estimator, epochs=2).values_in_step(one_microbatch=True)
     for key in ("policy_loss", "value_loss", "explained_variance", "baseline_mean"):
         assert results[0][1][key] == pytest.approx(results[1][1][key], abs=1e-6), key
+
+
+@pytest.mark.parametrize("budget", [0, 40])
+def test_auto_whitening_is_the_batchs_whether_or_not_the_batch_splits(budget, tmp_path):
+    """critic.whiten = auto, decided per step: on a batch that fits one micro-batch it reads the values from the
+    training forward, on one that splits (a budget of 40 tokens) it whitens over the batch; either way the update
+    is whiten = batch's."""
+    model = tiny_causal_lm()
+    model.save_pretrained(tmp_path / "critic")
+    params = []
+    for whiten in ("batch", "auto"):
+        cfg = cfg_for("turn_gae", max_tokens_per_microbatch=budget)
+        cfg.critic.mode, cfg.critic.whiten = "separate", whiten
+        t = Trainer(tiny_causal_lm(), cfg, critic_path=str(tmp_path / "critic"))
+        t.step(synthetic_batch(8, seed=5))
+        params.append(torch.cat([p.detach().reshape(-1) for p in t._params()]))
+    assert (params[0] - params[1]).abs().max().item() < 1e-6
+
+
+def test_the_tiny_models_auto_budget_sorts_long_tailed_episodes_into_micro_batches():
+    """"auto" gives the tiny model a token budget, so that a batch with one long episode is not padded to it
+    as a whole: the short episodes share micro-batches of their own width."""
+    from turnstream.learner.batch.tensors import to_tensors
+
+    trainer = Trainer(tiny_causal_lm(), cfg_for("spo", max_tokens_per_microbatch="auto"))
+    assert trainer.cfg.max_tokens_per_microbatch == 4096
+    batch = synthetic_batch(64, turns=(2, 3), seed=7)
+    long = synthetic_batch(1, turns=(400,), seed=8)
+    tb = to_tensors(batch, 64)
+    lengths = np.concatenate([tb.lengths, [int(long.tokens.size)]])
+    groups = microbatches(lengths, torch.arange(len(lengths)), trainer.cfg.max_tokens_per_microbatch)
+    padded = sum(len(g) * int(lengths[g].max()) for g in groups)
+    assert len(groups) >= 2 and padded < 2 * lengths.sum()
+    assert len(lengths) * lengths.max() > 5 * lengths.sum()  # what one micro-batch would have padded to
 
 
 def test_microbatch_whitening_standardises_each_microbatch_alone():

@@ -45,10 +45,11 @@ def test_the_size_picks_the_rates(parameters, lora, expected):
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_the_micro_batch_budget_follows_the_size(lora):
-    """None for the tiny model (its figures were measured without one); SmolLM2-135M's configs' 2048 for a small
-    pretrained model, whose whole batch in one forward ran the learner out of memory; LoRA keeps the activations."""
+    """4096 for the tiny model (no bound on memory, but padded rows sorted by length); SmolLM2-135M's configs' 2048
+    for a small pretrained model, whose whole batch in one forward ran the learner out of memory; LoRA keeps the
+    activations."""
     section = LearnerSection.model_validate({"lora": {"rank": 8}} if lora else {})
-    assert resolve(section, PRETRAINED_SCALE - 1).max_tokens_per_microbatch == 0
+    assert resolve(section, PRETRAINED_SCALE - 1).max_tokens_per_microbatch == 4096
     assert resolve(section, PRETRAINED_SCALE).max_tokens_per_microbatch == 2048
     assert resolve(section, LARGE_SCALE - 1).max_tokens_per_microbatch == 2048
     large = resolve(section, LARGE_SCALE).max_tokens_per_microbatch
@@ -56,12 +57,12 @@ def test_the_micro_batch_budget_follows_the_size(lora):
 
 
 def test_an_auto_budget_holds_a_whole_context():
-    """A budget below vllm.max_model_len would drop every episode that fills its context; no budget (the tiny
-    model's) and a number given stay as they are."""
+    """A budget below vllm.max_model_len would drop every episode that fills its context; a number given stays as
+    it is."""
     section = LearnerSection()
     assert resolve(section, LARGE_SCALE, longest_context=4096).max_tokens_per_microbatch == 4096
     assert resolve(section, PRETRAINED_SCALE, longest_context=512).max_tokens_per_microbatch == 2048
-    assert resolve(section, PRETRAINED_SCALE - 1, longest_context=4096).max_tokens_per_microbatch == 0
+    assert resolve(section, PRETRAINED_SCALE - 1, longest_context=8192).max_tokens_per_microbatch == 8192
     given = LearnerSection(max_tokens_per_microbatch=300)
     assert resolve(given, LARGE_SCALE, longest_context=4096).max_tokens_per_microbatch == 300
 
@@ -70,7 +71,7 @@ def test_the_trainer_of_the_tiny_model_keeps_the_tiny_rates():
     trainer = Trainer(tiny_causal_lm(), LearnerSection(device="cpu"), seed=0)
     assert optimizer_rates(trainer) == [TINY.lr]  # no warm-up: the first step at the full rate
     assert trainer.cfg.entropy_coef == TINY.entropy_coef
-    assert trainer.cfg.max_tokens_per_microbatch == 0 and not trainer.packed  # the whole batch in one forward
+    assert trainer.cfg.max_tokens_per_microbatch == TINY.max_tokens_per_microbatch and not trainer.packed
 
 
 def test_each_step_reports_the_rate_it_trained_at_through_the_warm_up():

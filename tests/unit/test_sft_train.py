@@ -63,10 +63,10 @@ def test_micro_batches_change_neither_the_loss_nor_the_gradient(tiny_model, tmp_
 
 
 def test_the_trainer_splits_by_the_budget_its_learner_would_choose(tiny_model, llm_sized_model, tmp_path):
-    """learner.max_tokens_per_microbatch = "auto" is a number once the model is loaded: none for the tiny model,
-    a pretrained-sized one's budget, in micro-batches that hold the budget."""
+    """learner.max_tokens_per_microbatch = "auto" is a number once the model is loaded: the tiny model's, a
+    pretrained-sized one's budget, in micro-batches that hold the budget."""
     cfg = _config(tiny_model, tmp_path)
-    assert SftTrainer(tiny_model, cfg.sft, cfg.learner).learner.max_tokens_per_microbatch == 0
+    assert SftTrainer(tiny_model, cfg.sft, cfg.learner).learner.max_tokens_per_microbatch == 4096
     sized = SftTrainer(llm_sized_model, cfg.sft, cfg.learner.model_copy(update={"attn_implementation": "eager"}))
     assert sized.learner.max_tokens_per_microbatch == 2048
     assert cfg.learner.max_tokens_per_microbatch == "auto"  # resolved in a copy
