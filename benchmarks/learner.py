@@ -55,7 +55,6 @@ def _batch(tokenizer_vocab: int, episodes: int, seed: int, turns: int = 0, conte
     import numpy as np
 
     from turnstream.actors.envs.tasks.follow_signs_longtail import corridor_length
-
     from turnstream.buffer.store.episodes import Episode, flatten
     from turnstream.protocol.messages import TurnChunk
 

@@ -45,9 +45,8 @@ class ScaleDefaults:
 # trains several times the batch's tokens (`turnstream bench learner --long-tail`). A whole batch in one forward
 # ran SmolLM2-135M (576 wide, 30 layers) out of memory; it learns in micro-batches of 2048 tokens. The smallest
 # billion-scale models have about twice its hidden size x layers (Llama-3.2-1B: 2048 x 16), so half the tokens hold
-# as much.
-# Larger models train on GPUs, whose bf16 autocast about halves the activations. An auto budget is never below
-# vllm.max_model_len (learner/scale_defaults.py resolve): an episode longer than the budget would be dropped.
+# as much. Larger models train on GPUs, whose bf16 autocast about halves the activations. An auto budget is never
+# below vllm.max_model_len (learner/scale_defaults.py resolve): an episode longer than the budget would be dropped.
 
 # measured on the tiny model (BENCHMARKS.md, "The learner learns", "From a model that can read")
 TINY = ScaleDefaults(lr=1e-3, warmup_steps=0, entropy_coef=0.2, critic_lr=1e-3, max_tokens_per_microbatch=4096)
