@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 import logging
 import os
 from pathlib import Path
@@ -152,8 +153,8 @@ def read_records(paths: str) -> list[dict]:
     if missing:
         raise SystemExit(f"bench trl: --records {', '.join(missing)}: no such file")
     runs = [json.loads(line) for path in paths.split(",") for line in Path(path).read_text().splitlines() if line]
-    seen = [f"{r['task']}/{r['estimator']} seed {r['seed']}" for r in runs]
-    twice = sorted({key for key in seen if seen.count(key) > 1})
+    seen = Counter(f"{r['task']}/{r['estimator']} seed {r['seed']}" for r in runs)
+    twice = sorted(key for key, n in seen.items() if n > 1)
     if twice:
         raise SystemExit(f"bench trl: --records holds {', '.join(twice)} more than once")
     return runs
@@ -234,10 +235,7 @@ def format_table(summary: dict) -> str:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.records:
-        result = figures(read_records(args.records))
-        print(format_table(result["results"]), flush=True)
-        print(json.dumps(result), flush=True)
-        return 0
+        return report(figures(read_records(args.records)))
     from turnstream.checks.preflight import ensure_model
 
     # every process started from here on (TRL, vLLM, the roles) inherits the pinning
@@ -248,11 +246,16 @@ def main(argv: list[str]) -> int:
         ensure_model(model)
     records = Records(out / "records.jsonl")
     result = lr_grid(args, records) if args.lr_grid else headline(args, records)
+    return report(result, {"target": args.target, "window": args.window, "cap_s": args.cap, "seeds": args.seeds,
+                           "cpus": args.cpus, "group_size": args.group_size,
+                           "lr": {f"{t}/{s}": lr for (t, s), lr in args.lrs.items()}, "dtype": args.dtypes,
+                           "versions": versions()})
+
+
+def report(result: dict, settings: dict | None = None) -> int:
+    """The table, then one JSON line: the figures and the settings they were measured under."""
     print(format_table(result["results"]), flush=True)
-    print(json.dumps({**result, "target": args.target, "window": args.window, "cap_s": args.cap,
-                      "seeds": args.seeds, "cpus": args.cpus, "group_size": args.group_size,
-                      "lr": {f"{t}/{s}": lr for (t, s), lr in args.lrs.items()}, "dtype": args.dtypes,
-                      "versions": versions()}), flush=True)
+    print(json.dumps({**result, **(settings or {})}), flush=True)
     return 0
 
 
